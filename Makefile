@@ -1,0 +1,26 @@
+# worker-template: `make demo` bakes a service and runs it; `make test` runs every test.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+
+.PHONY: demo test bench venv clean
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: requirements-dev.txt infra/pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -r requirements-dev.txt
+	touch $@
+
+demo: venv
+	$(BIN)/python scripts/demo.py
+
+test: venv
+	$(BIN)/python -m pytest
+
+bench: venv
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) .demo build
