@@ -13,14 +13,26 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import importlib.util
+
 import pytest
 from cookiecutter.main import cookiecutter
 
 TEMPLATE = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 
-sys.path.insert(0, str(TEMPLATE / "{{cookiecutter.project}}" / "tests"))
-from conftest import RedisServer  # noqa: E402  (the baked projects' own fixture, used as is)
+
+def _baked_fixtures() -> object:
+    """The baked projects' own conftest (no Jinja in it), loaded under another name."""
+    path = TEMPLATE / "{{cookiecutter.project}}" / "tests" / "conftest.py"
+    spec = importlib.util.spec_from_file_location("baked_conftest", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+RedisServer = _baked_fixtures().RedisServer  # type: ignore[attr-defined]
 
 
 def bake_project(output_dir: Path, **context: str) -> Path:
