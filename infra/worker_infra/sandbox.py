@@ -1,0 +1,250 @@
+"""SandboxPool: the untrusted-code pool in its own locked-down namespace."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from .args import BrokerSpec, PoolSpec, SandboxSpec, ScalingSpec
+from .guards import memory_bytes, mib
+from .pool import BROKER_PASSWORD_KEY, BROKER_URL_KEY, WorkerPool, WorkerPoolArgs
+from .scaler import BacklogScaler, BacklogScalerArgs
+
+RESTRICTED_LABELS = {
+    "pod-security.kubernetes.io/enforce": "restricted",
+    "pod-security.kubernetes.io/enforce-version": "latest",
+    "pod-security.kubernetes.io/audit": "restricted",
+    "pod-security.kubernetes.io/warn": "restricted",
+}
+
+
+def cpu_millis(quantity: str) -> int:
+    """Millicores of a CPU quantity such as ``250m`` or ``1.5``."""
+    if quantity.endswith("m"):
+        return int(quantity[:-1])
+    return int(float(quantity) * 1000)
+
+
+def broker_secret(
+    name: str,
+    secret_name: str,
+    namespace: pulumi.Input[str],
+    broker: BrokerSpec,
+    labels: dict[str, str],
+    opts: pulumi.ResourceOptions,
+) -> k8s.core.v1.Secret:
+    """The broker credentials: ``redis-url`` and (with a password) ``redis-password``."""
+    data: dict[str, pulumi.Input[str]] = {BROKER_URL_KEY: broker.url()}
+    if broker.password is not None:
+        data[BROKER_PASSWORD_KEY] = pulumi.Output.secret(broker.password)
+    return k8s.core.v1.Secret(
+        name,
+        metadata=k8s.meta.v1.ObjectMetaArgs(name=secret_name, namespace=namespace, labels=labels),
+        type="Opaque",
+        string_data=data,
+        opts=opts,
+    )
+
+
+@dataclass(frozen=True)
+class SandboxPoolArgs:
+    """Arguments of :class:`SandboxPool`.
+
+    Parameters:
+      pool: the sandbox pool (``sandbox = true``; uses no downstream resource).
+      project: the service.
+      image: image reference with tag.
+      namespace: the sandbox namespace (created here, labelled "restricted").
+      broker: the broker; its pods and port are the only egress besides DNS.
+      max_replicas: the scaler's capped maximum (default: the pool's).
+      sandbox: RuntimeClass, quota and DNS options.
+      scaling: KEDA settings.
+      grace_margin_s, memory_base, metrics_port, env: as for :class:`WorkerPoolArgs`.
+    """
+
+    pool: PoolSpec
+    project: str
+    image: str
+    namespace: str
+    broker: BrokerSpec
+    max_replicas: int | None = None
+    sandbox: SandboxSpec = field(default_factory=SandboxSpec)
+    scaling: ScalingSpec = field(default_factory=ScalingSpec)
+    grace_margin_s: int = 15
+    memory_base: str = "96Mi"
+    metrics_port: int = 9191
+    env: dict[str, str] | None = None
+
+
+class SandboxPool(pulumi.ComponentResource):
+    """A :class:`WorkerPool` (and its scaler) in a namespace of its own.
+
+    Creates: the Namespace (Pod Security "restricted" enforced), a Secret with the broker
+    credentials only, a default-deny NetworkPolicy (ingress and egress), egress rules to
+    DNS and to the broker pods on the broker port, a ResourceQuota and a LimitRange, an
+    optional RuntimeClass, then the pool and its BacklogScaler.
+    """
+
+    def __init__(
+        self, name: str, args: SandboxPoolArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("worker-infra:index:SandboxPool", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        pool, sb, ns = args.pool, args.sandbox, args.namespace
+        labels = {"app.kubernetes.io/name": args.project, "worker-template/pool": pool.slug}
+
+        def meta(obj: str) -> k8s.meta.v1.ObjectMetaArgs:
+            return k8s.meta.v1.ObjectMetaArgs(name=obj, namespace=ns, labels=labels)
+
+        self.namespace = k8s.core.v1.Namespace(
+            f"{name}-namespace",
+            metadata=k8s.meta.v1.ObjectMetaArgs(name=ns, labels={**labels, **RESTRICTED_LABELS}),
+            opts=child,
+        )
+        after_ns = pulumi.ResourceOptions(parent=self, depends_on=[self.namespace])
+        if sb.runtime_class and sb.runtime_handler:
+            k8s.node.v1.RuntimeClass(
+                f"{name}-runtime-class",
+                metadata=k8s.meta.v1.ObjectMetaArgs(name=sb.runtime_class, labels=labels),
+                handler=sb.runtime_handler,
+                opts=child,
+            )
+        secret_name = f"{args.project}-broker"
+        secret = broker_secret(f"{name}-broker", secret_name, ns, args.broker, labels, after_ns)
+        k8s.networking.v1.NetworkPolicy(
+            f"{name}-default-deny",
+            metadata=meta("default-deny"),
+            spec=k8s.networking.v1.NetworkPolicySpecArgs(
+                pod_selector=k8s.meta.v1.LabelSelectorArgs(),
+                policy_types=["Ingress", "Egress"],
+            ),
+            opts=after_ns,
+        )
+        k8s.networking.v1.NetworkPolicy(
+            f"{name}-allow-dns",
+            metadata=meta("allow-dns"),
+            spec=k8s.networking.v1.NetworkPolicySpecArgs(
+                pod_selector=k8s.meta.v1.LabelSelectorArgs(),
+                policy_types=["Egress"],
+                egress=[
+                    k8s.networking.v1.NetworkPolicyEgressRuleArgs(
+                        to=[
+                            k8s.networking.v1.NetworkPolicyPeerArgs(
+                                namespace_selector=k8s.meta.v1.LabelSelectorArgs(
+                                    match_labels={"kubernetes.io/metadata.name": sb.dns_namespace}
+                                ),
+                                pod_selector=k8s.meta.v1.LabelSelectorArgs(
+                                    match_labels=sb.dns_selector
+                                ),
+                            )
+                        ],
+                        ports=[
+                            k8s.networking.v1.NetworkPolicyPortArgs(protocol=p, port=53)
+                            for p in ("UDP", "TCP")
+                        ],
+                    )
+                ],
+            ),
+            opts=after_ns,
+        )
+        k8s.networking.v1.NetworkPolicy(
+            f"{name}-allow-broker",
+            metadata=meta("allow-broker"),
+            spec=k8s.networking.v1.NetworkPolicySpecArgs(
+                pod_selector=k8s.meta.v1.LabelSelectorArgs(),
+                policy_types=["Egress"],
+                egress=[
+                    k8s.networking.v1.NetworkPolicyEgressRuleArgs(
+                        to=[
+                            k8s.networking.v1.NetworkPolicyPeerArgs(
+                                namespace_selector=k8s.meta.v1.LabelSelectorArgs(
+                                    match_labels={
+                                        "kubernetes.io/metadata.name": args.broker.namespace
+                                    }
+                                ),
+                                pod_selector=k8s.meta.v1.LabelSelectorArgs(
+                                    match_labels=args.broker.pod_selector
+                                ),
+                            )
+                        ],
+                        ports=[
+                            k8s.networking.v1.NetworkPolicyPortArgs(
+                                protocol="TCP", port=args.broker.port
+                            )
+                        ],
+                    )
+                ],
+            ),
+            opts=after_ns,
+        )
+        max_replicas = args.max_replicas or pool.max_replicas
+        pods = sb.quota_pods or max_replicas + 1
+        k8s.core.v1.ResourceQuota(
+            f"{name}-quota",
+            metadata=meta("sandbox-quota"),
+            spec=k8s.core.v1.ResourceQuotaSpecArgs(
+                hard={
+                    "pods": str(pods),
+                    "requests.cpu": sb.quota_cpu or f"{cpu_millis(pool.cpu) * pods}m",
+                    "requests.memory": sb.quota_memory or mib(memory_bytes(pool.memory) * pods),
+                    "limits.memory": sb.quota_memory or mib(memory_bytes(pool.memory) * pods),
+                    "secrets": "1",
+                    "services": "0",
+                    "persistentvolumeclaims": "0",
+                }
+            ),
+            opts=after_ns,
+        )
+        k8s.core.v1.LimitRange(
+            f"{name}-limits",
+            metadata=meta("sandbox-limits"),
+            spec=k8s.core.v1.LimitRangeSpecArgs(
+                limits=[
+                    k8s.core.v1.LimitRangeItemArgs(
+                        type="Container",
+                        max={"memory": pool.memory},
+                        default={"memory": pool.memory},
+                        default_request={"cpu": pool.cpu, "memory": pool.memory},
+                    )
+                ]
+            ),
+            opts=after_ns,
+        )
+        self.pool = WorkerPool(
+            f"{name}-pool",
+            WorkerPoolArgs(
+                pool=pool,
+                project=args.project,
+                image=args.image,
+                namespace=ns,
+                broker_secret=secret_name,
+                database_secret=None,
+                grace_margin_s=args.grace_margin_s,
+                memory_base=args.memory_base,
+                metrics_port=args.metrics_port,
+                runtime_class=sb.runtime_class,
+                env=dict(args.env or {}),
+            ),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.namespace, secret]),
+        )
+        self.scaler = BacklogScaler(
+            f"{name}-scaler",
+            BacklogScalerArgs(
+                pool=pool.slug,
+                project=args.project,
+                namespace=ns,
+                target=self.pool.deployment_name,
+                queues=pool.queues,
+                min_replicas=pool.min_replicas,
+                max_replicas=max_replicas,
+                backlog_age_target_s=pool.backlog_age_target_s,
+                list_length=pool.processes * pool.concurrency,
+                broker=args.broker,
+                broker_secret=secret_name,
+                scaling=args.scaling,
+            ),
+            opts=after_ns,
+        )
+        self.register_outputs({"namespace": ns})
