@@ -1,0 +1,380 @@
+"""Run untrusted, customer-supplied Python in a confined child process.
+
+Only the sandbox pool (queue ``untrusted``) calls this. The worker keeps its own
+network, environment and files; the child gets none of them::
+
+    from {{ cookiecutter.package }}.sandbox import Limits, run_untrusted
+
+    result = run_untrusted(
+        "def main(payload):\\n    return sum(payload['numbers'])\\n",
+        {"numbers": [1, 2, 3]},
+        limits=Limits(cpu_seconds=2),
+    )
+    assert result.status == "ok" and result.output == 6
+
+The snippet contract: the source defines ``main(payload)``; ``payload`` is the
+JSON-decoded value passed here; ``main`` returns JSON-serialisable data, which
+becomes :attr:`SandboxResult.output`. The snippet sees only the standard library
+(Python runs with ``-I -S``); what it prints is returned in :attr:`SandboxResult.logs`.
+
+A breach of a limit or a policy is a result, never an exception: see
+:data:`STATUSES`. Only a failure of the sandbox itself (it could not be set up)
+raises :class:`SandboxError`, so the message is retried.
+
+The layers (reported in :attr:`SandboxResult.layers` as far as the kernel supports
+them) are described in ``docs/sandbox.md`` of worker-template and in
+:mod:`._sandbox_child`, the launcher that runs as the child.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Final, Literal
+
+__all__ = ["STATUSES", "Limits", "SandboxError", "SandboxResult", "Status", "run_untrusted"]
+
+Status = Literal["ok", "error", "timeout", "memory", "cpu", "output_too_large", "crashed",
+                 "forbidden"]  # fmt: skip
+
+#: Every status a run can end with.
+#:
+#: * ``ok``: ``main(payload)`` returned; ``output`` holds its value.
+#: * ``error``: the snippet raised (or has no ``main``, or returned non-JSON data, or
+#:   wrote a malformed result); ``error`` holds the reason and the traceback.
+#: * ``timeout``: the wall-clock limit passed; the process group was killed.
+#: * ``memory``: the address-space limit was hit (``MemoryError``/``ENOMEM``) or the
+#:   child was killed by the out-of-memory killer.
+#: * ``cpu``: the CPU-time limit was hit.
+#: * ``output_too_large``: stdout plus stderr exceeded the output limit.
+#: * ``crashed``: the child died of a signal (e.g. ``SIGSEGV``) or exited without a result.
+#: * ``forbidden``: the snippet tried something the sandbox denies (network, signals to
+#:   other processes, fork, writes outside its directory, file size or open files limit).
+STATUSES: Final[tuple[Status, ...]] = ("ok", "error", "timeout", "memory", "cpu",
+                                       "output_too_large", "crashed", "forbidden")  # fmt: skip
+
+_LAUNCHER = Path(__file__).with_name("_sandbox_child.py")
+_SETUP_FAILED = 70  # _sandbox_child.SETUP_FAILED
+_MAX_LOG_BYTES = 64 * 1024
+_CHILD_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
+_CRASH_SIGNALS = {signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE,
+                  signal.SIGABRT, signal.SIGSYS, signal.SIGTRAP}  # fmt: skip
+
+
+class SandboxError(RuntimeError):
+    """The sandbox itself failed (could not start or set up its layers).
+
+    Raised, unlike a breach by the snippet, so that the message is retried.
+    """
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Caps for one sandboxed run.
+
+    Parameters:
+      cpu_seconds(int): CPU time of the child (``RLIMIT_CPU``); breach: ``cpu``.
+        Defaults to 5.
+      memory_bytes(int): address space of the child (``RLIMIT_AS``); breach: ``memory``.
+        Defaults to 256 MiB.
+      max_processes(int): processes the snippet may have, itself included. With the
+        default of 1, seccomp denies fork/vfork/clone of processes (threads stay
+        allowed); above 1, ``RLIMIT_NPROC`` caps them, which the kernel does not apply
+        to root, so a root worker refuses values above 1. Breach: ``forbidden``.
+      max_open_files(int): file descriptors (``RLIMIT_NOFILE``); breach: ``forbidden``.
+        Defaults to 64.
+      max_file_bytes(int): size of a file the snippet writes (``RLIMIT_FSIZE``);
+        breach: ``forbidden``. Defaults to 1 MiB.
+      max_output_bytes(int): stdout plus stderr of the child, result included;
+        breach: ``output_too_large``. Defaults to 1 MiB.
+      wall_seconds(float): wall-clock time from start to exit; breach: ``timeout``.
+        Defaults to 10.
+    """
+
+    cpu_seconds: int = 5
+    memory_bytes: int = 256 * 1024 * 1024
+    max_processes: int = 1
+    max_open_files: int = 64
+    max_file_bytes: int = 1024 * 1024
+    max_output_bytes: int = 1024 * 1024
+    wall_seconds: float = 10.0
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise ValueError(f"Limits.{name} must be a positive number, got {value!r}")
+        if self.max_open_files < 8:
+            raise ValueError("Limits.max_open_files must be at least 8 (Python needs a few)")
+        if self.memory_bytes < 64 * 1024 * 1024:
+            raise ValueError("Limits.memory_bytes must be at least 64 MiB (Python needs it)")
+
+
+@dataclass(frozen=True)
+class SandboxResult:
+    """The outcome of one :func:`run_untrusted` call.
+
+    Parameters:
+      status(str): one of :data:`STATUSES`.
+      output(Any): what ``main(payload)`` returned (``None`` unless ``status == "ok"``).
+      error(str|None): why the run did not end ``ok``, with the snippet's traceback.
+      cpu_seconds(float): user plus system CPU time of the child.
+      max_rss_bytes(int): peak resident memory of the child.
+      wall_seconds(float): wall-clock time of the run, start-up included.
+      layers(tuple[str, ...]): the isolation layers that were active, e.g.
+        ``("clean-env", "private-tmp", "process-group", "netns", "landlock-fs",
+        "rlimits", "seccomp-net", "seccomp-proc")``.
+      logs(str): what the snippet printed (stdout and stderr), truncated to 64 KiB.
+    """
+
+    status: Status
+    output: Any = None
+    error: str | None = None
+    cpu_seconds: float = 0.0
+    max_rss_bytes: int = 0
+    wall_seconds: float = 0.0
+    layers: tuple[str, ...] = field(default_factory=tuple)
+    logs: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """Whether ``main(payload)`` returned normally."""
+        return self.status == "ok"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The result as JSON-serialisable data (e.g. an actor's return value)."""
+        data = asdict(self)
+        data["layers"] = list(self.layers)
+        return data
+
+
+class _Run:
+    """One child process: feeds stdin, drains stdout/stderr under the caps, reaps it."""
+
+    def __init__(self, process: subprocess.Popen[bytes], payload: bytes, limits: Limits) -> None:
+        self.process = process
+        self.limits = limits
+        self.stdin_data = payload
+        self.stdout = bytearray()
+        self.stderr = bytearray()
+        self.total = 0
+        self.breach: Status | None = None
+        self.status = 0
+        self.rusage: Any = None
+
+    def communicate(self, deadline: float) -> None:
+        process = self.process
+        assert process.stdin and process.stdout and process.stderr
+        with selectors.DefaultSelector() as selector:
+            os.set_blocking(process.stdin.fileno(), False)
+            selector.register(process.stdin, selectors.EVENT_WRITE)
+            selector.register(process.stdout, selectors.EVENT_READ, self.stdout)
+            selector.register(process.stderr, selectors.EVENT_READ, self.stderr)
+            while selector.get_map() and self.breach is None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    self.breach = "timeout"
+                    break
+                for key, _ in selector.select(remaining):
+                    if key.fileobj is process.stdin:
+                        self._feed(selector)
+                    else:
+                        self._drain(selector, key)
+        if self.breach is None:
+            self._wait_exit(deadline)
+
+    def _feed(self, selector: selectors.BaseSelector) -> None:
+        stdin = self.process.stdin
+        assert stdin is not None
+        try:
+            written = os.write(stdin.fileno(), self.stdin_data[:65536])
+            self.stdin_data = self.stdin_data[written:]
+        except BrokenPipeError:  # the child exited early: its status tells why
+            self.stdin_data = b""
+        if not self.stdin_data:
+            selector.unregister(stdin)
+            stdin.close()
+
+    def _drain(self, selector: selectors.BaseSelector, key: selectors.SelectorKey) -> None:
+        fd = key.fd
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            selector.unregister(key.fileobj)
+            return
+        self.total += len(chunk)
+        if self.total > self.limits.max_output_bytes:
+            self.breach = "output_too_large"
+            return
+        buffer: bytearray = key.data
+        if buffer is self.stdout or len(buffer) < _MAX_LOG_BYTES:
+            buffer += chunk
+
+    def _wait_exit(self, deadline: float) -> None:
+        """Wait, without reaping, until the child exits (it may linger after closing its pipes)."""
+        pause = 0.0005
+        while True:
+            info = os.waitid(os.P_PID, self.process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            if info is not None:
+                return
+            if time.monotonic() >= deadline:
+                self.breach = "timeout"
+                return
+            time.sleep(pause)
+            pause = min(pause * 2, 0.02)
+
+    def finish(self) -> None:
+        """Kill the whole process group, then reap the child (in that order: until it is
+        reaped, its pid, which is the group's id, cannot be reused)."""
+        process = self.process
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+        for pipe in (process.stdin, process.stdout, process.stderr):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
+        _, self.status, self.rusage = os.wait4(process.pid, 0)
+        process.returncode = os.waitstatus_to_exitcode(self.status)
+
+
+def _docs(stdout: bytes) -> tuple[dict[str, Any] | None, dict[str, Any] | None, str | None]:
+    """(layers document, result document, problem) from the child's result channel."""
+    lines = stdout.split(b"\n")
+    docs: list[dict[str, Any]] = []
+    for line in lines[:2]:
+        if not line:
+            break
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            return (docs[0] if docs else None), None, "the result is not valid JSON"
+        if not isinstance(doc, dict):
+            return (docs[0] if docs else None), None, "the result is not a JSON object"
+        docs.append(doc)
+    if len(docs) < 2:
+        return (docs[0] if docs else None), None, None
+    if any(lines[2:]):
+        return docs[0], None, "unexpected data after the result"
+    return docs[0], docs[1], None
+
+
+def _status_from_exit(status: int, cpu: float, limits: Limits) -> tuple[Status, str]:
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        name = signal.Signals(sig).name if sig in signal.Signals.__members__.values() else sig
+        if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu >= limits.cpu_seconds):
+            return "cpu", f"CPU time limit of {limits.cpu_seconds} s reached"
+        if sig == signal.SIGKILL:
+            return "memory", "killed by SIGKILL (the out-of-memory killer)"
+        if sig == signal.SIGXFSZ:
+            return "forbidden", f"file size limit of {limits.max_file_bytes} bytes reached"
+        if sig in _CRASH_SIGNALS:
+            return "crashed", f"the child crashed ({name})"
+        return "crashed", f"the child was killed by {name}"
+    return "crashed", f"the child exited with code {os.WEXITSTATUS(status)} and no result"
+
+
+def run_untrusted(
+    source: str, payload: Any = None, *, limits: Limits | None = None
+) -> SandboxResult:
+    """Run ``main(payload)`` from ``source`` in a confined child process.
+
+    Parameters:
+      source(str): Python source that defines ``main(payload)``.
+      payload(Any): JSON-serialisable data passed to ``main`` (via the child's stdin).
+      limits(Limits): the caps; defaults to ``Limits()``.
+
+    Returns:
+      SandboxResult: the status, the output and the resources used. Every breach by
+      the snippet ends here as a status; nothing the snippet does raises.
+
+    Raises:
+      ValueError: if the payload is not JSON-serialisable, or ``max_processes > 1``
+        while the worker runs as root (``RLIMIT_NPROC`` would not apply).
+      SandboxError: if the sandbox could not be started or set up.
+    """
+    limits = limits or Limits()
+    payload_bytes = json.dumps(payload, allow_nan=False).encode()
+    if limits.max_processes > 1 and os.geteuid() == 0:
+        raise ValueError(
+            "Limits.max_processes > 1 needs a non-root worker: "
+            "the kernel does not apply RLIMIT_NPROC to root"
+        )
+    if not sys.executable:
+        raise SandboxError("no Python executable to start the sandbox with")
+    started = time.monotonic()
+    workdir = tempfile.mkdtemp(prefix="sandbox-")
+    try:
+        Path(workdir, "snippet.py").write_text(source, encoding="utf-8")
+        config = json.dumps({"workdir": workdir, "limits": asdict(limits)})
+        try:
+            process = subprocess.Popen(
+                [sys.executable, "-I", "-S", str(_LAUNCHER), config],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=workdir,
+                env={**_CHILD_ENV, "HOME": workdir, "TMPDIR": workdir},
+                start_new_session=True,  # own process group: killed as a whole at the end
+                close_fds=True,
+            )
+        except OSError as exc:
+            raise SandboxError(f"cannot start the sandbox: {exc}") from exc
+        run = _Run(process, payload_bytes, limits)
+        try:
+            run.communicate(started + limits.wall_seconds)
+        finally:
+            run.finish()
+        wall = time.monotonic() - started
+        return _result(run, limits, wall)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _result(run: _Run, limits: Limits, wall: float) -> SandboxResult:
+    cpu = run.rusage.ru_utime + run.rusage.ru_stime
+    layers_doc, result_doc, problem = _docs(bytes(run.stdout))
+    if layers_doc is None and run.breach is None:
+        stderr = run.stderr.decode(errors="replace")
+        if os.WIFEXITED(run.status) and os.WEXITSTATUS(run.status) == _SETUP_FAILED:
+            raise SandboxError(stderr.strip() or "sandbox setup failed")
+        if not os.WIFSIGNALED(run.status):
+            raise SandboxError(f"the sandbox exited before its set-up was done: {stderr[-2000:]}")
+    layers: tuple[str, ...] = ("clean-env", "private-tmp", "process-group")
+    if layers_doc is not None:
+        layers += tuple(str(layer) for layer in layers_doc.get("layers", ()))
+    common: dict[str, Any] = {
+        "cpu_seconds": round(cpu, 4),
+        "max_rss_bytes": run.rusage.ru_maxrss * 1024,
+        "wall_seconds": round(wall, 4),
+        "layers": layers,
+        "logs": run.stderr[:_MAX_LOG_BYTES].decode(errors="replace"),
+    }
+    if run.breach == "timeout":
+        error = f"wall-clock limit of {limits.wall_seconds} s reached"
+        return SandboxResult("timeout", error=error, **common)
+    if run.breach == "output_too_large":
+        error = f"output limit of {limits.max_output_bytes} bytes reached"
+        return SandboxResult("output_too_large", error=error, **common)
+    if problem is not None:
+        return SandboxResult(
+            "error", error=f"malformed result from the sandbox: {problem}", **common
+        )
+    if result_doc is None or not os.WIFEXITED(run.status) or os.WEXITSTATUS(run.status) != 0:
+        status, error = _status_from_exit(run.status, cpu, limits)
+        return SandboxResult(status, error=error, **common)
+    reported = result_doc.get("status")
+    if reported == "ok":
+        return SandboxResult("ok", output=result_doc.get("output"), **common)
+    for status in STATUSES:
+        if reported == status:
+            return SandboxResult(status, error=str(result_doc.get("error") or status), **common)
+    return SandboxResult("error", error=f"malformed result: status {reported!r}", **common)
