@@ -1,0 +1,106 @@
+"""Command line: ``python -m {{ cookiecutter.package }}`` or ``{{ cookiecutter.project }}``.
+
+    worker                              run the pool (processes, threads, queues from settings)
+    config                              validate and print the effective config, secrets masked
+    healthcheck live [--stalled-after S]  exit 0 live, 1 not; local state only
+    healthcheck ready                   exit 0 when Redis (and the database) answer
+    dlq list|show|replay|purge          dead-letter tooling
+    capacity                            throughput against concurrency
+
+Imports are local to each command: ``healthcheck live`` must stay fast and must
+not import Dramatiq or the actors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from . import logs
+    from .settings import load_settings
+
+    settings = load_settings()
+    logs.configure(settings.otel_service_name, settings.log_level)
+    if args.process:
+        from .runtime import WorkerProcess
+
+        return WorkerProcess(settings).run()
+    from .supervisor import Supervisor
+
+    return Supervisor(settings).run()
+
+
+def _config(args: argparse.Namespace) -> int:
+    from .settings import load_settings
+
+    print(json.dumps(load_settings().masked(), indent=2))
+    return 0
+
+
+def _live(args: argparse.Namespace) -> int:
+    from .health import liveness_problems
+    from .progress import ENV_STALLED_AFTER, ENV_STATE_DIR
+    from .settings import Settings
+
+    fields = Settings.model_fields
+    state_dir = Path(os.environ.get(ENV_STATE_DIR) or fields["worker_state_dir"].default)
+    stalled_after = args.stalled_after or float(
+        os.environ.get(ENV_STALLED_AFTER) or fields["health_stalled_after_s"].default)
+    problems = liveness_problems(state_dir, stalled_after)
+    for problem in problems:
+        print(f"not live: {problem}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def _ready(args: argparse.Namespace) -> int:
+    from .health import readiness_problems
+    from .settings import load_settings
+
+    problems = readiness_problems(load_settings())
+    for problem in problems:
+        print(f"not ready: {problem}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(prog="{{ cookiecutter.project }}", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = root.add_subparsers(dest="command", required=True)
+
+    worker = commands.add_parser("worker", help="run the pool")
+    worker.add_argument("--process", action="store_true", help=argparse.SUPPRESS)
+    worker.set_defaults(run=_worker)
+
+    commands.add_parser("config", help="print the effective config").set_defaults(run=_config)
+
+    health = commands.add_parser("healthcheck", help="liveness and readiness probes")
+    probes = health.add_subparsers(dest="probe", required=True)
+    live = probes.add_parser("live", help="exit 1 when a handler is stalled or a process died")
+    live.add_argument("--stalled-after", type=float, metavar="S",
+                      help="seconds without progress (default HEALTH_STALLED_AFTER_S)")
+    live.set_defaults(run=_live)
+    probes.add_parser("ready", help="exit 1 when Redis or the DB does not answer").set_defaults(
+        run=_ready)
+
+    from .dlq import add_commands as add_dlq_commands
+
+    add_dlq_commands(commands)
+    from .capacity import add_command as add_capacity_command
+
+    add_capacity_command(commands)
+    return root
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    code: int = args.run(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""Actors: every module in this package is imported by the worker (autodiscovery).
+
+Add a module here and its actors are served by the pool that owns their queue
+(pools.toml). Importing this package refuses to boot (exit 78) when an actor's
+queue belongs to no pool.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from ..broker import broker
+from ..settings import pools, refuse
+
+
+def discover() -> list[str]:
+    """Import every module of this package; return their names."""
+    names = [info.name for info in pkgutil.iter_modules(__path__) if not info.name.startswith("_")]
+    for name in names:
+        importlib.import_module(f"{__name__}.{name}")
+    return names
+
+
+def check_queues() -> None:
+    """Every actor's queue must belong to exactly one pool of pools.toml."""
+    declared = pools()
+    problems = [
+        f"actor {name!r} uses queue {actor.queue_name!r}, which no pool in pools.toml serves"
+        for name, actor in broker.actors.items()
+        if declared.pool_of_queue(actor.queue_name) is None
+    ]
+    if problems:
+        refuse(problems)
+
+
+MODULES = discover()
+check_queues()

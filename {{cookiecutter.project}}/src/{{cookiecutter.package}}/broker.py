@@ -1,0 +1,71 @@
+"""The broker: a RedisBroker built from settings, with the whole middleware stack in one place.
+
+Importing this module validates the configuration (exit 78 when it is bad) and
+makes ``broker`` Dramatiq's global broker, so ``@dramatiq.actor`` declares on it.
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+import dramatiq
+import redis
+from dramatiq import Middleware
+from dramatiq.brokers.redis import RedisBroker
+from dramatiq.middleware import AgeLimit, Callbacks, CurrentMessage, Pipelines, TimeLimit
+
+from .middleware import Attempts, GracefulShutdown, Metrics, Progress, Recovery, Retries
+from .settings import Settings, load_settings
+
+
+def middleware_stack(settings: Settings) -> list[Middleware]:
+    """Every middleware, in order. ``before_*`` hooks run top-down, ``after_*`` bottom-up,
+    so Attempts refuses an exhausted message before anything starts, and Metrics sees the
+    final outcome that Retries and GracefulShutdown decided."""
+    return [
+        Attempts(settings.worker_max_attempts),
+        Metrics(settings.worker_concurrency),
+        Progress(),
+        GracefulShutdown(),
+        AgeLimit(),
+        TimeLimit(time_limit=settings.worker_job_timeout_ms, interval=100),
+        Callbacks(),
+        Pipelines(),
+        Retries(max_retries=settings.worker_max_attempts - 1),
+        CurrentMessage(),
+        Recovery(settings.worker_queues, settings.worker_heartbeat_timeout_ms,
+                 settings.worker_max_attempts),
+    ]
+
+
+def build_broker(settings: Settings) -> RedisBroker:
+    """A RedisBroker for ``REDIS_URL`` (``redis://``, ``rediss://`` for TLS, ``unix://``).
+
+    Dramatiq's random maintenance is off (``maintenance_chance=0``): the Recovery
+    middleware recovers lost messages deterministically and counts them.
+    """
+    client = redis.Redis.from_url(
+        settings.redis_url.get_secret_value(),
+        socket_timeout=10,
+        socket_connect_timeout=5,
+        health_check_interval=30,
+    )
+    return RedisBroker(
+        client=client,
+        middleware=middleware_stack(settings),
+        heartbeat_timeout=settings.worker_heartbeat_timeout_ms,
+        maintenance_chance=0,
+    )
+
+
+settings = load_settings()
+broker = build_broker(settings)
+dramatiq.set_broker(broker)
+
+
+M = TypeVar("M", bound=Middleware)
+
+
+def middleware_of(kind: type[M]) -> M:
+    """The instance of middleware ``kind`` in the broker's stack."""
+    return next(m for m in broker.middleware if isinstance(m, kind))

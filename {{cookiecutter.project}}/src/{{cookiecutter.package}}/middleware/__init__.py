@@ -1,0 +1,10 @@
+"""The service's Dramatiq middleware, one per module (see ``broker.middleware_stack``)."""
+
+from .attempts import Attempts
+from .metrics import Metrics
+from .progress import Progress
+from .recovery import Recovery
+from .retries import Retries
+from .shutdown import GracefulShutdown
+
+__all__ = ["Attempts", "GracefulShutdown", "Metrics", "Progress", "Recovery", "Retries"]

@@ -1,0 +1,40 @@
+"""Progress: records on the process's progress board when each handler starts and ends."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from dramatiq import Broker, Middleware
+from dramatiq.broker import MessageProxy
+from dramatiq.worker import WorkerThread
+
+from .. import lifecycle
+
+
+class Progress(Middleware):
+    """Gives each handler thread a slot on the board; marks job starts and ends.
+
+    ``healthcheck live`` reads the board: a slot busy with no progress for longer
+    than ``HEALTH_STALLED_AFTER_S`` is a wedged handler. ``checkpoint()`` records
+    progress on the same slot.
+    """
+
+    def __init__(self) -> None:
+        self._slots = itertools.count()
+
+    def after_worker_thread_boot(self, broker: Broker, thread: WorkerThread) -> None:
+        lifecycle.bind_slot(next(self._slots))
+
+    def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
+        board, slot = lifecycle.board(), lifecycle.current_slot()
+        if board is not None and slot is not None:
+            board.start(slot, message.options.get("redis_message_id", ""), message.queue_name)
+
+    def after_process_message(self, broker: Broker, message: MessageProxy, *,
+                              result: Any = None, exception: BaseException | None = None) -> None:
+        board, slot = lifecycle.board(), lifecycle.current_slot()
+        if board is not None and slot is not None:
+            board.finish(slot)
+
+    after_skip_message = after_process_message

@@ -1,0 +1,59 @@
+"""Recovery: a heartbeat and a periodic pass that recovers the messages of dead workers."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import redis
+from dramatiq import Broker, Middleware
+from dramatiq.worker import Worker
+
+from .. import recovery
+
+logger = logging.getLogger(__name__)
+
+
+class Recovery(Middleware):
+    """Runs :func:`~..recovery.recover_dead_workers` every ``interval_s`` in each worker.
+
+    The same thread keeps this worker's heartbeat fresh, so its messages are not
+    taken from it while a long job runs or while it drains with fetching stopped.
+
+    Parameters:
+      queues: the queues this worker serves (it recovers only those).
+      heartbeat_timeout_ms: ``WORKER_HEARTBEAT_TIMEOUT_MS``; a worker silent that long is dead.
+      max_attempts: ``WORKER_MAX_ATTEMPTS``.
+      dead_message_ttl_ms: how long dead letters are kept (default 7 days).
+      interval_s: seconds between passes (default: a fifth of the heartbeat timeout, at most 5).
+    """
+
+    def __init__(self, queues: list[str], heartbeat_timeout_ms: int, max_attempts: int,
+                 dead_message_ttl_ms: int = 7 * 86_400_000, interval_s: float | None = None) -> None:
+        self.queues = queues
+        self.heartbeat_timeout_ms = heartbeat_timeout_ms
+        self.max_attempts = max_attempts
+        self.dead_message_ttl_ms = dead_message_ttl_ms
+        self.interval_s = interval_s or min(5.0, heartbeat_timeout_ms / 5000)
+        self._stopped = threading.Event()
+
+    def after_worker_boot(self, broker: Broker, worker: Worker) -> None:
+        threading.Thread(target=self._loop, args=(broker,), name="recovery", daemon=True).start()
+
+    def after_worker_shutdown(self, broker: Broker, worker: Worker) -> None:
+        self._stopped.set()
+
+    def run_once(self, broker: Broker) -> None:
+        client: redis.Redis = broker.client  # type: ignore[attr-defined]
+        recovery.heartbeat(client, broker.broker_id)  # type: ignore[attr-defined]
+        recovery.recover_dead_workers(client, self.queues, self.heartbeat_timeout_ms,
+                                      self.max_attempts)
+        recovery.expire_dead_letters(client, self.queues, self.dead_message_ttl_ms)
+
+    def _loop(self, broker: Broker) -> None:
+        while not self._stopped.is_set():
+            try:
+                self.run_once(broker)
+            except redis.RedisError as error:
+                logger.warning("recovery pass failed: %s", error)
+            self._stopped.wait(self.interval_s)

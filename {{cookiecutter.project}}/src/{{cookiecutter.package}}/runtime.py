@@ -1,0 +1,154 @@
+"""One worker process: Dramatiq's Worker with our drain.
+
+On the first SIGTERM or SIGINT the process stops fetching at once, hands its
+prefetched messages back, lets in-flight handlers finish within
+``WORKER_SHUTDOWN_TIMEOUT_MS``, then interrupts whatever still runs (its message
+is requeued, not failed), requeues anything still held in its acks sets, closes
+the database pool and the broker, logs a drain summary and exits 0. A second
+signal, at least a second after the first, closes the drain window at once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterable
+from types import FrameType
+
+import dramatiq
+from dramatiq.common import iter_queue
+
+from . import lifecycle, recovery
+from .progress import ProgressBoard
+from .settings import DATABASE_ENABLED, Settings
+
+logger = logging.getLogger(__name__)
+PR_SET_PDEATHSIG = 1
+#: A second signal closer than this to the first is the same event (e.g. TERM to the group).
+SIGNAL_DEBOUNCE_S = 1.0
+#: How long interrupted handlers get to unwind before the process exits without them.
+INTERRUPT_GRACE_S = 2.0
+
+
+def die_with_parent() -> None:
+    """Ask the kernel to SIGTERM this process when the supervisor dies (Linux only)."""
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _join(threads: Iterable[threading.Thread], deadline: float, stop: threading.Event,
+          board: ProgressBoard) -> bool:
+    """Wait until ``threads`` end, ``deadline`` passes or ``stop`` is set; True if all ended."""
+    pending = [thread for thread in threads if thread.is_alive()]
+    while pending and time.monotonic() < deadline and not stop.is_set():
+        pending[0].join(timeout=0.05)
+        pending = [thread for thread in pending if thread.is_alive()]
+        board.tick()
+    return not pending
+
+
+class WorkerProcess:
+    """Runs the pool's queues in this process until SIGTERM, then drains.
+
+    Parameters:
+      settings: the validated settings (queues, concurrency, timeouts).
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.stopping = threading.Event()
+        self.hurry = threading.Event()
+        self._first_signal = 0.0
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        now = time.monotonic()
+        if not self.stopping.is_set():
+            self._first_signal = now
+            self.stopping.set()
+        elif now - self._first_signal >= SIGNAL_DEBOUNCE_S:
+            self.hurry.set()
+
+    def run(self) -> int:
+        die_with_parent()
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        from . import actors  # noqa: F401  (declares every actor on the broker)
+        from .broker import broker
+
+        board = ProgressBoard(self.settings.worker_state_dir, self.settings.worker_concurrency,
+                              broker.broker_id)
+        lifecycle.attach(board)
+        if DATABASE_ENABLED:
+            from . import db
+
+            db.open_pool(self.settings)
+        worker = dramatiq.Worker(broker, queues=set(self.settings.worker_queues),
+                                 worker_threads=self.settings.worker_concurrency)
+        # Prefetch no more than the handlers can run: a crash then loses only running jobs.
+        worker.queue_prefetch = self.settings.worker_concurrency
+        worker.start()
+        while not self.stopping.wait(1.0):
+            board.tick()
+        return self.drain(worker, board)
+
+    def drain(self, worker: dramatiq.Worker, board: ProgressBoard) -> int:
+        """Stop fetching, finish or requeue every message this process holds, clean up."""
+        from .broker import broker, middleware_of
+        from .middleware import GracefulShutdown
+
+        started = time.monotonic()
+        deadline = started + self.settings.worker_shutdown_timeout_ms / 1000
+        shutdown = middleware_of(GracefulShutdown)
+        finished_before = shutdown.finished
+        lifecycle.request_shutdown()
+        broker.emit_before("worker_shutdown", worker)
+        logger.info("draining", extra={"in_flight": shutdown.in_flight})
+        for consumer in worker.consumers.values():
+            consumer.stop()
+        for thread in worker.workers:
+            thread.stop()
+        _join(worker.consumers.values(), started + 2.0, self.hurry, board)
+        handed_back = self._requeue_prefetched(worker)
+
+        interrupted = 0
+        if not _join(worker.workers, deadline, self.hurry, board):
+            interrupted = shutdown.interrupt()
+            _join(worker.workers, time.monotonic() + INTERRUPT_GRACE_S, threading.Event(), board)
+        swept = self._sweep(broker)
+        broker.emit_after("worker_shutdown", worker)
+        if DATABASE_ENABLED:
+            from . import db
+
+            db.close_pool()
+        broker.close()
+        board.close()
+        logger.info("drained", extra={
+            "finished": shutdown.finished - finished_before,
+            "requeued": shutdown.requeued + handed_back + swept,
+            "interrupted": interrupted,
+            "elapsed_s": round(time.monotonic() - started, 3),
+        })
+        return 0
+
+    def _requeue_prefetched(self, worker: dramatiq.Worker) -> int:
+        """Hand the messages waiting in the work queue back to Redis."""
+        count = 0
+        for item in iter_queue(worker.work_queue):
+            worker.consumers[item.message.queue_name].requeue_messages([item.message])
+            count += 1
+        return count
+
+    def _sweep(self, broker: dramatiq.Broker) -> int:
+        """Requeue whatever this process still holds (prefetch caches, stuck handlers)."""
+        client = broker.client  # type: ignore[attr-defined]
+        count = 0
+        for name in self.settings.worker_queues:
+            for queue in (name, f"{name}.DQ"):
+                held = client.smembers(recovery.acks_key(broker.broker_id, queue))  # type: ignore[attr-defined]
+                count += recovery.requeue(client, broker.broker_id, queue,  # type: ignore[attr-defined]
+                                          [h.decode() for h in held])
+        return count

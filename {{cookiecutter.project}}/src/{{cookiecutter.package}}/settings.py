@@ -1,0 +1,236 @@
+"""Environment configuration, validated at boot.
+
+``WORKER_POOL`` names a pool of pools.toml, which supplies the defaults of the
+other ``WORKER_*`` variables; the environment overrides them. A bad value refuses
+to boot: :func:`load_settings` prints one line per bad variable (its name, the
+value's problem and the rule) and exits with ``EX_CONFIG`` (78), no traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from functools import cached_property
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
+from pydantic import model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from .pools import Pool, PoolsFile, PoolsFileError, load_pools
+
+EX_CONFIG = 78
+PROJECT = "{{ cookiecutter.project }}"
+VERSION = "0.1.0"
+DATABASE_ENABLED = {{ "True" if cookiecutter.database == "postgres" else "False" }}
+
+_POOL_DEFAULTS = {
+    "worker_queues": "queues",
+    "worker_concurrency": "concurrency",
+    "worker_processes": "processes",
+    "worker_job_timeout_ms": "job_timeout_ms",
+    "worker_shutdown_timeout_ms": "shutdown_timeout_ms",
+    "worker_max_attempts": "max_attempts",
+}
+_SECRET_FIELDS = {"redis_url", "database_url"}
+
+
+def mask_url(url: str) -> str:
+    """``url`` with its password replaced by ``***``."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+class Settings(BaseSettings):
+    """The service's configuration. Field ``x_y`` is read from env variable ``X_Y``."""
+
+    model_config = SettingsConfigDict(case_sensitive=False, extra="ignore", frozen=True)
+
+    worker_pool: str
+    worker_queues: Annotated[list[str], NoDecode]
+    worker_concurrency: Annotated[int, Field(ge=1, le=256)]
+    worker_processes: Annotated[int, Field(ge=1, le=64)]
+    worker_job_timeout_ms: Annotated[int, Field(ge=100, le=86_400_000)]
+    worker_shutdown_timeout_ms: Annotated[int, Field(ge=1_000, le=86_400_000)]
+    worker_max_attempts: Annotated[int, Field(ge=1, le=100)]
+    worker_heartbeat_timeout_ms: Annotated[int, Field(ge=2_000, le=600_000)] = 30_000
+    worker_state_dir: Path = Path(f"/tmp/{PROJECT}")  # noqa: S108  (an emptyDir in Kubernetes)
+    health_stalled_after_s: Annotated[float, Field(gt=0, le=86_400)] = 60.0
+    metrics_port: Annotated[int, Field(ge=1024, le=65535)] = 9191
+    redis_url: SecretStr = SecretStr("redis://localhost:6379/0")
+{%- if cookiecutter.database == "postgres" %}
+    database_url: SecretStr = SecretStr("postgresql://localhost:5432/postgres")
+    db_pool_size: Annotated[int, Field(ge=1, le=1000)]
+{%- endif %}
+    otel_service_name: Annotated[str, Field(min_length=1, max_length=100)] = PROJECT
+    log_level: Annotated[str, Field(pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")] = "INFO"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _pool_defaults(cls, data: Any) -> Any:
+        """Fill unset WORKER_* values from the pool that WORKER_POOL names."""
+        if not isinstance(data, dict):
+            return data
+        pool = load_pools().pools.get(str(data.get("worker_pool", "")))
+        if pool is None:
+            return data
+        for field, key in _POOL_DEFAULTS.items():
+            data.setdefault(field, getattr(pool, key))
+{%- if cookiecutter.database == "postgres" %}
+        data.setdefault("db_pool_size", pool.effective_db_pool_size)
+{%- endif %}
+        return data
+
+    @field_validator("worker_pool")
+    @classmethod
+    def _known_pool(cls, value: str) -> str:
+        pools = load_pools().pools
+        if value not in pools:
+            raise ValueError(f"not a pool of pools.toml (one of: {', '.join(pools)})")
+        return value
+
+    @field_validator("worker_queues", mode="before")
+    @classmethod
+    def _split_queues(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [queue.strip() for queue in value.split(",") if queue.strip()]
+        return value
+
+    @field_validator("worker_queues")
+    @classmethod
+    def _queues_of_pool(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        if not value:
+            raise ValueError("must name at least one queue")
+        pools = load_pools()
+        pool = info.data.get("worker_pool")
+        for queue in value:
+            owner = pools.pool_of_queue(queue)
+            if owner is None:
+                raise ValueError(f"queue {queue!r} is not declared in pools.toml")
+            if pool is not None and owner != pool:
+                raise ValueError(
+                    f"queue {queue!r} belongs to pool {owner!r}, not {pool!r} "
+                    "(a queue is served by exactly one pool)"
+                )
+        return value
+
+    @field_validator("worker_shutdown_timeout_ms")
+    @classmethod
+    def _drain_outlasts_job(cls, value: int, info: ValidationInfo) -> int:
+        job = info.data.get("worker_job_timeout_ms")
+        if job is not None and job >= value:
+            raise ValueError(
+                f"must exceed WORKER_JOB_TIMEOUT_MS ({job}) so a running job can finish "
+                "within the drain window"
+            )
+        return value
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: SecretStr) -> SecretStr:
+        parts = urlsplit(value.get_secret_value())
+        if parts.scheme not in {"redis", "rediss", "unix"}:
+            raise ValueError("must start with redis://, rediss:// or unix://")
+        if parts.scheme == "unix" and not parts.path:
+            raise ValueError("unix:// URL needs a socket path")
+        if parts.scheme != "unix" and not parts.hostname:
+            raise ValueError("needs a host, e.g. redis://redis:6379/0")
+        try:
+            parts.port  # noqa: B018  (raises on a malformed port)
+        except ValueError:
+            raise ValueError("has a malformed port") from None
+        return value
+{%- if cookiecutter.database == "postgres" %}
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_url(cls, value: SecretStr) -> SecretStr:
+        parts = urlsplit(value.get_secret_value())
+        if parts.scheme not in {"postgresql", "postgres"}:
+            raise ValueError("must start with postgresql://")
+        return value
+
+    @field_validator("db_pool_size")
+    @classmethod
+    def _pool_holds_every_handler(cls, value: int, info: ValidationInfo) -> int:
+        concurrency = info.data.get("worker_concurrency")
+        if concurrency is not None and value < concurrency:
+            raise ValueError(
+                f"must be at least WORKER_CONCURRENCY ({concurrency}): "
+                "every handler thread may hold a connection"
+            )
+        return value
+{%- endif %}
+
+    @cached_property
+    def pool(self) -> Pool:
+        """The pools.toml entry of ``worker_pool``."""
+        return load_pools().pools[self.worker_pool]
+
+    def masked(self) -> dict[str, Any]:
+        """The effective config as JSON-ready values, secrets masked."""
+        shown: dict[str, Any] = {}
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if name in _SECRET_FIELDS:
+                value = mask_url(value.get_secret_value())
+            elif isinstance(value, Path):
+                value = str(value)
+            shown[name.upper()] = value
+        return shown
+
+
+def _describe(error: dict[str, Any]) -> str:
+    field = str(error["loc"][0]) if error["loc"] else "configuration"
+    value = error.get("input")
+    if field in _SECRET_FIELDS and isinstance(value, str | SecretStr):
+        value = mask_url(value.get_secret_value() if isinstance(value, SecretStr) else value)
+    shown = "unset" if error["type"] == "missing" else repr(value)
+    message = str(error["msg"]).removeprefix("Value error, ")
+    return f"{field.upper()}={shown}: {message}"
+
+
+def config_errors(error: ValidationError | PoolsFileError) -> list[str]:
+    """One line per bad variable, or per problem of pools.toml.
+
+    When WORKER_POOL itself is bad, the variables it would have supplied are not
+    reported as missing: the one line about WORKER_POOL says it all.
+    """
+    if isinstance(error, PoolsFileError):
+        return str(error).splitlines()
+    problems = [dict(problem) for problem in error.errors()]
+    bad_pool = any(problem["loc"] == ("worker_pool",) for problem in problems)
+    return [
+        _describe(problem)
+        for problem in problems
+        if not (bad_pool and problem["type"] == "missing" and problem["loc"] != ("worker_pool",))
+    ]
+
+
+def load_settings() -> Settings:
+    """Validated settings, or exit 78 with one line per bad variable."""
+    try:
+        return Settings()  # type: ignore[call-arg]  (values come from the environment)
+    except (ValidationError, PoolsFileError) as error:
+        refuse(config_errors(error))
+
+
+def refuse(lines: list[str]) -> NoReturn:
+    """Print the configuration problems and exit with EX_CONFIG."""
+    for line in lines:
+        print(f"config error: {line}", file=sys.stderr)
+    sys.exit(EX_CONFIG)
+
+
+def pools() -> PoolsFile:
+    """pools.toml, validated (exit 78 when it is not)."""
+    try:
+        return load_pools()
+    except PoolsFileError as error:
+        refuse(config_errors(error))
