@@ -474,13 +474,15 @@ def main() -> int:
         result_fd = os.dup(1)  # the result channel; the snippet's fd 1 becomes stderr
         os.dup2(2, 1)
         sys.stdout = sys.stderr
-        layers = _enter_network_namespace()
+        off = set(config.get("off", ()))  # tests switch layers off to prove the others
+        layers = [] if "netns" in off else _enter_network_namespace()
         if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             raise SetupError(f"PR_SET_NO_NEW_PRIVS failed: {_errno_text()}")
-        layers += _landlock(workdir)
+        layers += [] if "landlock" in off else _landlock(workdir)
         layers += _drop_capabilities()
         layers += _set_rlimits(limits)
-        layers += _install_seccomp(int(limits["max_processes"]))
+        if "seccomp" not in off:
+            layers += _install_seccomp(int(limits["max_processes"]))
         _write_line(result_fd, {"layers": layers})
     except (SetupError, OSError, ValueError, KeyError, IndexError) as exc:
         print(f"sandbox setup failed: {exc}", file=sys.stderr)
