@@ -3,7 +3,8 @@
 - memory: ``handler_memory x concurrency x processes + memory_base x processes <= memory``
 - timing: ``grace = ceil(shutdown_timeout_ms / 1000) + margin``;
   refused unless ``job_timeout_ms < shutdown_timeout_ms < grace x 1000``
-- isolation: every queue is served by exactly one pool; pool names are unique.
+- isolation: every queue is served by exactly one pool; pool names are unique; a sandbox
+  pool uses no downstream resource (it reaches nothing but DNS and the broker).
 """
 
 from __future__ import annotations
@@ -96,6 +97,11 @@ def check_isolation(pools: Sequence[PoolSpec]) -> None:
         names.add(pool.slug)
         if not pool.queues:
             raise GuardError(f"isolation guard: pool {pool.name!r} serves no queue")
+        if pool.sandbox and pool.uses:
+            raise GuardError(
+                f"isolation guard: sandbox pool {pool.name!r} uses {', '.join(pool.uses)}; "
+                "it may reach nothing but DNS and the broker"
+            )
         for queue in pool.queues:
             if queue in seen:
                 raise GuardError(

@@ -140,9 +140,13 @@ def render(
         "PULUMI_CONFIG_SECRET_KEYS": json.dumps(list(secret_keys)),
     }
     mocks = RecordingMocks()
+
+    def run() -> None:
+        program()
+
     with _environ(env):
         pulumi.runtime.set_mocks(mocks, project=project, stack=stack, preview=False)
-        pulumi.runtime.test(program)()  # type: ignore[no-untyped-call]
+        pulumi.runtime.test(run)()  # type: ignore[no-untyped-call]
     objects = [m for typ, _, inputs in mocks.resources if (m := manifest(typ, inputs))]
     return sorted(objects, key=sort_key)
 
