@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import textwrap
 import threading
 import uuid
@@ -470,6 +472,46 @@ def test_large_payload_round_trips() -> None:
     result = run("def main(payload):\n    return len(payload)\n", payload)
     assert result.status == "ok", result.error
     assert result.output == 500
+
+
+ACTOR_SCRIPT = """
+import logging
+import dramatiq
+statuses = []
+class Collect(logging.Handler):
+    def emit(self, record):
+        if record.getMessage() == "sandbox run finished":
+            statuses.append(record.sandbox_status)
+logging.getLogger().addHandler(Collect())
+logging.getLogger().setLevel(logging.INFO)
+from {{ cookiecutter.package }}.broker import broker
+from {{ cookiecutter.package }}.actors.sandbox import run_customer_code
+run_customer_code.send("def main(p):\\n    return p + 1\\n", 41)
+run_customer_code.send("def main(p):\\n    while True:\\n        pass\\n", None, {"cpu_seconds": 1})
+worker = dramatiq.Worker(broker, queues={"untrusted"}, worker_threads=2)
+worker.start()
+broker.join("untrusted", timeout=30_000)
+worker.join()
+worker.stop()
+print(sorted(statuses))
+"""
+
+
+def test_sandbox_actor_serves_the_untrusted_queue(redis_url: str) -> None:
+    """The actor on a real broker: a breach is a logged result, not a retried failure."""
+    project = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "WORKER_POOL": "sandbox", "REDIS_URL": redis_url}
+    env["PYTHONPATH"] = os.pathsep.join([str(project / "src"), env.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, "-c", ACTOR_SCRIPT],
+        env=env,
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "['cpu', 'ok']"
 
 
 def test_limits_are_validated() -> None:
