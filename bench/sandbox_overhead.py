@@ -1,0 +1,103 @@
+"""Start-up cost of one sandboxed run, against a plain ``python -I -c pass``.
+
+Run it from the template repo:
+
+    python bench/sandbox_overhead.py                  # bakes a throw-away project first
+    python bench/sandbox_overhead.py /path/to/baked   # uses a baked project's src/<package>
+    python bench/sandbox_overhead.py --runs 50
+
+It runs a trivial snippet through ``run_untrusted`` and a plain ``python -I -c pass``
+subprocess alternately in the same process (same interpreter, same load), then prints
+the median of each in milliseconds and their ratio. It is a measurement, not a test:
+it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+TEMPLATE = Path(__file__).resolve().parents[1]
+TRIVIAL = "def main(payload):\n    return payload\n"
+
+
+def bake(into: Path) -> Path:
+    """Bake the template with its defaults (sandbox pool on) and return the project dir."""
+    from cookiecutter.main import cookiecutter
+
+    return Path(
+        cookiecutter(
+            str(TEMPLATE),
+            no_input=True,
+            output_dir=str(into),
+            extra_context={"project": "bench-worker", "sandbox_pool": "yes"},
+        )
+    )
+
+
+def load_sandbox(project: Path) -> ModuleType:
+    """Import ``<package>.sandbox`` from a baked project's ``src``."""
+    src = project / "src"
+    packages = [p.parent.name for p in src.glob("*/sandbox.py")]
+    if not packages:
+        raise SystemExit(f"no src/<package>/sandbox.py under {project}")
+    sys.path.insert(0, str(src))
+    return importlib.import_module(f"{packages[0]}.sandbox")
+
+
+def measure(sandbox: ModuleType, runs: int) -> dict[str, Any]:
+    """Median milliseconds of a sandboxed trivial run and of a plain interpreter start."""
+    plain: list[float] = []
+    sandboxed: list[float] = []
+    layers: tuple[str, ...] = ()
+    for _ in range(3):  # warm the page cache and the imports
+        sandbox.run_untrusted(TRIVIAL, 1)
+        subprocess.run([sys.executable, "-I", "-c", "pass"], check=True)
+    for _ in range(runs):
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-I", "-c", "pass"], check=True)
+        plain.append((time.perf_counter() - started) * 1000)
+        started = time.perf_counter()
+        result = sandbox.run_untrusted(TRIVIAL, 1)
+        sandboxed.append((time.perf_counter() - started) * 1000)
+        if result.status != "ok":
+            raise SystemExit(f"trivial snippet did not run: {result.status} {result.error}")
+        layers = result.layers
+    plain_ms = statistics.median(plain)
+    sandbox_ms = statistics.median(sandboxed)
+    return {
+        "runs": runs,
+        "plain_ms": plain_ms,
+        "sandbox_ms": sandbox_ms,
+        "overhead_ms": sandbox_ms - plain_ms,
+        "ratio": sandbox_ms / plain_ms,
+        "layers": layers,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("project", nargs="?", type=Path, help="a baked project directory")
+    parser.add_argument("--runs", type=int, default=30)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as scratch:
+        project = args.project or bake(Path(scratch))
+        numbers = measure(load_sandbox(project), args.runs)
+    print(f"sandbox start-up, median of {numbers['runs']} runs side by side")
+    print(f"  python -I -c pass          {numbers['plain_ms']:8.1f} ms")
+    print(f"  run_untrusted(trivial)     {numbers['sandbox_ms']:8.1f} ms")
+    print(f"  overhead                   {numbers['overhead_ms']:8.1f} ms")
+    print(f"  ratio sandbox/plain        {numbers['ratio']:8.2f}x")
+    print(f"  layers: {', '.join(numbers['layers'])}")
+
+
+if __name__ == "__main__":
+    main()
