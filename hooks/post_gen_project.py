@@ -27,7 +27,7 @@ def remove(*paths: Path) -> None:
 
 
 def remove_db_files() -> None:
-    remove(PACKAGE / "db.py", PROJECT / "tests" / "test_db.py")
+    remove(PACKAGE / "db.py", PACKAGE / "middleware" / "database.py", PROJECT / "tests" / "test_db.py")
 
 
 def remove_sandbox_files() -> None:

@@ -36,8 +36,19 @@ class RedisServer:
         if executable is None:
             pytest.skip("redis-server is not installed")
         self.process = subprocess.Popen(
-            [executable, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.directory)],
+            [
+                executable,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.directory),
+            ],
             stdout=subprocess.DEVNULL,
         )
         client = redis.Redis.from_url(self.url)

@@ -50,7 +50,8 @@ def _live(args: argparse.Namespace) -> int:
     fields = Settings.model_fields
     state_dir = Path(os.environ.get(ENV_STATE_DIR) or fields["worker_state_dir"].default)
     stalled_after = args.stalled_after or float(
-        os.environ.get(ENV_STALLED_AFTER) or fields["health_stalled_after_s"].default)
+        os.environ.get(ENV_STALLED_AFTER) or fields["health_stalled_after_s"].default
+    )
     problems = liveness_problems(state_dir, stalled_after)
     for problem in problems:
         print(f"not live: {problem}", file=sys.stderr)
@@ -68,8 +69,11 @@ def _ready(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    root = argparse.ArgumentParser(prog="{{ cookiecutter.project }}", description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    root = argparse.ArgumentParser(
+        prog="{{ cookiecutter.project }}",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     commands = root.add_subparsers(dest="command", required=True)
 
     worker = commands.add_parser("worker", help="run the pool")
@@ -81,11 +85,16 @@ def parser() -> argparse.ArgumentParser:
     health = commands.add_parser("healthcheck", help="liveness and readiness probes")
     probes = health.add_subparsers(dest="probe", required=True)
     live = probes.add_parser("live", help="exit 1 when a handler is stalled or a process died")
-    live.add_argument("--stalled-after", type=float, metavar="S",
-                      help="seconds without progress (default HEALTH_STALLED_AFTER_S)")
+    live.add_argument(
+        "--stalled-after",
+        type=float,
+        metavar="S",
+        help="seconds without progress (default HEALTH_STALLED_AFTER_S)",
+    )
     live.set_defaults(run=_live)
     probes.add_parser("ready", help="exit 1 when Redis or the DB does not answer").set_defaults(
-        run=_ready)
+        run=_ready
+    )
 
     from .dlq import add_commands as add_dlq_commands
 

@@ -15,6 +15,9 @@ from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import AgeLimit, Callbacks, CurrentMessage, Pipelines, TimeLimit
 
 from .middleware import Attempts, GracefulShutdown, Metrics, Progress, Recovery, Retries
+{%- if cookiecutter.database == "postgres" %}
+from .middleware.database import DatabasePool
+{%- endif %}
 from .settings import Settings, load_settings
 
 
@@ -33,8 +36,14 @@ def middleware_stack(settings: Settings) -> list[Middleware]:
         Pipelines(),
         Retries(max_retries=settings.worker_max_attempts - 1),
         CurrentMessage(),
-        Recovery(settings.worker_queues, settings.worker_heartbeat_timeout_ms,
-                 settings.worker_max_attempts),
+        Recovery(
+            settings.worker_queues,
+            settings.worker_heartbeat_timeout_ms,
+            settings.worker_max_attempts,
+        ),
+{%- if cookiecutter.database == "postgres" %}
+        DatabasePool(settings),
+{%- endif %}
     ]
 
 

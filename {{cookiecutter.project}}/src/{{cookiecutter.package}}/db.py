@@ -23,7 +23,7 @@ _pool: ConnectionPool | None = None
 
 def open_pool(settings: Settings, timeout_s: float = 10.0) -> ConnectionPool:
     """Open this process's pool of ``DB_POOL_SIZE`` connections and wait until it is filled."""
-    global _pool  # noqa: PLW0603
+    global _pool
     if _pool is None:
         _pool = ConnectionPool(
             settings.database_url.get_secret_value(),
@@ -38,7 +38,7 @@ def open_pool(settings: Settings, timeout_s: float = 10.0) -> ConnectionPool:
 
 def close_pool() -> None:
     """Close this process's pool (after the drain)."""
-    global _pool  # noqa: PLW0603
+    global _pool
     if _pool is not None:
         _pool.close()
         _pool = None
@@ -60,6 +60,7 @@ def connection() -> Iterator[psycopg.Connection]:
 
 def ping(settings: Settings, timeout_s: float = 2.0) -> None:
     """Connect and run ``select 1`` within ``timeout_s`` (readiness); raise on failure."""
-    with psycopg.connect(settings.database_url.get_secret_value(),
-                         connect_timeout=max(1, int(timeout_s))) as conn:
+    with psycopg.connect(
+        settings.database_url.get_secret_value(), connect_timeout=max(1, int(timeout_s))
+    ) as conn:
         conn.execute("select 1")

@@ -11,6 +11,7 @@ Readiness asks Redis (and the database) to answer within a short timeout.
 
 from __future__ import annotations
 
+import importlib
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -69,8 +70,7 @@ def readiness_problems(settings: Settings, timeout_s: float = READY_TIMEOUT_S) -
     from .settings import DATABASE_ENABLED
 
     if DATABASE_ENABLED:
-        from . import db
-
+        db = importlib.import_module(f"{__package__}.db")  # absent without the database option
         try:
             db.ping(settings, timeout_s)
         except Exception as error:  # noqa: BLE001  (any failure means not ready)

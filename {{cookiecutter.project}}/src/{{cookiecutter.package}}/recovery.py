@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
+from typing import Any
 
 import redis
 from dramatiq.message import Message
@@ -63,12 +64,12 @@ def acks_key(broker_id: str, queue: str) -> str:
     return f"{NAMESPACE}:__acks__.{broker_id}.{queue}"
 
 
-def deliveries(message: Message) -> int:
+def deliveries(message: Message[Any]) -> int:
     """Deliveries so far that ended in a failure or a crash."""
     return int(message.options.get("retries", 0)) + int(message.options.get("crashes", 0))
 
 
-def dead_letter(client: redis.Redis, broker_id: str, queue: str, message: Message,
+def dead_letter(client: redis.Redis, broker_id: str, queue: str, message: Message[Any],
                 reason: str) -> bool:
     """Move ``message`` (held in ``broker_id``'s acks set of ``queue``) to the dead letters.
 
@@ -122,7 +123,7 @@ def recover_worker(client: redis.Redis, broker_id: str, queues: Iterable[str], m
             if body is None or not crashed:
                 requeued += requeue(client, broker_id, queue, [redis_id])
                 continue
-            message = Message.decode(body)
+            message = Message.decode(body if isinstance(body, bytes) else body.encode())
             message = message.copy(options={"crashes": int(message.options.get("crashes", 0)) + 1})
             if deliveries(message) >= max_attempts:
                 reason = (f"its worker process died during {message.options['crashes']} of "

@@ -24,7 +24,7 @@ from dramatiq.common import iter_queue
 
 from . import lifecycle, recovery
 from .progress import ProgressBoard
-from .settings import DATABASE_ENABLED, Settings
+from .settings import Settings
 
 logger = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1
@@ -82,10 +82,6 @@ class WorkerProcess:
         board = ProgressBoard(self.settings.worker_state_dir, self.settings.worker_concurrency,
                               broker.broker_id)
         lifecycle.attach(board)
-        if DATABASE_ENABLED:
-            from . import db
-
-            db.open_pool(self.settings)
         worker = dramatiq.Worker(broker, queues=set(self.settings.worker_queues),
                                  worker_threads=self.settings.worker_concurrency)
         # Prefetch no more than the handlers can run: a crash then loses only running jobs.
@@ -120,10 +116,6 @@ class WorkerProcess:
             _join(worker.workers, time.monotonic() + INTERRUPT_GRACE_S, threading.Event(), board)
         swept = self._sweep(broker)
         broker.emit_after("worker_shutdown", worker)
-        if DATABASE_ENABLED:
-            from . import db
-
-            db.close_pool()
         broker.close()
         board.close()
         logger.info("drained", extra={

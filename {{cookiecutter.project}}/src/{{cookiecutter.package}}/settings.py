@@ -14,8 +14,14 @@ from pathlib import Path
 from typing import Annotated, Any, NoReturn
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
-from pydantic import model_validator
+from pydantic import (
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from .pools import Pool, PoolsFile, PoolsFileError, load_pools
@@ -216,7 +222,7 @@ def config_errors(error: ValidationError | PoolsFileError) -> list[str]:
 def load_settings() -> Settings:
     """Validated settings, or exit 78 with one line per bad variable."""
     try:
-        return Settings()  # type: ignore[call-arg]  (values come from the environment)
+        return Settings()  # type: ignore[call-arg]  # values come from the environment
     except (ValidationError, PoolsFileError) as error:
         refuse(config_errors(error))
 

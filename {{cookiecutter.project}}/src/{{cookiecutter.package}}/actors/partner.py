@@ -15,7 +15,7 @@ _limiter: ConcurrentRateLimiter | None = None
 
 def limiter() -> ConcurrentRateLimiter:
     """The shared limiter, on the broker's Redis (created on first use)."""
-    global _limiter  # noqa: PLW0603
+    global _limiter
     if _limiter is None:
         backend = RedisBackend(client=dramatiq.get_broker().client)  # type: ignore[attr-defined]
         _limiter = ConcurrentRateLimiter(backend, "partner-api", limit=PARTNER_CONCURRENT_CALLS)

@@ -24,7 +24,7 @@ class Attempts(Middleware):
         self.max_attempts = max_attempts
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
-        used = deliveries(message)
+        used = deliveries(message._message)
         if used < self.max_attempts:
             return
         reason = f"{used} deliveries used up WORKER_MAX_ATTEMPTS={self.max_attempts}"

@@ -33,7 +33,7 @@ class Retries(dramatiq.middleware.Retries):
         actor = broker.get_actor(message.actor_name)
         budget = min(actor.options.get("max_retries", self.max_retries), self.max_retries)
         message.options["max_retries"] = max(0, budget - int(message.options.get("crashes", 0)))
-        super().after_process_message(broker, message, result=result, exception=exception)
+        super().after_process_message(broker, message, result=result, exception=exception)  # type: ignore[no-untyped-call]
         if message.failed:
             reason = f"{type(exception).__name__}: {exception}"[:500]
             dead_letter(broker.client, broker.broker_id, message.queue_name, message._message,  # type: ignore[attr-defined]

@@ -1,0 +1,26 @@
+"""DatabasePool: opens this process's connection pool at boot and closes it after the drain."""
+
+from __future__ import annotations
+
+from dramatiq import Broker, Middleware
+from dramatiq.worker import Worker
+
+from .. import db
+from ..settings import Settings
+
+
+class DatabasePool(Middleware):
+    """One psycopg pool of ``DB_POOL_SIZE`` connections per worker process.
+
+    Parameters:
+      settings: supplies ``DATABASE_URL`` and ``DB_POOL_SIZE``.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    def after_worker_boot(self, broker: Broker, worker: Worker) -> None:
+        db.open_pool(self.settings)
+
+    def after_worker_shutdown(self, broker: Broker, worker: Worker) -> None:
+        db.close_pool()
