@@ -1,0 +1,188 @@
+"""Checks over rendered objects: strict schema validation and the platform's policies.
+
+Used by the tests and usable in CI over ``build/manifests/<stack>.yaml``. Validation needs
+the dev dependencies ``kubernetes-validate`` and ``cloudcoil.models.keda`` (imported lazily).
+Every ``*_problems`` function returns a list of human-readable problems, empty when fine.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+K8S_VERSION = "1.30"
+KEDA_KINDS = ("ScaledObject", "TriggerAuthentication")
+Obj = Mapping[str, Any]
+
+
+def _forbid_unknown(schema: Any) -> Any:
+    """``schema`` with ``additionalProperties: false`` on every object that lists properties."""
+    if isinstance(schema, dict):
+        out = {k: _forbid_unknown(v) for k, v in schema.items()}
+        if "properties" in out and "additionalProperties" not in out:
+            out["additionalProperties"] = False
+        return out
+    if isinstance(schema, list):
+        return [_forbid_unknown(v) for v in schema]
+    return schema
+
+
+@functools.cache
+def keda_validator(kind: str) -> Any:
+    """A jsonschema validator of KEDA's ``kind`` that rejects unknown fields."""
+    import jsonschema
+    from cloudcoil.models.keda import v1alpha1
+
+    model = getattr(v1alpha1, kind)
+    schema = _forbid_unknown(model.model_json_schema(by_alias=True))
+    return jsonschema.Draft202012Validator(schema)
+
+
+def validate_strict(obj: Obj) -> None:
+    """Raise if ``obj`` is not a valid object of its kind, unknown fields included."""
+    if obj["kind"] in KEDA_KINDS:
+        validator = keda_validator(obj["kind"])
+        errors = sorted(validator.iter_errors(dict(obj)), key=lambda e: list(e.path))
+        if errors:
+            raise ValueError(
+                f"{obj['kind']} {obj['metadata'].get('name')}: "
+                + "; ".join(f"{'/'.join(map(str, e.path))}: {e.message}" for e in errors)
+            )
+        return
+    import kubernetes_validate
+
+    kubernetes_validate.validate(dict(obj), K8S_VERSION, strict=True)
+
+
+def of_kind(objects: Iterable[Obj], kind: str) -> list[Obj]:
+    return [o for o in objects if o["kind"] == kind]
+
+
+def restricted_problems(deployment: Obj) -> list[str]:
+    """Where a Deployment's pods break Pod Security "restricted" (plus a read-only root)."""
+    name = deployment["metadata"]["name"]
+    pod = deployment["spec"]["template"]["spec"]
+    problems = []
+    psc = pod.get("securityContext", {})
+    if psc.get("runAsNonRoot") is not True:
+        problems.append(f"{name}: pod runAsNonRoot is not true")
+    if psc.get("seccompProfile", {}).get("type") not in ("RuntimeDefault", "Localhost"):
+        problems.append(f"{name}: pod seccompProfile is not RuntimeDefault")
+    for flag in ("hostNetwork", "hostPID", "hostIPC"):
+        if pod.get(flag):
+            problems.append(f"{name}: {flag}")
+    if pod.get("automountServiceAccountToken") is not False:
+        problems.append(f"{name}: service account token is mounted")
+    for volume in pod.get("volumes", []):
+        if set(volume) - {"name"} - {"emptyDir", "secret", "configMap", "projected"}:
+            problems.append(f"{name}: volume {volume['name']} is not an allowed type")
+    mounts_tmp = False
+    for c in pod.get("containers", []) + pod.get("initContainers", []):
+        sc = c.get("securityContext", {})
+        where = f"{name}/{c['name']}"
+        if sc.get("allowPrivilegeEscalation") is not False:
+            problems.append(f"{where}: allowPrivilegeEscalation is not false")
+        if sc.get("privileged"):
+            problems.append(f"{where}: privileged")
+        if sc.get("capabilities", {}).get("drop") != ["ALL"]:
+            problems.append(f"{where}: capabilities not dropped (ALL)")
+        if set(sc.get("capabilities", {}).get("add", [])) - {"NET_BIND_SERVICE"}:
+            problems.append(f"{where}: adds capabilities")
+        if sc.get("runAsUser") == 0 or psc.get("runAsUser") == 0:
+            problems.append(f"{where}: runs as root")
+        if sc.get("readOnlyRootFilesystem") is not True:
+            problems.append(f"{where}: root filesystem is writable")
+        if any(p.get("hostPort") for p in c.get("ports", [])):
+            problems.append(f"{where}: hostPort")
+        mounts_tmp |= any(m["mountPath"] == "/tmp" for m in c.get("volumeMounts", []))
+        if "memory" not in c.get("resources", {}).get("limits", {}):
+            problems.append(f"{where}: no memory limit")
+    if not mounts_tmp:
+        problems.append(f"{name}: no writable /tmp")
+    return problems
+
+
+def cpu_trigger_problems(objects: Iterable[Obj]) -> list[str]:
+    """ScaledObjects with a cpu (or memory) trigger, or no backlog trigger."""
+    problems = []
+    for so in of_kind(objects, "ScaledObject"):
+        types = [t["type"] for t in so["spec"]["triggers"]]
+        bad = [t for t in types if t in ("cpu", "memory")]
+        if bad:
+            problems.append(f"{so['metadata']['name']}: {', '.join(bad)} trigger")
+        if not {"redis", "prometheus"} <= set(types):
+            problems.append(f"{so['metadata']['name']}: triggers {types} lack redis + prometheus")
+    return problems
+
+
+def isolation_problems(objects: Sequence[Obj]) -> list[str]:
+    """Per pool exactly one Deployment and one ScaledObject; no queue served by two pools."""
+    problems = []
+    deployments = of_kind(objects, "Deployment")
+    scaled = of_kind(objects, "ScaledObject")
+    targets = [(s["metadata"]["namespace"], s["spec"]["scaleTargetRef"]["name"]) for s in scaled]
+    owner: dict[str, str] = {}
+    for d in deployments:
+        key = (d["metadata"]["namespace"], d["metadata"]["name"])
+        if targets.count(key) != 1:
+            problems.append(f"{key[1]}: {targets.count(key)} ScaledObjects")
+        env = {
+            e["name"]: e.get("value") for e in d["spec"]["template"]["spec"]["containers"][0]["env"]
+        }
+        for queue in (env.get("WORKER_QUEUES") or "").split(","):
+            if queue in owner:
+                problems.append(f"queue {queue} served by {owner[queue]} and {key[1]}")
+            owner[queue] = key[1]
+    if len(targets) != len(deployments) or len(set(targets)) != len(targets):
+        problems.append(f"{len(deployments)} Deployments but ScaledObject targets {targets}")
+    return problems
+
+
+def sandbox_problems(objects: Sequence[Obj], namespace: str, broker_port: int = 6379) -> list[str]:
+    """The sandbox namespace: enforced "restricted", default-deny, egress only DNS + broker,
+    quota and limits, and no Secret but the broker's."""
+    problems = []
+    ns = [o for o in of_kind(objects, "Namespace") if o["metadata"]["name"] == namespace]
+    if (
+        not ns
+        or ns[0]["metadata"]["labels"].get("pod-security.kubernetes.io/enforce") != "restricted"
+    ):
+        problems.append(f"namespace {namespace} does not enforce restricted")
+    inside = [o for o in objects if o["metadata"].get("namespace") == namespace]
+    policies = of_kind(inside, "NetworkPolicy")
+    deny = [
+        p
+        for p in policies
+        if p["spec"].get("podSelector") == {}
+        and set(p["spec"].get("policyTypes", [])) == {"Ingress", "Egress"}
+        and not p["spec"].get("ingress")
+        and not p["spec"].get("egress")
+    ]
+    if len(deny) != 1:
+        problems.append(f"{namespace}: {len(deny)} default-deny policies")
+    if any(p["spec"].get("ingress") for p in policies):
+        problems.append(f"{namespace}: an ingress rule is allowed")
+    rules = [r for p in policies for r in p["spec"].get("egress", [])]
+    ports = sorted(
+        (port.get("protocol", "TCP"), port["port"]) for r in rules for port in r.get("ports", [])
+    )
+    if len(rules) != 2 or ports != sorted([("UDP", 53), ("TCP", 53), ("TCP", broker_port)]):
+        problems.append(f"{namespace}: egress rules {rules} are not exactly DNS + broker")
+    for r in rules:
+        for peer in r.get("to", []):
+            if "ipBlock" in peer or "podSelector" not in peer or "namespaceSelector" not in peer:
+                problems.append(f"{namespace}: egress peer {peer} is not a selected pod set")
+    if not of_kind(inside, "ResourceQuota") or not of_kind(inside, "LimitRange"):
+        problems.append(f"{namespace}: no ResourceQuota or LimitRange")
+    secrets = of_kind(inside, "Secret")
+    if [s["metadata"]["name"] for s in secrets] != [
+        n for n in [s["metadata"]["name"] for s in secrets] if n.endswith("-broker")
+    ] or len(secrets) != 1:
+        problems.append(f"{namespace}: secrets {[s['metadata']['name'] for s in secrets]}")
+    for d in of_kind(inside, "Deployment"):
+        env = d["spec"]["template"]["spec"]["containers"][0]["env"]
+        refs = {e["name"] for e in env if "valueFrom" in e}
+        if refs != {"REDIS_URL"}:
+            problems.append(f"{namespace}: pod gets secrets {sorted(refs)}")
+    return problems
