@@ -1,0 +1,308 @@
+"""Pulumi mock tests of each component: what it registers, and what it refuses."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pulumi
+import pytest
+from worker_infra import (
+    BacklogScaler,
+    BacklogScalerArgs,
+    BrokerSpec,
+    GuardError,
+    PoolSpec,
+    SandboxPool,
+    SandboxPoolArgs,
+    ServiceSpec,
+    WorkerPool,
+    WorkerPoolArgs,
+    WorkerService,
+)
+from worker_infra.policy import (
+    cpu_trigger_problems,
+    isolation_problems,
+    of_kind,
+    restricted_problems,
+    sandbox_problems,
+    validate_strict,
+)
+from worker_infra.render import RecordingMocks, render
+
+POOL = PoolSpec(
+    "interactive",
+    ("notifications", "emails"),
+    processes=2,
+    concurrency=8,
+    job_timeout_ms=30_000,
+    shutdown_timeout_ms=40_000,
+    handler_memory="16Mi",
+    min_replicas=2,
+    max_replicas=4,
+    uses=("postgres",),
+)
+BROKER = BrokerSpec(host="redis-master.redis", port=6380, password="pw")
+
+
+def run(program: Any) -> list[dict[str, Any]]:
+    return render(program, project="orders-worker", stack="test")
+
+
+def pool_args(**changes: Any) -> WorkerPoolArgs:
+    args = WorkerPoolArgs(
+        pool=POOL,
+        project="orders-worker",
+        image="img:1",
+        namespace="ns",
+        broker_secret="orders-worker-broker",
+        database_secret="orders-worker-database",
+    )
+    return dataclasses.replace(args, **changes)
+
+
+def env_of(deployment: dict[str, Any]) -> dict[str, Any]:
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+def test_worker_pool_registers_deployment_token_less_account_and_pdb() -> None:
+    objects = run(lambda: WorkerPool("interactive", pool_args()))
+    assert [o["kind"] for o in objects] == ["ServiceAccount", "Deployment", "PodDisruptionBudget"]
+    sa, deployment, pdb = objects
+    assert sa["automountServiceAccountToken"] is False
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == sa["metadata"]["name"] == "orders-worker-interactive"
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["terminationGracePeriodSeconds"] == 55
+    assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    (container,) = pod["containers"]
+    assert container["command"] == ["orders-worker", "worker"]
+    assert container["livenessProbe"]["exec"]["command"] == [
+        "orders-worker",
+        "healthcheck",
+        "live",
+        "--stalled-after",
+        "60",
+    ]
+    assert container["readinessProbe"]["exec"]["command"] == [
+        "orders-worker",
+        "healthcheck",
+        "ready",
+    ]
+    assert container["resources"] == {
+        "limits": {"memory": "512Mi"},
+        "requests": {"cpu": "250m", "memory": "512Mi"},
+    }
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert annotations == {
+        "prometheus.io/path": "/metrics",
+        "prometheus.io/port": "9191",
+        "prometheus.io/scrape": "true",
+    }
+    assert pdb["spec"]["selector"] == deployment["spec"]["selector"]
+    assert restricted_problems(deployment) == []
+    for obj in objects:
+        validate_strict(obj)
+
+
+def test_worker_pool_environment_follows_the_contract() -> None:
+    (deployment,) = of_kind(
+        run(lambda: WorkerPool("p", pool_args(env={"LOG_LEVEL": "info"}))), "Deployment"
+    )
+    env = env_of(deployment)
+    assert env["WORKER_POOL"] == "interactive"
+    assert env["WORKER_QUEUES"] == "notifications,emails"
+    assert (env["WORKER_CONCURRENCY"], env["WORKER_PROCESSES"]) == ("8", "2")
+    assert (env["WORKER_JOB_TIMEOUT_MS"], env["WORKER_SHUTDOWN_TIMEOUT_MS"]) == ("30000", "40000")
+    assert (env["WORKER_MAX_ATTEMPTS"], env["HEALTH_STALLED_AFTER_S"]) == ("5", "60")
+    assert (env["METRICS_PORT"], env["DB_POOL_SIZE"], env["OTEL_SERVICE_NAME"]) == (
+        "9191",
+        "8",
+        "orders-worker",
+    )
+    assert env["LOG_LEVEL"] == "info"
+    assert env["REDIS_URL"] == {
+        "secretKeyRef": {"key": "redis-url", "name": "orders-worker-broker"}
+    }
+    assert env["DATABASE_URL"]["secretKeyRef"]["name"] == "orders-worker-database"
+    (no_db,) = of_kind(run(lambda: WorkerPool("p", pool_args(database_secret=None))), "Deployment")
+    assert "DATABASE_URL" not in env_of(no_db) and "DB_POOL_SIZE" not in env_of(no_db)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"job_timeout_ms": 50_000}, "job timeout 50000 ms >= shutdown timeout 40000 ms"),
+        ({"handler_memory": "64Mi"}, "memory guard: pool 'interactive' needs 1216Mi"),
+    ],
+)
+def test_worker_pool_refuses_before_registering_anything(
+    changes: dict[str, Any], message: str
+) -> None:
+    mocks = RecordingMocks()
+    pulumi.runtime.set_mocks(mocks, project="p", stack="s", preview=False)
+    bad = pool_args(pool=dataclasses.replace(POOL, **changes))
+    with pytest.raises(GuardError, match=message):
+        WorkerPool("p", bad)
+    with pytest.raises(GuardError, match="grace period 40 s <= shutdown timeout 40000 ms"):
+        WorkerPool("p", pool_args(grace_margin_s=0))
+    assert mocks.resources == []
+
+
+def scaler_args(**changes: Any) -> BacklogScalerArgs:
+    args = BacklogScalerArgs(
+        pool="interactive",
+        project="orders-worker",
+        namespace="ns",
+        target="orders-worker-interactive",
+        queues=("notifications", "emails"),
+        min_replicas=2,
+        max_replicas=4,
+        backlog_age_target_s=5,
+        list_length=16,
+        broker=BROKER,
+        broker_secret="orders-worker-broker",
+    )
+    return dataclasses.replace(args, **changes)
+
+
+def test_backlog_scaler_triggers_on_depth_and_age_only() -> None:
+    objects = run(lambda: BacklogScaler("s", scaler_args()))
+    auth, scaled = of_kind(objects, "TriggerAuthentication")[0], of_kind(objects, "ScaledObject")[0]
+    assert auth["spec"]["secretTargetRef"] == [
+        {"key": "redis-password", "name": "orders-worker-broker", "parameter": "password"}
+    ]
+    spec = scaled["spec"]
+    assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (2, 4)
+    assert spec["fallback"] == {"failureThreshold": 3, "replicas": 2}
+    assert spec["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": "orders-worker-interactive",
+    }
+    scale_down = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]
+    assert scale_down["stabilizationWindowSeconds"] == 300
+    assert scale_down["policies"] == [{"periodSeconds": 60, "type": "Pods", "value": 1}]
+    redis = [t for t in spec["triggers"] if t["type"] == "redis"]
+    age = [t for t in spec["triggers"] if t["type"] == "prometheus"]
+    assert [t["metadata"]["listName"] for t in redis] == [
+        "dramatiq:notifications",
+        "dramatiq:emails",
+    ]
+    assert {t["metadata"]["address"] for t in redis} == {"redis-master.redis:6380"}
+    assert {t["metadata"]["listLength"] for t in redis} == {"16"}
+    assert {t["authenticationRef"]["name"] for t in redis} == {auth["metadata"]["name"]}
+    assert [t["metadata"]["query"] for t in age] == [
+        'max(queue_oldest_message_seconds{queue="notifications"})',
+        'max(queue_oldest_message_seconds{queue="emails"})',
+    ]
+    assert {t["metadata"]["threshold"] for t in age} == {"5"}
+    assert cpu_trigger_problems(objects) == []
+    for obj in objects:
+        validate_strict(obj)
+
+
+def test_backlog_scaler_without_a_password_has_no_trigger_authentication() -> None:
+    objects = run(lambda: BacklogScaler("s", scaler_args(broker=BrokerSpec(host="redis"))))
+    assert [o["kind"] for o in objects] == ["ScaledObject"]
+    assert all("authenticationRef" not in t for t in objects[0]["spec"]["triggers"])
+
+
+def test_sandbox_pool_is_locked_down(service: ServiceSpec) -> None:
+    pool = next(p for p in service.pools if p.sandbox)
+    args = SandboxPoolArgs(
+        pool=pool,
+        project="orders-worker",
+        image="img:1",
+        namespace="orders-worker-sandbox",
+        broker=BROKER,
+        sandbox=service.sandbox,
+    )
+    objects = run(lambda: SandboxPool("sandbox", args))
+    assert sandbox_problems(objects, "orders-worker-sandbox", broker_port=6380) == []
+    (runtime_class,) = of_kind(objects, "RuntimeClass")
+    assert runtime_class["handler"] == "runsc"
+    (deployment,) = of_kind(objects, "Deployment")
+    assert deployment["spec"]["template"]["spec"]["runtimeClassName"] == "gvisor"
+    assert restricted_problems(deployment) == []
+    (quota,) = of_kind(objects, "ResourceQuota")
+    assert quota["spec"]["hard"]["pods"] == "5"
+    for obj in objects:
+        validate_strict(obj)
+    without = dataclasses.replace(
+        args, sandbox=dataclasses.replace(service.sandbox, runtime_class=None)
+    )
+    plain = run(lambda: SandboxPool("sandbox", without))
+    assert of_kind(plain, "RuntimeClass") == []
+    assert "runtimeClassName" not in of_kind(plain, "Deployment")[0]["spec"]["template"]["spec"]
+
+
+def test_sandbox_policy_check_notices_an_extra_egress_rule(service: ServiceSpec) -> None:
+    pool = next(p for p in service.pools if p.sandbox)
+    args = SandboxPoolArgs(pool=pool, project="o", image="i", namespace="sb", broker=BROKER)
+    objects = run(lambda: SandboxPool("sandbox", args))
+    allow = next(o for o in objects if o["metadata"]["name"] == "allow-broker")
+    allow["spec"]["egress"].append({"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}]})
+    assert sandbox_problems(objects, "sb", broker_port=6380)
+
+
+def test_worker_service_renders_every_pool_isolated_and_valid(service: ServiceSpec) -> None:
+    objects = run(lambda: WorkerService("orders-worker", service))
+    assert len(of_kind(objects, "Deployment")) == len(of_kind(objects, "ScaledObject")) == 4
+    assert isolation_problems(objects) == []
+    assert cpu_trigger_problems(objects) == []
+    assert sandbox_problems(objects, "orders-worker-sandbox") == []
+    for deployment in of_kind(objects, "Deployment"):
+        assert restricted_problems(deployment) == []
+    for obj in objects:
+        validate_strict(obj)
+    secrets = {
+        (s["metadata"]["namespace"], s["metadata"]["name"]) for s in of_kind(objects, "Secret")
+    }
+    assert secrets == {
+        ("orders-worker", "orders-worker-broker"),
+        ("orders-worker", "orders-worker-database"),
+        ("orders-worker-sandbox", "orders-worker-broker"),
+    }
+    assert all(
+        v == "<secret>" for s in of_kind(objects, "Secret") for v in s["stringData"].values()
+    )
+    external = next(
+        d for d in of_kind(objects, "Deployment") if d["metadata"]["name"].endswith("external")
+    )
+    assert "DATABASE_URL" not in env_of(external)
+
+
+def test_worker_service_over_budget_is_refused_before_anything_exists(service: ServiceSpec) -> None:
+    pools = tuple(
+        dataclasses.replace(p, max_replicas=7) if p.name == "interactive" else p
+        for p in service.pools
+    )
+    mocks = RecordingMocks()
+    pulumi.runtime.set_mocks(mocks, project="p", stack="s", preview=False)
+    with pytest.raises(GuardError) as refused:
+        WorkerService("svc", dataclasses.replace(service, pools=pools))
+    assert "postgres: pools use 68 > budget 60" in str(refused.value)
+    assert "interactive 7 x 1 x 8 = 56, bulk 3 x 2 x 2 = 12" in str(refused.value)
+    assert mocks.resources == []
+
+
+def test_strict_validation_rejects_unknown_fields() -> None:
+    objects = run(
+        lambda: WorkerService(
+            "svc",
+            dataclasses.replace(
+                ServiceSpec("o", "i", "o", (POOL,), BROKER),
+                pools=(dataclasses.replace(POOL, uses=()),),
+            ),
+        )
+    )
+    scaled = of_kind(objects, "ScaledObject")[0]
+    scaled["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behaviour"] = {}
+    with pytest.raises(ValueError, match="behaviour"):
+        validate_strict(scaled)
+    deployment = of_kind(objects, "Deployment")[0]
+    deployment["spec"]["template"]["spec"]["containers"][0]["livenessProbes"] = {}
+    with pytest.raises(Exception, match="livenessProbes"):
+        validate_strict(deployment)
