@@ -1,9 +1,270 @@
-"""Metrics exporter: placeholder until issue 4 lands."""
+"""The container's one exporter: /metrics, /livez and /readyz on ``METRICS_PORT``.
+
+The supervisor (the master process) sets ``PROMETHEUS_MULTIPROC_DIR`` to an empty
+folder before it starts the worker processes, and calls :func:`start_exporter`,
+which serves from a daemon thread:
+
+* ``/metrics``: the worker processes' metrics, merged by prometheus-client's
+  multiprocess collector (counters and histograms summed over every process that
+  ever ran in this container; ``worker_*`` and ``db_pool_*`` gauges summed over
+  the live processes only), plus the backlog of the pool's queues, read from
+  Redis at scrape time (:class:`BacklogCollector`);
+* ``/livez``: 200 when :func:`.health.liveness_problems` finds none, else 503
+  with the problems, one a line (the same rule as ``healthcheck live``);
+* ``/readyz``: 200 when Redis (and the database) answer, else 503.
+
+Backlog, per queue ``q`` of the pool, with one Lua call per scrape (constant work
+per queue, however many messages wait):
+
+* ``queue_depth{queue="q"}``: messages ready to run, ``LLEN dramatiq:q`` (the list
+  a KEDA ``redis`` trigger watches); ``queue_depth{queue="q.DQ"}``: delayed
+  messages (retries with backoff, ``send_with_options(delay=...)``) that no worker
+  has picked up yet.
+* ``queue_oldest_message_seconds{queue="q"}``: age of the message at the head of
+  ``dramatiq:q``, the next one in line. Dramatiq requeues to the tail (shutdown,
+  recovery), so an older message may wait behind it: this is the age of the
+  next message in line, not a scan for the oldest. 0 when the list is empty.
+  For ``q.DQ``: how overdue the head of the delay list is (now - its eta, at
+  least 0); above 0 means no worker is fetching delayed messages.
+* ``queue_dead_letters{queue="q"}``: ``ZCARD dramatiq:q.XQ``.
+"""
 
 from __future__ import annotations
 
-from .settings import Settings
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any
+
+import redis
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+
+    from .settings import Settings
+
+logger = logging.getLogger(__name__)
+NAMESPACE = "dramatiq"
+#: How many ids at the head of a list are tried when a head id has no body (a race with an ack).
+HEAD_PROBE = 3
+ANY_HOST = "0.0.0.0"  # noqa: S104  (Prometheus scrapes the pod from outside)
+
+# KEYS: per queue q, 5 keys: q, q.msgs, q.DQ, q.DQ.msgs, q.XQ.  ARGV[1]: HEAD_PROBE.
+# Returns per queue: {llen, head body or false, dq llen, dq head body or false, zcard}.
+_BACKLOG = """
+local out = {}
+local probe = tonumber(ARGV[1])
+local function head(list, bodies)
+  local ids = redis.call('lrange', list, 0, probe - 1)
+  for _, id in ipairs(ids) do
+    local body = redis.call('hget', bodies, id)
+    if body then return body end
+  end
+  return false
+end
+for i = 1, #KEYS, 5 do
+  table.insert(out, redis.call('llen', KEYS[i]))
+  table.insert(out, head(KEYS[i], KEYS[i + 1]))
+  table.insert(out, redis.call('llen', KEYS[i + 2]))
+  table.insert(out, head(KEYS[i + 2], KEYS[i + 3]))
+  table.insert(out, redis.call('zcard', KEYS[i + 4]))
+end
+return out
+"""
 
 
-def start_exporter(settings: Settings) -> None:
-    """Serve /metrics, /livez and /readyz on METRICS_PORT (to be implemented)."""
+@dataclass(frozen=True)
+class Backlog:
+    """One queue's backlog at one instant."""
+
+    queue: str
+    depth: int
+    oldest_s: float
+    delayed: int
+    delayed_overdue_s: float
+    dead_letters: int
+
+
+def _keys(queue: str) -> list[str]:
+    base = f"{NAMESPACE}:{queue}"
+    return [base, f"{base}.msgs", f"{base}.DQ", f"{base}.DQ.msgs", f"{base}.XQ"]
+
+
+def _body(raw: Any) -> dict[str, Any]:
+    if not raw:
+        return {}
+    try:
+        decoded = json.loads(raw)
+    except ValueError:
+        return {}
+    return decoded if isinstance(decoded, dict) else {}
+
+
+def read_backlog(
+    client: redis.Redis,
+    queues: Sequence[str],
+    now: float | None = None,
+) -> list[Backlog]:
+    """The backlog of ``queues`` with a single Redis call (constant work per queue)."""
+    if not queues:
+        return []
+    now_ms = (time.time() if now is None else now) * 1000
+    keys = [key for queue in queues for key in _keys(queue)]
+    raw: list[Any] = client.eval(_BACKLOG, len(keys), *keys, HEAD_PROBE)
+    found = []
+    for index, queue in enumerate(queues):
+        depth, head, delayed, delayed_head, dead = raw[index * 5 : index * 5 + 5]
+        sent_ms = _body(head).get("message_timestamp")
+        eta_ms = _body(delayed_head).get("options", {}).get("eta")
+        found.append(
+            Backlog(
+                queue=queue,
+                depth=int(depth),
+                oldest_s=max(0.0, (now_ms - sent_ms) / 1000) if isinstance(sent_ms, int) else 0.0,
+                delayed=int(delayed),
+                delayed_overdue_s=max(0.0, (now_ms - eta_ms) / 1000)
+                if isinstance(eta_ms, int)
+                else 0.0,
+                dead_letters=int(dead),
+            )
+        )
+    return found
+
+
+class BacklogCollector(Collector):
+    """``queue_depth``, ``queue_oldest_message_seconds`` and ``queue_dead_letters``, read from
+    Redis at each scrape. When Redis does not answer, the three are absent from that scrape
+    (an alert on ``absent()`` or on readiness catches it); the rest of /metrics still serves."""
+
+    def __init__(self, client: redis.Redis, queues: Sequence[str]) -> None:
+        self.client = client
+        self.queues = list(queues)
+
+    def collect(self) -> Iterable[Metric]:
+        try:
+            backlog = read_backlog(self.client, self.queues)
+        except redis.RedisError as error:
+            logger.warning("backlog metrics unavailable: %s", error)
+            return []
+        depth = GaugeMetricFamily(
+            "queue_depth",
+            "Messages waiting in the queue (q: ready to "
+            "run, LLEN dramatiq:q; q.DQ: delayed, not fetched yet).",
+            labels=["queue"],
+        )
+        oldest = GaugeMetricFamily(
+            "queue_oldest_message_seconds",
+            "Age of the next message in "
+            "line (head of dramatiq:q); q.DQ: how overdue the head of "
+            "the delay list is.",
+            labels=["queue"],
+        )
+        dead = GaugeMetricFamily(
+            "queue_dead_letters", "Dead-lettered messages (ZCARD dramatiq:q.XQ).", labels=["queue"]
+        )
+        for item in backlog:
+            depth.add_metric([item.queue], item.depth)
+            depth.add_metric([f"{item.queue}.DQ"], item.delayed)
+            oldest.add_metric([item.queue], item.oldest_s)
+            oldest.add_metric([f"{item.queue}.DQ"], item.delayed_overdue_s)
+            dead.add_metric([item.queue], item.dead_letters)
+        return [depth, oldest, dead]
+
+
+def build_registry(
+    client: redis.Redis, queues: Sequence[str], multiprocess_dir: str | None = None
+) -> CollectorRegistry:
+    """The exporter's registry: every worker process's metrics and the queues' backlog."""
+    registry = CollectorRegistry()
+    path = multiprocess_dir or os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if path:
+        MultiProcessCollector(registry, path=path)
+    registry.register(BacklogCollector(client, queues))
+    return registry
+
+
+class Exporter(ThreadingHTTPServer):
+    """The HTTP server of /metrics, /livez and /readyz."""
+
+    daemon_threads = True
+
+    def __init__(
+        self,
+        settings: Settings,
+        registry: CollectorRegistry,
+        host: str = ANY_HOST,
+    ) -> None:
+        super().__init__((host, settings.metrics_port), _Handler)
+        self.settings = settings
+        self.registry = registry
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: Exporter
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        try:
+            if path == "/metrics":
+                self._send(200, generate_latest(self.server.registry), CONTENT_TYPE_LATEST)
+            elif path == "/livez":
+                self._probe(self._liveness())
+            elif path == "/readyz":
+                from .health import readiness_problems
+
+                self._probe(readiness_problems(self.server.settings))
+            else:
+                self._send(404, b"not found: try /metrics, /livez or /readyz\n")
+        except Exception as error:
+            logger.exception("exporter request failed")
+            self._send(500, f"{type(error).__name__}: {error}\n".encode())
+
+    def _liveness(self) -> list[str]:
+        from .health import liveness_problems
+
+        settings = self.server.settings
+        return liveness_problems(settings.worker_state_dir, settings.health_stalled_after_s)
+
+    def _probe(self, problems: list[str]) -> None:
+        body = "".join(f"{problem}\n" for problem in problems) or "ok\n"
+        self._send(503 if problems else 200, body.encode())
+
+    def _send(
+        self,
+        status: int,
+        body: bytes,
+        content_type: str = "text/plain; charset=utf-8",
+    ) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Scrapes and probes are not worth a log line each."""
+
+
+def start_exporter(settings: Settings) -> Exporter:
+    """Serve /metrics, /livez and /readyz on ``METRICS_PORT`` from a daemon thread.
+
+    Called once per container, by the supervisor, after it set and emptied
+    ``PROMETHEUS_MULTIPROC_DIR`` (files of a previous run are stale).
+    """
+    client = redis.Redis.from_url(
+        settings.redis_url.get_secret_value(), socket_timeout=2, socket_connect_timeout=2
+    )
+    exporter = Exporter(settings, build_registry(client, settings.worker_queues))
+    thread = threading.Thread(target=exporter.serve_forever, name="metrics-exporter", daemon=True)
+    thread.start()
+    logger.info("metrics exporter listening", extra={"port": settings.metrics_port})
+    return exporter

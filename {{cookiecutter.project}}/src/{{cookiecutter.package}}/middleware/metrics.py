@@ -1,12 +1,260 @@
-"""Metrics: placeholder until the metrics middleware lands (issue 4)."""
+"""Metrics: counts every job's outcome, times it, and logs one JSON line when it ends.
+
+Runs in the worker processes; the supervisor's exporter (:mod:`..metrics`) merges
+what they write to ``PROMETHEUS_MULTIPROC_DIR``. The metric objects are created
+when the worker boots, in the worker process, never at import, so the folder is
+set by then and the supervisor, which imports no actor, creates none.
+
+Outcomes of ``jobs_processed_total{queue,actor,outcome}``, decided after Retries and
+GracefulShutdown (their ``after_*`` hooks run before this one):
+
+``success``      the handler returned.
+``retry``        the handler raised; a delayed copy will run again.
+``failure``      the handler raised an exception listed in the actor's ``throws``:
+                 aborted on purpose, not retried (Dramatiq then keeps the message
+                 with the dead letters; it is not counted as ``dead_letter``).
+``dead_letter``  the handler raised and its retries are used up, or the message was
+                 refused before running (over ``WORKER_MAX_ATTEMPTS``, or past its
+                 age limit): it went to the dead letters.
+``requeued``     stopped by a shutdown (``lifecycle.Requeue``); back in its queue.
+
+A message whose worker process crashed and that recovery dead-letters never
+reaches a handler and is not counted here (``queue_dead_letters`` shows it).
+``job_duration_seconds`` observes every run of a handler (not refused messages).
+"""
 
 from __future__ import annotations
 
-from dramatiq import Middleware
+import importlib
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from dramatiq import Broker, Middleware
+from dramatiq.broker import MessageProxy
+from dramatiq.worker import Worker
+from prometheus_client import Counter, Gauge, Histogram
+
+from ..lifecycle import Requeue
+from ..settings import DATABASE_ENABLED
+
+logger = logging.getLogger(__name__)
+
+#: Seconds-to-minutes jobs: fine below a second, then up to the longest job timeouts.
+DURATION_BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+    1800.0,
+    3600.0,
+)
+OUTCOMES = ("success", "failure", "retry", "dead_letter", "requeued")
+#: How often a worker process refreshes db_pool_in_use / db_pool_size.
+DB_POOL_INTERVAL_S = 1.0
+
+
+@dataclass(frozen=True)
+class Instruments:
+    """The worker process's metric objects (one set per process)."""
+
+    processed: Counter
+    duration: Histogram
+    inflight: Gauge
+    concurrency: Gauge
+
+
+@dataclass(frozen=True)
+class DbPoolInstruments:
+    """The database option's gauges (absent from /metrics without it)."""
+
+    in_use: Gauge
+    size: Gauge
+
+
+_instruments: Instruments | None = None
+_instruments_lock = threading.Lock()
+
+
+def instruments() -> Instruments:
+    """Create the metric objects once per process (after PROMETHEUS_MULTIPROC_DIR is set)."""
+    global _instruments
+    with _instruments_lock:
+        if _instruments is None:
+            _instruments = Instruments(
+                processed=Counter(
+                    "jobs_processed", "Jobs that ended, by outcome.", ["queue", "actor", "outcome"]
+                ),
+                duration=Histogram(
+                    "job_duration_seconds",
+                    "Run time of handlers.",
+                    ["queue", "actor"],
+                    buckets=DURATION_BUCKETS,
+                ),
+                inflight=Gauge(
+                    "worker_inflight_jobs", "Handlers running now.", multiprocess_mode="livesum"
+                ),
+                concurrency=Gauge(
+                    "worker_concurrency",
+                    "Handler threads (processes x WORKER_CONCURRENCY).",
+                    multiprocess_mode="livesum",
+                ),
+            )
+        return _instruments
+
+
+_db_instruments: DbPoolInstruments | None = None
+
+
+def db_instruments() -> DbPoolInstruments:
+    """Create the database pool gauges once per process."""
+    global _db_instruments
+    with _instruments_lock:
+        if _db_instruments is None:
+            _db_instruments = DbPoolInstruments(
+                in_use=Gauge(
+                    "db_pool_in_use",
+                    "Database connections lent to handlers.",
+                    multiprocess_mode="livesum",
+                ),
+                size=Gauge(
+                    "db_pool_size",
+                    "Database connections the pools may hold (DB_POOL_SIZE per process).",
+                    multiprocess_mode="livesum",
+                ),
+            )
+        return _db_instruments
+
+
+def canonical(queue: str) -> str:
+    return queue.removesuffix(".DQ")
 
 
 class Metrics(Middleware):
-    """Records job outcomes and durations (to be implemented)."""
+    """Records job outcomes, durations and the in-flight count; logs each job's end.
 
-    def __init__(self, concurrency: int) -> None:
+    Parameters:
+      concurrency: ``WORKER_CONCURRENCY`` (this process's handler threads).
+      database: publish the connection pool's use (default: the database option is on).
+    """
+
+    def __init__(self, concurrency: int, database: bool | None = None) -> None:
         self.concurrency = concurrency
+        self.database = DATABASE_ENABLED if database is None else database
+        self._local = threading.local()
+        self._children: dict[tuple[str, str, str], Counter] = {}
+        self._timers: dict[tuple[str, str], Histogram] = {}
+        self._stop = threading.Event()
+
+    # -- boot and shutdown -------------------------------------------------------------------
+
+    def before_worker_boot(self, broker: Broker, worker: Worker) -> None:
+        metrics = instruments()
+        metrics.concurrency.set(self.concurrency)
+        if self.database:
+            threading.Thread(
+                target=self._watch_db_pool, name="metrics-db-pool", daemon=True
+            ).start()
+
+    def after_worker_shutdown(self, broker: Broker, worker: Worker) -> None:
+        self._stop.set()
+
+    def _watch_db_pool(self) -> None:
+        while True:
+            self.update_db_pool()
+            if self._stop.wait(DB_POOL_INTERVAL_S):
+                return
+
+    def update_db_pool(self) -> None:
+        """Publish this process's pool size and connections in use (cheap: no I/O)."""
+        db = importlib.import_module(f"{__package__.rpartition('.')[0]}.db")  # database option
+
+        try:
+            pool = db.pool()
+        except RuntimeError:
+            return
+        stats = pool.get_stats()
+        gauges = db_instruments()
+        gauges.size.set(pool.max_size)
+        gauges.in_use.set(stats.get("pool_size", 0) - stats.get("pool_available", 0))
+
+    # -- per message ---------------------------------------------------------------------------
+
+    def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
+        instruments().inflight.inc()
+        self._local.started = time.perf_counter()
+
+    def after_process_message(
+        self,
+        broker: Broker,
+        message: MessageProxy,
+        *,
+        result: Any = None,
+        exception: BaseException | None = None,
+    ) -> None:
+        self._end(broker, message, self._outcome(broker, message, exception), ran=True)
+
+    def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
+        self._end(broker, message, "dead_letter", ran=False)
+
+    @staticmethod
+    def _outcome(broker: Broker, message: MessageProxy, exception: BaseException | None) -> str:
+        if exception is None:
+            return "success"
+        if isinstance(exception, Requeue):
+            return "requeued"
+        if not message.failed:
+            return "retry"
+        actor = broker.get_actor(message.actor_name)
+        throws = message.options.get("throws") or actor.options.get("throws")
+        if throws and isinstance(exception, throws):
+            return "failure"
+        return "dead_letter"
+
+    def _end(self, broker: Broker, message: MessageProxy, outcome: str, *, ran: bool) -> None:
+        started: float | None = getattr(self._local, "started", None)
+        self._local.started = None
+        metrics = instruments()
+        duration = 0.0
+        if started is not None:
+            metrics.inflight.dec()
+            duration = time.perf_counter() - started
+        queue, actor = canonical(message.queue_name), message.actor_name
+        key = (queue, actor, outcome)
+        counter = self._children.get(key)
+        if counter is None:
+            counter = self._children[key] = metrics.processed.labels(queue, actor, outcome)
+        counter.inc()
+        if ran and started is not None:
+            timer = self._timers.get((queue, actor))
+            if timer is None:
+                timer = self._timers[queue, actor] = metrics.duration.labels(queue, actor)
+            timer.observe(duration)
+        logger.log(
+            logging.INFO if outcome in {"success", "requeued"} else logging.WARNING,
+            "job %s",
+            outcome,
+            extra={
+                "event": "job_end",
+                "job_id": message.message_id,
+                "queue": queue,
+                "actor": actor,
+                "outcome": outcome,
+                "duration_s": round(duration, 6),
+                "retries": message.options.get("retries", 0),
+            },
+        )
