@@ -10,9 +10,11 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -36,8 +38,8 @@ def run(source: str, payload: Any = None, limits: Limits = FAST) -> SandboxResul
     return run_untrusted(textwrap.dedent(source), payload, limits=limits)
 
 
-def sandbox_processes() -> list[int]:
-    """Pids of sandbox children still alive (or not yet reaped) anywhere on the machine."""
+def sandbox_processes(marker: str) -> list[int]:
+    """Pids of sandbox children of this test (their command line names its directory)."""
     pids = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -45,15 +47,21 @@ def sandbox_processes() -> list[int]:
                 cmdline = (entry / "cmdline").read_bytes()
             except OSError:
                 continue
-            if b"_sandbox_child.py" in cmdline:
+            if b"_sandbox_child.py" in cmdline and marker.encode() in cmdline:
                 pids.append(int(entry.name))
     return pids
 
 
 @pytest.fixture(autouse=True)
-def _no_leftovers() -> Any:
-    yield
-    assert sandbox_processes() == []
+def workdirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Private directories of this test's runs go under its own directory, so that
+    leftovers (processes or files) are this test's and not a parallel test's."""
+    parent = tmp_path / "workdirs"
+    parent.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(parent))
+    yield parent
+    assert sandbox_processes(str(parent)) == []
+    assert list(parent.iterdir()) == []
 
 
 # -- A well-behaved snippet ---------------------------------------------------------------
@@ -78,6 +86,7 @@ def test_well_behaved_snippet_returns_its_json() -> None:
     assert result.error is None
     assert result.logs == "working on 12\n"
     assert not Path(result.output["cwd"]).exists()  # the private directory is gone
+    assert Path(result.output["cwd"]).parent == Path(tempfile.gettempdir())
     assert result.wall_seconds > 0 and result.cpu_seconds > 0 and result.max_rss_bytes > 0
     for layer in ("clean-env", "private-tmp", "process-group", "rlimits", "seccomp-net"):
         assert layer in result.layers
@@ -365,7 +374,7 @@ def test_signalling_the_parent_is_forbidden() -> None:
     assert received == []
 
 
-def test_fork_bomb_leaves_no_process_behind() -> None:
+def test_fork_bomb_leaves_no_process_behind(workdirs: Path) -> None:
     result = run(
         """
         import ctypes
@@ -377,7 +386,7 @@ def test_fork_bomb_leaves_no_process_behind() -> None:
         """
     )
     assert result.status == "forbidden", result.error
-    assert sandbox_processes() == []
+    assert sandbox_processes(str(workdirs)) == []
 
 
 def test_several_processes_need_a_non_root_worker() -> None:
