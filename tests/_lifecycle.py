@@ -1,0 +1,317 @@
+"""Shared pieces of the lifecycle tests (shutdown, liveness, crash-safe attempts).
+
+A session fixture copies a bake (``database="none"``) and adds ``actors/lc_test.py``,
+actors that record every start and end in Redis (``test:start:<job>`` and
+``test:done:<job>`` lists of ``"<pid> <time>"``), so tests can prove exactly-once.
+:class:`Worker` runs ``python -m orders_worker worker`` in its own session (process
+group) with its own state dir and metrics port; it is killed at teardown whatever happens.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import dramatiq
+import pytest
+import redis
+from conftest import PYTHON, package_of, project_env
+from dramatiq.brokers.redis import RedisBroker
+
+QUEUE = "notifications"
+NS = "dramatiq"
+
+TEST_ACTORS = '''\
+"""Actors of the lifecycle tests: each records its starts and ends in Redis."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import dramatiq
+import redis
+
+from ..lifecycle import checkpoint
+
+_client = redis.Redis.from_url(os.environ["REDIS_URL"])
+
+
+def _record(kind: str, job_id: str) -> None:
+    _client.rpush(f"test:{kind}:{job_id}", f"{os.getpid()} {time.time()}")
+
+
+def _nap(seconds: float, step: float = 0.05, check: bool = False) -> None:
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        time.sleep(min(step, left))
+        if check:
+            checkpoint()
+
+
+@dramatiq.actor(queue_name="notifications", max_retries=4)
+def lc_sleep(job_id: str, seconds: float) -> None:
+    """Sleeps in short naps (interruptible between them), never calling checkpoint()."""
+    _record("start", job_id)
+    _nap(seconds)
+    _record("done", job_id)
+
+
+@dramatiq.actor(queue_name="notifications", max_retries=4, time_limit=600_000)
+def lc_long(job_id: str, seconds: float) -> None:
+    """Like lc_sleep, with its own time limit far beyond the worker's shutdown window."""
+    _record("start", job_id)
+    _nap(seconds)
+    _record("done", job_id)
+
+
+@dramatiq.actor(queue_name="notifications", max_retries=4, time_limit=600_000)
+def lc_block(job_id: str, seconds: float) -> None:
+    """Blocks in one C call: no exception can reach it until the call returns."""
+    _record("start", job_id)
+    time.sleep(seconds)
+    _record("done", job_id)
+
+
+@dramatiq.actor(queue_name="notifications", max_retries=4, time_limit=600_000)
+def lc_checkpoint(job_id: str, seconds: float) -> None:
+    """Works in 50 ms steps and calls checkpoint() after each."""
+    _record("start", job_id)
+    _nap(seconds, check=True)
+    _record("done", job_id)
+
+
+@dramatiq.actor(queue_name="notifications", max_retries=4)
+def lc_poison(job_id: str) -> None:
+    """Kills its worker process."""
+    _record("start", job_id)
+    os._exit(1)
+
+
+@dramatiq.actor(queue_name="notifications", max_retries=4)
+def lc_quick(job_id: str) -> None:
+    _record("start", job_id)
+    _record("done", job_id)
+'''
+
+
+def make_test_project(base: Path, target: Path) -> Path:
+    """Copy the bake ``base`` to ``target`` and add the test actors."""
+    shutil.copytree(base, target)
+    (target / "src" / package_of(target) / "actors" / "lc_test.py").write_text(TEST_ACTORS)
+    return target
+
+
+@pytest.fixture(scope="session")
+def lc_project(bake: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A ``database="none"`` bake with the test actors."""
+    base = bake(database="none")
+    return make_test_project(base, tmp_path_factory.mktemp("lc") / base.name)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class Worker:
+    """``python -m <package> worker`` in its own process group, logging to a file."""
+
+    def __init__(self, project: Path, redis_url: str, directory: Path, **env: str) -> None:
+        self.project = project
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        self.state_dir = directory / "state"
+        self.log_path = directory / "worker.log"
+        settings = {
+            "WORKER_POOL": "interactive", "REDIS_URL": redis_url,
+            "WORKER_STATE_DIR": str(self.state_dir), "METRICS_PORT": str(free_port()),
+            "WORKER_PROCESSES": "1", "WORKER_CONCURRENCY": "4",
+            "WORKER_JOB_TIMEOUT_MS": "20000", "WORKER_SHUTDOWN_TIMEOUT_MS": "25000",
+        }
+        settings.update(env)
+        self.env = project_env(project, **settings)
+        self.process: subprocess.Popen[bytes] | None = None
+        self.signalled_at = 0.0
+
+    def start(self) -> Worker:
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [PYTHON, "-m", package_of(self.project), "worker"], cwd=self.project,
+                env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def signal(self, signum: int = signal.SIGTERM, group: bool = False) -> float:
+        """Send ``signum`` to the supervisor (or its whole group); return when (monotonic)."""
+        self.signalled_at = time.monotonic()
+        if group:
+            os.killpg(self.pid, signum)
+        else:
+            os.kill(self.pid, signum)
+        return self.signalled_at
+
+    def wait(self, timeout: float) -> int:
+        assert self.process is not None
+        return self.process.wait(timeout=timeout)
+
+    def children(self) -> list[int]:
+        """Pids of the supervisor's worker processes."""
+        try:
+            text = Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text()
+        except OSError:
+            return []
+        return [int(pid) for pid in text.split()]
+
+    def log(self) -> str:
+        return self.log_path.read_text() if self.log_path.exists() else ""
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            try:
+                os.killpg(self.pid, signal.SIGCONT)
+                os.killpg(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.process.wait(timeout=10)
+
+    def healthcheck(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """Run ``healthcheck <args>`` with this worker's environment."""
+        return subprocess.run(
+            [PYTHON, "-m", package_of(self.project), "healthcheck", *args], cwd=self.project,
+            env=self.env, capture_output=True, text=True, timeout=30, check=False)
+
+
+@pytest.fixture
+def workers(lc_project: Path, redis_url: str, tmp_path: Path) -> Iterator[Callable[..., Worker]]:
+    """``workers(**env)`` starts a worker on the test's Redis; all are killed at teardown."""
+    started: list[Worker] = []
+
+    def _start(**env: str) -> Worker:
+        worker = Worker(lc_project, redis_url, tmp_path / f"w{len(started)}", **env)
+        started.append(worker)
+        return worker.start()
+
+    yield _start
+    for worker in started:
+        worker.kill()
+
+
+class Jobs:
+    """Enqueues test jobs and reads what happened to them from Redis."""
+
+    def __init__(self, redis_url: str) -> None:
+        self.client = redis.Redis.from_url(redis_url)
+        self.broker = RedisBroker(url=redis_url)
+
+    def enqueue(self, actor: str, *args: Any, **options: Any) -> dramatiq.Message[Any]:
+        message: dramatiq.Message[Any] = dramatiq.Message(
+            queue_name=QUEUE, actor_name=actor, args=args, kwargs={}, options=options)
+        return self.broker.enqueue(message)
+
+    def many(self, actor: str, count: int, *args: Any, prefix: str = "j") -> list[str]:
+        ids = [f"{prefix}{index}" for index in range(count)]
+        for job_id in ids:
+            self.enqueue(actor, job_id, *args)
+        return ids
+
+    def _entries(self, kind: str, job_id: str) -> list[tuple[int, float]]:
+        entries = []
+        for raw in self.client.lrange(f"test:{kind}:{job_id}", 0, -1):
+            pid, stamp = raw.decode().split()
+            entries.append((int(pid), float(stamp)))
+        return entries
+
+    def starts(self, job_id: str) -> list[tuple[int, float]]:
+        return self._entries("start", job_id)
+
+    def dones(self, job_id: str) -> list[tuple[int, float]]:
+        return self._entries("done", job_id)
+
+    def started_count(self) -> int:
+        return sum(1 for _ in self.client.scan_iter(match="test:start:*", count=1000))
+
+    def done_count(self) -> int:
+        return sum(1 for _ in self.client.scan_iter(match="test:done:*", count=1000))
+
+    def queued(self, queue: str = QUEUE) -> list[dramatiq.Message[Any]]:
+        """Messages waiting in ``queue`` (in order)."""
+        messages = []
+        for redis_id in self.client.lrange(f"{NS}:{queue}", 0, -1):
+            body = self.client.hget(f"{NS}:{queue}.msgs", redis_id)
+            assert body is not None, f"queued id {redis_id!r} has no body"
+            messages.append(dramatiq.Message.decode(body))
+        return messages
+
+    def queued_ids(self, queue: str = QUEUE) -> list[str]:
+        return [str(message.args[0]) for message in self.queued(queue)]
+
+    def dead_letters(self) -> list[dramatiq.Message[Any]]:
+        ids = self.client.zrange(f"{NS}:{QUEUE}.XQ", 0, -1)
+        bodies = [self.client.hget(f"{NS}:{QUEUE}.XQ.msgs", redis_id) for redis_id in ids]
+        return [dramatiq.Message.decode(body) for body in bodies if body is not None]
+
+    def stranded(self) -> dict[str, int]:
+        """Non-empty acks sets (messages held by some worker) and their sizes."""
+        return {key.decode(): int(self.client.scard(key))
+                for key in self.client.scan_iter(match=f"{NS}:__acks__.*", count=1000)
+                if self.client.scard(key)}
+
+    def delayed(self) -> int:
+        """Messages on the delay queue (a retry would land there)."""
+        return int(self.client.llen(f"{NS}:{QUEUE}.DQ"))
+
+    def assert_exactly_once_or_queued(self, ids: list[str]) -> tuple[int, int]:
+        """Each job ran to completion once and is not queued, or did not complete and is
+        queued exactly once; nothing is held in an acks set. Returns (done, queued)."""
+        queued = self.queued_ids()
+        assert len(queued) == len(set(queued)), f"a job is queued twice: {sorted(queued)}"
+        done = 0
+        for job_id in ids:
+            completions = len(self.dones(job_id))
+            assert completions <= 1, f"{job_id} completed {completions} times"
+            assert (completions == 1) != (job_id in queued), (
+                f"{job_id}: completed={completions} queued={job_id in queued}")
+            done += completions
+        assert not self.stranded(), f"stranded in acks sets: {self.stranded()}"
+        return done, len(queued)
+
+
+@pytest.fixture
+def jobs(redis_url: str) -> Iterator[Jobs]:
+    helper = Jobs(redis_url)
+    yield helper
+    helper.client.close()
+    helper.broker.close()
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, step: float = 0.02) -> Any:
+    """Poll ``predicate`` until it is truthy; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(step)
+
+
+def wait_ready(jobs: Jobs, count: int = 1, timeout: float = 20) -> None:
+    """Wait until ``count`` worker processes sent a heartbeat (their consumers run)."""
+    wait_for(lambda: jobs.client.zcard(f"{NS}:__heartbeats__") >= count, timeout,
+             f"{count} worker heartbeat(s)")
