@@ -139,6 +139,7 @@ def main() -> None:
     )
     image = config.get("image") or f"{IMAGE}:{config.require('imageTag')}"
     prometheus = config.get("prometheusServer") or ScalingSpec().prometheus_server
+    margin = config.get_int("graceMarginS")
     service = WorkerService(
         PROJECT,
         ServiceSpec(
@@ -155,7 +156,7 @@ def main() -> None:
                 runtime_class=sandbox.get("runtimeClass"),
                 runtime_handler=sandbox.get("runtimeHandler"),
             ),
-            grace_margin_s=config.get_int("graceMarginS") or 15,
+            grace_margin_s=15 if margin is None else margin,
             memory_base=config.get("memoryBase") or "96Mi",
             env={str(k): str(v) for k, v in (config.get_object("env") or {}).items()},
         ),
