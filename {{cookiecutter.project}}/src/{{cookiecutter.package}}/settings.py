@@ -43,14 +43,13 @@ _SECRET_FIELDS = {"redis_url", "database_url"}
 
 
 def mask_url(url: str) -> str:
-    """``url`` with its password replaced by ``***``."""
+    """``url`` with its password replaced by ``***`` (even when the rest is malformed)."""
     parts = urlsplit(url)
-    if parts.password is None:
+    userinfo, at, host = parts.netloc.rpartition("@")
+    if not at or ":" not in userinfo:
         return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    user = userinfo.split(":", 1)[0]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
 class Settings(BaseSettings):

@@ -1,0 +1,113 @@
+"""Bake every supported combination of options, lint each result and run its own tests;
+refuse bad answers with a message that names the answer and the rule."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import PYTHON, TEMPLATE
+
+OPTIONS = [
+    {"database": database, "sandbox_pool": sandbox, "python_version": "3.11"}
+    for database, sandbox in itertools.product(["postgres", "none"], ["yes", "no"])
+] + [{"python_version": version} for version in ("3.12", "3.13")]
+TEST_DATABASE_URL = os.environ.get(
+    "TEST_DATABASE_URL", "postgresql:///postgres?host=/var/run/postgresql"
+)
+
+
+def baked_files(project: Path) -> list[Path]:
+    return [path for path in project.rglob("*") if path.is_file() and "__pycache__" not in path.parts]
+
+
+def run(project: Path, *command: str, **env: str) -> subprocess.CompletedProcess[str]:
+    environment = {**os.environ, "PYTHONPATH": str(project / "src"), **env}
+    return subprocess.run(command, cwd=project, env=environment, capture_output=True, text=True,
+                          timeout=600)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "-".join(o.values()))
+def test_bakes_lints_and_passes_its_own_tests(cookies, options: dict[str, str]) -> None:
+    result = cookies.bake(extra_context={"project": "acme-worker", **options})
+    assert result.exit_code == 0, result.exception
+    project = Path(result.project_path)
+
+    leftovers = [
+        str(path.relative_to(project)) for path in baked_files(project)
+        if "{{ cookiecutter." in path.read_text(errors="ignore")
+        or "{{cookiecutter." in path.read_text(errors="ignore")
+    ]
+    assert leftovers == []
+    package = project / "src" / "acme_worker"
+    assert (package / "db.py").exists() == (options.get("database", "postgres") == "postgres")
+    assert (package / "sandbox.py").exists() == (options.get("sandbox_pool", "yes") == "yes")
+
+    for command in (
+        [PYTHON, "-m", "ruff", "check", "src", "tests"],
+        [PYTHON, "-m", "ruff", "format", "--check", "src", "tests"],
+        [PYTHON, "-m", "mypy", "--strict", "--cache-dir", str(project / ".mypy_cache")],
+        [PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:cloudcoil"],
+    ):
+        done = run(project, *command, DATABASE_URL=TEST_DATABASE_URL)
+        assert done.returncode == 0, f"{' '.join(command[2:])}\n{done.stdout[-4000:]}{done.stderr[-3000:]}"
+
+
+BAD_ANSWERS = [
+    ({"project": "Orders Worker"}, "project 'Orders Worker': must be a lowercase slug"),
+    ({"project": "orders--worker"}, "must be a lowercase slug"),
+    ({"project": "class"}, "package 'class': is a Python keyword"),
+    ({"project": "json"}, "package 'json': shadows a standard-library or dependency module"),
+    ({"project": "dramatiq"}, "shadows a standard-library or dependency module"),
+    ({"python_version": "3.9"}, "python_version '3.9': must be one of 3.11, 3.12, 3.13"),
+    ({"database": "mysql"}, "database 'mysql': must be one of postgres, none"),
+    ({"k8s_namespace": "Prod_NS"}, "k8s_namespace 'Prod_NS': must be a DNS label"),
+    ({"image": "registry.example.com/app:latest"}, "must be a lowercase image reference"),
+    ({"template_repo": "not a url"}, "template_repo 'not a url': must be a git URL"),
+]
+
+
+@pytest.mark.parametrize(("answers", "message"), BAD_ANSWERS, ids=[m for _, m in BAD_ANSWERS])
+def test_refuses_bad_answers(cookies, capfd, answers: dict[str, str], message: str) -> None:
+    result = cookies.bake(extra_context=answers)
+    assert result.exit_code == -1
+    assert message in capfd.readouterr().err
+    assert result.project_path is None or not Path(result.project_path).exists()
+
+
+def test_bakes_without_a_prompt(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [PYTHON, "-m", "cookiecutter", "--no-input", str(TEMPLATE), "-o", str(tmp_path),
+         "project=foo-worker"], capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "foo-worker" / "src" / "foo_worker" / "__main__.py").is_file()
+
+
+def test_hooks_are_idempotent(tmp_path: Path) -> None:
+    """Running post-gen twice (as cruft update may) changes nothing the second time."""
+    done = subprocess.run(
+        [PYTHON, "-m", "cookiecutter", "--no-input", str(TEMPLATE), "-o", str(tmp_path),
+         "project=idem-worker", "database=none", "sandbox_pool=no"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    project = tmp_path / "idem-worker"
+    before = sorted(str(p) for p in baked_files(project))
+    hook = (TEMPLATE / "hooks" / "post_gen_project.py").read_text()
+    rendered = hook.replace(
+        '{{ cookiecutter | tojson }}',
+        '{"package": "idem_worker", "database": "none", "sandbox_pool": "no"}',
+    )
+    for _ in range(2):
+        subprocess.run([PYTHON, "-c", rendered], cwd=project, check=True)
+    assert sorted(str(p) for p in baked_files(project)) == before
+
+
+def test_hooks_are_valid_python_before_rendering() -> None:
+    for hook in (TEMPLATE / "hooks").glob("*.py"):
+        compile(hook.read_text(), str(hook), "exec")

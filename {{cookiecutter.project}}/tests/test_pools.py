@@ -1,0 +1,61 @@
+"""pools.toml: the shipped file is valid; malformed ones are refused naming file, key, problem."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from {{ cookiecutter.package }}.pools import PoolsFileError, load_pools, memory_bytes
+
+SHIPPED = Path(__file__).resolve().parents[1] / "pools.toml"
+
+
+def test_shipped_pools_are_valid_and_disjoint() -> None:
+    pools = load_pools(SHIPPED)
+    queues = [queue for pool in pools.pools.values() for queue in pool.queues]
+    assert len(queues) == len(set(queues))
+    assert {"interactive", "bulk", "external", "critical"} <= set(pools.pools)
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("pools = 3", "pools: Input should be a valid dictionary"),
+        ("[pools.a]\nqueues = []", "pools.a.queues: List should have at least 1 item"),
+        ("[pools.a]\nqueues = ['q']\nconcurency = 2", "pools.a.concurency: Extra inputs"),
+        (
+            "[pools.a]\nqueues = ['q']\njob_timeout_ms = 5000\nshutdown_timeout_ms = 4000",
+            "job_timeout_ms (5000) must be below shutdown_timeout_ms (4000)",
+        ),
+        (
+            "[pools.a]\nqueues = ['q']\n[pools.b]\nqueues = ['q']",
+            "queue 'q' is served by pools 'a' and 'b'",
+        ),
+        ("[pools.a]\nqueues = ['q']\nuses = ['db']", "pool 'a' uses 'db', which is not"),
+        ("[pools.a]\nqueues = ['q']\nmemory = 'lots'", "'lots' is not a Kubernetes quantity"),
+        (
+            "[downstream.db]\ncapacity = 10\nreserved = 10\n[pools.a]\nqueues = ['q']",
+            "downstream.db: Value error, reserved (10) must be below capacity (10)",
+        ),
+        ("[pools.a\nqueues = ['q']", "not valid TOML"),
+    ],
+)
+def test_malformed_pools_are_refused(tmp_path: Path, text: str, problem: str) -> None:
+    path = tmp_path / "pools.toml"
+    path.write_text(text)
+    with pytest.raises(PoolsFileError) as caught:
+        load_pools(path)
+    assert str(path) in str(caught.value)
+    assert problem in str(caught.value)
+
+
+def test_missing_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(PoolsFileError, match="cannot read"):
+        load_pools(tmp_path / "absent.toml")
+
+
+def test_memory_quantities() -> None:
+    assert memory_bytes("512Mi") == 512 * 2**20
+    assert memory_bytes("1G") == 10**9
+    assert memory_bytes("1.5Gi") == int(1.5 * 2**30)

@@ -1,0 +1,94 @@
+"""Settings: pool defaults, overrides and every cross-field rule, refused with exit 78."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from {{ cookiecutter.package }}.settings import EX_CONFIG, Settings, config_errors, mask_url
+
+
+def settings_with(monkeypatch: pytest.MonkeyPatch, **env: str) -> Settings:
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return Settings()  # type: ignore[call-arg]
+
+
+def errors_of(monkeypatch: pytest.MonkeyPatch, **env: str) -> list[str]:
+    with pytest.raises(ValidationError) as caught:
+        settings_with(monkeypatch, **env)
+    return config_errors(caught.value)
+
+
+def test_pool_supplies_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = settings_with(monkeypatch, WORKER_POOL="bulk")
+    assert settings.worker_queues == ["reports"]
+    assert (settings.worker_processes, settings.worker_concurrency) == (2, 2)
+    assert settings.worker_job_timeout_ms < settings.worker_shutdown_timeout_ms
+
+
+def test_environment_overrides_the_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = settings_with(monkeypatch, WORKER_POOL="interactive", WORKER_CONCURRENCY="3")
+    assert settings.worker_concurrency == 3
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"WORKER_POOL": "nope"}, "WORKER_POOL='nope': not a pool of pools.toml"),
+        ({"WORKER_PROCESSES": "0"}, "WORKER_PROCESSES='0': Input should be greater than or"),
+        ({"WORKER_QUEUES": "payments"}, "queue 'payments' belongs to pool 'critical'"),
+        ({"WORKER_QUEUES": " , "}, "WORKER_QUEUES=' , ': must name at least one queue"),
+        (
+            {"WORKER_JOB_TIMEOUT_MS": "40000"},
+            "WORKER_SHUTDOWN_TIMEOUT_MS=40000: must exceed WORKER_JOB_TIMEOUT_MS (40000)",
+        ),
+        ({"REDIS_URL": "redis://:pw@host:notaport/0"}, "REDIS_URL='redis://:***@host"),
+        ({"REDIS_URL": "unix://"}, "REDIS_URL='unix://': unix:// URL needs a socket path"),
+        ({"HEALTH_STALLED_AFTER_S": "-1"}, "HEALTH_STALLED_AFTER_S='-1'"),
+{%- if cookiecutter.database == "postgres" %}
+        ({"DB_POOL_SIZE": "2"}, "DB_POOL_SIZE='2': must be at least WORKER_CONCURRENCY (8)"),
+        ({"DATABASE_URL": "mysql://db/app"}, "DATABASE_URL='mysql://db/app': must start with"),
+{%- endif %}
+    ],
+)
+def test_rules(monkeypatch: pytest.MonkeyPatch, env: dict[str, str], expected: str) -> None:
+    lines = errors_of(monkeypatch, **{"WORKER_POOL": "interactive", **env})
+    assert any(expected in line for line in lines), lines
+
+
+def test_missing_pool_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("WORKER_POOL", raising=False)
+    assert errors_of(monkeypatch) == ["WORKER_POOL=unset: Field required"]
+
+
+def test_secrets_are_masked(monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = settings_with(
+        monkeypatch, WORKER_POOL="interactive", REDIS_URL="rediss://user:hunter2@redis:6380/0"
+    )
+    assert settings.masked()["REDIS_URL"] == "rediss://user:***@redis:6380/0"
+    assert "hunter2" not in repr(settings)
+    assert mask_url("redis://redis:6379/0") == "redis://redis:6379/0"
+
+
+def test_refusal_is_exit_78_without_traceback() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "{{ cookiecutter.package }}", "config"],
+        env={
+            "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src"),
+            "PATH": os.environ.get("PATH", ""),
+            "WORKER_POOL": "interactive",
+            "WORKER_CONCURRENCY": "x",
+        },
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == EX_CONFIG
+    assert "WORKER_CONCURRENCY='x'" in done.stderr
+    assert "Traceback" not in done.stderr
