@@ -1,0 +1,289 @@
+"""``dlq list|show|replay|purge`` of a baked service, against a real redis-server.
+
+Dead letters are made the way the worker makes them: a message is enqueued by
+Dramatiq's RedisBroker, fetched (moved to an acks set) and then moved to the
+dead-letter zset and hash with its reason, as Dramatiq's nack and our
+``recovery.dead_letter`` do.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from dramatiq import Message
+from dramatiq.brokers.redis import RedisBroker
+
+from conftest import PYTHON, package_of, project_env, run_cli
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def project(bake: Callable[..., Path]) -> Path:
+    return bake(database="none")
+
+
+@pytest.fixture
+def client(redis_url: str) -> redis.Redis:
+    return redis.Redis.from_url(redis_url)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def dlq(project: Path, redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = project_env(project, WORKER_POOL="interactive", REDIS_URL=redis_url)
+    return run_cli(project, "dlq", *args, env=env)
+
+
+def kill_letter(redis_url: str, queue: str, actor: str, *args: Any, reason: str | None = None,
+                traceback: str | None = None) -> Message[Any]:
+    """Enqueue a message, fetch it and dead-letter it; return it as stored in the dead letters."""
+    broker = RedisBroker(url=redis_url)
+    sent = broker.enqueue(Message(queue_name=queue, actor_name=actor, args=args, kwargs={},
+                                  options={"retries": 4, "crashes": 1}))
+    client: redis.Redis = broker.client
+    redis_id = sent.options["redis_message_id"]
+    assert client.lpop(f"dramatiq:{queue}") == redis_id.encode()
+    options: dict[str, Any] = {}
+    if reason is not None:
+        options["dead_letter_reason"] = reason
+    if traceback is not None:
+        options["traceback"] = traceback
+    dead = sent.copy(options=options)
+    client.zadd(f"dramatiq:{queue}.XQ", {redis_id: int(time.time() * 1000)})
+    client.hset(f"dramatiq:{queue}.XQ.msgs", redis_id, dead.encode())
+    client.hdel(f"dramatiq:{queue}.msgs", redis_id)
+    broker.close()
+    time.sleep(0.002)  # distinct timestamps keep "oldest first" deterministic
+    return dead
+
+
+def test_list_shows_every_queues_dead_letters_with_their_reasons(project: Path,
+                                                                redis_url: str) -> None:
+    first = kill_letter(redis_url, "notifications", "send_notification", 7, "welcome", "n-1",
+                        reason="ValueError: template 'welcome' is not defined")
+    second = kill_letter(redis_url, "reports", "build_report", 3,
+                         traceback="Traceback (most recent call last):\n  ...\nKeyError: 'q3'")
+    third = kill_letter(redis_url, "notifications", "send_notification", 8, "bye", "n-2",
+                        reason="its worker process died during 3 of 5 deliveries " + "x" * 80)
+
+    table = dlq(project, redis_url, "list")
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[0].split() == ["QUEUE", "REDIS", "ID", "MESSAGE", "ID", "ACTOR", "DEAD", "SINCE",
+                                "REASON"]
+    rows = lines[1:4]
+    for row, message in zip(rows, (first, second, third), strict=True):
+        assert message.options["redis_message_id"] in row
+        assert message.message_id in row
+        assert message.actor_name in row
+    assert "ValueError: template 'welcome' is not defined" in rows[0]
+    assert "KeyError: 'q3'" in rows[1]
+    assert rows[2].endswith("…") and "x" * 80 not in rows[2]
+    assert lines[-1] == "3 dead letters"
+
+    only_reports = dlq(project, redis_url, "list", "--queue", "reports", "--json")
+    entries = json.loads(only_reports.stdout)
+    assert [entry["redis_id"] for entry in entries] == [second.options["redis_message_id"]]
+    assert entries[0]["queue"] == "reports" and entries[0]["dead_since"].endswith("Z")
+
+    limited = dlq(project, redis_url, "list", "--limit", "1")
+    assert first.options["redis_message_id"] in limited.stdout
+    assert third.options["redis_message_id"] not in limited.stdout
+    assert limited.stdout.splitlines()[-1] == "1 of 3 dead letters"
+
+
+def test_list_says_when_there_are_none(project: Path, redis_url: str) -> None:
+    empty = dlq(project, redis_url, "list", "--queue", "payments")
+    assert empty.returncode == 0
+    assert empty.stdout.strip() == "no dead letters on payments"
+
+
+def test_show_prints_the_whole_message(project: Path, redis_url: str) -> None:
+    dead = kill_letter(redis_url, "payments", "charge", 42, reason="CardDeclined: 42",
+                       traceback="Traceback (most recent call last):\nCardDeclined: 42")
+
+    shown = dlq(project, redis_url, "show", dead.options["redis_message_id"])
+    assert shown.returncode == 0, shown.stderr
+    body = json.loads(shown.stdout)
+    assert body["queue"] == "payments"
+    assert body["reason"] == "CardDeclined: 42"
+    assert body["message"]["message_id"] == dead.message_id
+    assert body["message"]["args"] == [42]
+    assert body["message"]["options"]["traceback"].endswith("CardDeclined: 42")
+
+
+def test_replay_sends_a_fresh_run_once_however_often_it_is_asked(project: Path, redis_url: str,
+                                                                 client: redis.Redis) -> None:
+    dead = kill_letter(redis_url, "notifications", "send_notification", 1, "t", "n-1",
+                       reason="boom", traceback="Traceback ...\nRuntimeError: boom")
+    kept = kill_letter(redis_url, "notifications", "send_notification", 2, "t", "n-2",
+                       reason="boom")
+    old_id = dead.options["redis_message_id"]
+
+    dry = dlq(project, redis_url, "replay", old_id, "--dry-run")
+    assert dry.returncode == 0 and "would replay 1 dead letter" in dry.stdout
+    assert client.zcard("dramatiq:notifications.XQ") == 2
+
+    replayed = dlq(project, redis_url, "replay", old_id)
+    assert replayed.returncode == 0, replayed.stderr
+    assert replayed.stdout.strip() == "replayed 1 dead letter"
+    assert client.zrange("dramatiq:notifications.XQ", 0, -1) == [
+        kept.options["redis_message_id"].encode()]
+    assert not client.hexists("dramatiq:notifications.XQ.msgs", old_id)
+    [new_id] = client.lrange("dramatiq:notifications", 0, -1)
+    assert new_id.decode() != old_id
+    fresh = Message.decode(client.hget("dramatiq:notifications.msgs", new_id))
+    assert fresh.message_id == dead.message_id
+    assert fresh.args == (1, "t", "n-1")
+    assert fresh.queue_name == "notifications"
+    assert fresh.options["redis_message_id"] == new_id.decode()
+    assert fresh.options["retries"] == 0 and fresh.options["crashes"] == 0
+    assert "dead_letter_reason" not in fresh.options and "traceback" not in fresh.options
+    assert fresh.options["replays"] == 1
+
+    again = dlq(project, redis_url, "replay", old_id)
+    assert again.returncode == 1
+    assert f"no dead letter {old_id!r}" in again.stderr
+    assert client.llen("dramatiq:notifications") == 1
+
+
+def test_concurrent_replays_neither_duplicate_nor_lose(project: Path, redis_url: str,
+                                                       client: redis.Redis) -> None:
+    letters = [kill_letter(redis_url, "reports", "build_report", n, reason="r")
+               for n in range(40)]
+    env = project_env(project, WORKER_POOL="interactive", REDIS_URL=redis_url)
+    runs = [subprocess.Popen([PYTHON, "-m", package_of(project), "dlq", "replay", "--all"],
+                             cwd=project, env=env, stdout=subprocess.PIPE, text=True)
+            for _ in range(3)]
+    outputs = [run.communicate(timeout=60)[0] for run in runs]
+    assert all(run.returncode == 0 for run in runs)
+    moved = sum(int(output.split()[1]) for output in outputs)
+    assert moved == len(letters)
+    assert client.zcard("dramatiq:reports.XQ") == 0
+    assert client.hlen("dramatiq:reports.XQ.msgs") == 0
+    queued = client.lrange("dramatiq:reports", 0, -1)
+    assert len(queued) == len(set(queued)) == len(letters)
+    bodies = [Message.decode(body) for body in client.hvals("dramatiq:reports.msgs")]
+    assert sorted(message.message_id for message in bodies) == sorted(
+        message.message_id for message in letters)
+
+
+def test_purge_refuses_without_yes_and_deletes_with_it(project: Path, redis_url: str,
+                                                       client: redis.Redis) -> None:
+    letters = [kill_letter(redis_url, "partner", "call_partner", n, reason="429")
+               for n in range(3)]
+    first_id = letters[0].options["redis_message_id"]
+
+    refused = dlq(project, redis_url, "purge", "--all")
+    assert refused.returncode == 2
+    assert "refusing to delete 3 dead letters without --yes" in refused.stderr
+    assert "nothing deleted" in refused.stderr
+    assert client.zcard("dramatiq:partner.XQ") == 3
+    assert client.hlen("dramatiq:partner.XQ.msgs") == 3
+
+    one = dlq(project, redis_url, "purge", first_id, "--queue", "partner", "--yes")
+    assert one.returncode == 0 and one.stdout.strip() == "purged 1 dead letter"
+    assert client.zscore("dramatiq:partner.XQ", first_id) is None
+    assert not client.hexists("dramatiq:partner.XQ.msgs", first_id)
+
+    rest = dlq(project, redis_url, "purge", "--all", "--yes")
+    assert rest.returncode == 0 and rest.stdout.strip() == "purged 2 dead letters"
+    assert client.zcard("dramatiq:partner.XQ") == 0
+    assert client.hlen("dramatiq:partner.XQ.msgs") == 0
+
+
+def test_unknown_ids_are_refused_before_anything_moves(project: Path, redis_url: str,
+                                                       client: redis.Redis) -> None:
+    dead = kill_letter(redis_url, "notifications", "send_notification", 1, reason="x")
+    for args in (("show", "no-such-id"),
+                 ("replay", dead.options["redis_message_id"], "no-such-id"),
+                 ("purge", "no-such-id", dead.options["redis_message_id"], "--yes")):
+        result = dlq(project, redis_url, *args)
+        assert result.returncode == 1, args
+        assert result.stderr.strip().endswith(
+            "no dead letter 'no-such-id' on queue(s) notifications, reports, partner, payments, "
+            "untrusted")
+        assert "Traceback" not in result.stderr
+    assert client.zcard("dramatiq:notifications.XQ") == 1
+    assert client.llen("dramatiq:notifications") == 0
+
+    unknown_queue = dlq(project, redis_url, "list", "--queue", "nope")
+    assert unknown_queue.returncode == 1
+    assert "queue 'nope' is not in pools.toml and has no dead letters" in unknown_queue.stderr
+
+
+def test_usage_errors(project: Path, redis_url: str) -> None:
+    for args in (("replay",), ("purge", "--yes"), ("replay", "--all", "some-id")):
+        result = dlq(project, redis_url, *args)
+        assert result.returncode == 2, args
+        assert "give either --all or redis ids" in result.stderr
+
+
+def test_redis_down_is_one_line_and_exit_1(project: Path) -> None:
+    down = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    for args in (("list",), ("show", "x"), ("replay", "--all"), ("purge", "--all", "--yes")):
+        result = dlq(project, down, *args)
+        assert result.returncode == 1, args
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1, result.stderr
+        assert lines[0].startswith(f"dlq {args[0]}: Redis at {down} is unreachable")
+        assert result.stdout == ""
+
+
+RECORDER = '''
+"""Test actor: counts its runs in Redis, per key."""
+
+import dramatiq
+
+from ..broker import broker
+
+
+@dramatiq.actor(queue_name="notifications", max_retries=0)
+def record_run(key: str) -> None:
+    broker.client.incr(f"runs:{key}")
+'''
+
+
+def test_a_replayed_message_runs_exactly_once(project: Path, redis_url: str,
+                                              client: redis.Redis, tmp_path: Path) -> None:
+    service = tmp_path / project.name
+    shutil.copytree(project, service)
+    actors = service / "src" / package_of(project) / "actors"
+    (actors / "record_run.py").write_text(textwrap.dedent(RECORDER))
+    kill_letter(redis_url, "notifications", "record_run", "a", reason="crashed 5 times")
+    kill_letter(redis_url, "notifications", "record_run", "b", reason="crashed 5 times")
+
+    assert dlq(service, redis_url, "replay", "--all").stdout.strip() == "replayed 2 dead letters"
+    assert dlq(service, redis_url, "replay", "--all").stdout.strip() == "replayed 0 dead letters"
+
+    env = project_env(service, WORKER_POOL="interactive", REDIS_URL=redis_url,
+                      WORKER_STATE_DIR=str(tmp_path / "state"), METRICS_PORT=str(free_port()))
+    worker = subprocess.Popen([PYTHON, "-m", package_of(service), "worker"], cwd=service,
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and client.hlen("dramatiq:notifications.msgs"):
+            time.sleep(0.05)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        _, errors = worker.communicate(timeout=30)
+    assert client.hlen("dramatiq:notifications.msgs") == 0, errors
+    assert client.get("runs:a") == b"1" and client.get("runs:b") == b"1"
+    assert client.zcard("dramatiq:notifications.XQ") == 0
