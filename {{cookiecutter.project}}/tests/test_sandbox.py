@@ -459,6 +459,26 @@ def test_landlock_alone_blocks_signals_to_the_parent(monkeypatch: pytest.MonkeyP
     assert received == []
 
 
+def test_without_landlock_the_worker_environ_stays_unreadable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The worker makes itself non-dumpable: its /proc/<pid>/environ needs CAP_SYS_PTRACE."""
+    monkeypatch.setattr(sandbox, "_DISABLED_LAYERS", frozenset({"landlock"}))
+    monkeypatch.setenv("REDIS_URL", SECRETS["REDIS_URL"])
+    result = run(
+        """
+        import os
+        def main(payload):
+            with open(f"/proc/{os.getppid()}/environ", "rb") as f:
+                return f.read().decode(errors="replace")
+        """
+    )
+    assert "worker-nondumpable" in result.layers
+    assert "landlock-fs" not in result.layers
+    assert result.status == "forbidden", result.error
+    assert "hunter2" not in repr(result.output) + result.logs
+
+
 # -- The worker side --------------------------------------------------------------------------
 
 

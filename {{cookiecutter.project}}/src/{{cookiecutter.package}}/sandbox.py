@@ -29,6 +29,7 @@ them) are described in ``docs/sandbox.md`` of worker-template and in
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import selectors
@@ -72,6 +73,23 @@ _CHILD_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL
 _DISABLED_LAYERS: frozenset[str] = frozenset()
 _CRASH_SIGNALS = {signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE,
                   signal.SIGABRT, signal.SIGSYS, signal.SIGTRAP}  # fmt: skip
+
+
+_PR_SET_DUMPABLE = 4
+
+
+def _protect_worker() -> tuple[str, ...]:
+    """Make the worker process non-dumpable (idempotent, cheap: called for every run).
+
+    A process of the same uid can otherwise read the worker's ``/proc/<pid>/environ``
+    (``REDIS_URL`` and every other secret) where Landlock is missing; non-dumpable, only
+    ``CAP_SYS_PTRACE`` can, and the sandbox has no capabilities. Side effect: no core
+    dumps of the worker and no ptrace-based profilers without that capability.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        return ()
+    return ("worker-nondumpable",)
 
 
 class SandboxError(RuntimeError):
@@ -313,6 +331,7 @@ def run_untrusted(
         )
     if not sys.executable:
         raise SandboxError("no Python executable to start the sandbox with")
+    worker_layers = _protect_worker()
     started = time.monotonic()
     workdir = tempfile.mkdtemp(prefix="sandbox-")
     try:
@@ -339,12 +358,14 @@ def run_untrusted(
         finally:
             run.finish()
         wall = time.monotonic() - started
-        return _result(run, limits, wall)
+        return _result(run, limits, wall, worker_layers)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _result(run: _Run, limits: Limits, wall: float) -> SandboxResult:
+def _result(
+    run: _Run, limits: Limits, wall: float, worker_layers: tuple[str, ...]
+) -> SandboxResult:
     cpu = run.rusage.ru_utime + run.rusage.ru_stime
     layers_doc, result_doc, problem = _docs(bytes(run.stdout))
     if layers_doc is None and run.breach is None:
@@ -353,7 +374,7 @@ def _result(run: _Run, limits: Limits, wall: float) -> SandboxResult:
             raise SandboxError(stderr.strip() or "sandbox setup failed")
         if not os.WIFSIGNALED(run.status):
             raise SandboxError(f"the sandbox exited before its set-up was done: {stderr[-2000:]}")
-    layers: tuple[str, ...] = ("clean-env", "private-tmp", "process-group")
+    layers: tuple[str, ...] = ("clean-env", "private-tmp", "process-group", *worker_layers)
     if layers_doc is not None:
         layers += tuple(str(layer) for layer in layers_doc.get("layers", ()))
     common: dict[str, Any] = {
