@@ -171,7 +171,7 @@ def test_baked_infra_has_no_template_leftovers_and_passes_ruff(
         "worker-infra @ git+https://github.com/example-org/worker-template@v0.1.0#subdirectory=infra"
         in requirements
     )
-    for args in (["check"], ["format", "--check"]):
+    for args in (["check", "--select=E,F,W,I,B,UP,SIM,RUF,S,N"], ["format", "--check"]):
         result = subprocess.run(
             [
                 PYTHON,
@@ -183,7 +183,6 @@ def test_baked_infra_has_no_template_leftovers_and_passes_ruff(
                 "--target-version",
                 "py311",
                 "--isolated",
-                "--select=E,F,W,I,B,UP,SIM,RUF,S,N",
                 str(infra),
             ],
             check=False,
