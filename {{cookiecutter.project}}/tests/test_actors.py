@@ -12,7 +12,7 @@ import pytest
 @pytest.fixture
 def app(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
     """The service's actors on a broker bound to the test Redis (built on first import)."""
-    monkeypatch.setenv("WORKER_POOL", "interactive")
+    monkeypatch.setenv("WORKER_POOL", "external")  # a pool without the database
     monkeypatch.setenv("REDIS_URL", redis_url)
     from {{ cookiecutter.package }} import actors
     from {{ cookiecutter.package }}.broker import broker

@@ -54,12 +54,26 @@ def test_environment_overrides_the_pool(monkeypatch: pytest.MonkeyPatch) -> None
 {%- if cookiecutter.database == "postgres" %}
         ({"DB_POOL_SIZE": "2"}, "DB_POOL_SIZE='2': must be at least WORKER_CONCURRENCY (8)"),
         ({"DATABASE_URL": "mysql://db/app"}, "DATABASE_URL='mysql://db/app': must start with"),
+        ({"DATABASE_URL": ""}, "DATABASE_URL='': must start with postgresql://"),
 {%- endif %}
     ],
 )
 def test_rules(monkeypatch: pytest.MonkeyPatch, env: dict[str, str], expected: str) -> None:
     lines = errors_of(monkeypatch, **{"WORKER_POOL": "interactive", **env})
     assert any(expected in line for line in lines), lines
+
+
+{%- if cookiecutter.database == "postgres" %}
+
+
+def test_database_url_is_required_only_by_pools_that_use_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    lines = errors_of(monkeypatch, WORKER_POOL="interactive")
+    assert lines == ["DATABASE_URL=unset: required: pool 'interactive' uses 'postgres'"]
+    assert not settings_with(monkeypatch, WORKER_POOL="external").uses_database
+{%- endif %}
 
 
 def test_missing_pool_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -25,7 +25,7 @@ def middleware_stack(settings: Settings) -> list[Middleware]:
     """Every middleware, in order. ``before_*`` hooks run top-down, ``after_*`` bottom-up,
     so Attempts refuses an exhausted message before anything starts, and Metrics sees the
     final outcome that Retries and GracefulShutdown decided."""
-    return [
+    stack: list[Middleware] = [
         Attempts(settings.worker_max_attempts),
         Metrics(settings.worker_concurrency),
         Progress(),
@@ -41,10 +41,12 @@ def middleware_stack(settings: Settings) -> list[Middleware]:
             settings.worker_heartbeat_timeout_ms,
             settings.worker_max_attempts,
         ),
-{%- if cookiecutter.database == "postgres" %}
-        DatabasePool(settings),
-{%- endif %}
     ]
+{%- if cookiecutter.database == "postgres" %}
+    if settings.uses_database:
+        stack.append(DatabasePool(settings))
+{%- endif %}
+    return stack
 
 
 def build_broker(settings: Settings) -> RedisBroker:

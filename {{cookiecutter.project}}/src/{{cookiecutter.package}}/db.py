@@ -21,12 +21,19 @@ from .settings import Settings
 _pool: ConnectionPool | None = None
 
 
+def dsn(settings: Settings) -> str:
+    """``DATABASE_URL``; settings refuse to boot without it when the pool uses the database."""
+    if settings.database_url is None:
+        raise RuntimeError("DATABASE_URL is not set")
+    return settings.database_url.get_secret_value()
+
+
 def open_pool(settings: Settings, timeout_s: float = 10.0) -> ConnectionPool:
     """Open this process's pool of ``DB_POOL_SIZE`` connections and wait until it is filled."""
     global _pool
     if _pool is None:
         _pool = ConnectionPool(
-            settings.database_url.get_secret_value(),
+            dsn(settings),
             min_size=settings.db_pool_size,
             max_size=settings.db_pool_size,
             name=settings.otel_service_name,
@@ -61,6 +68,6 @@ def connection() -> Iterator[psycopg.Connection]:
 def ping(settings: Settings, timeout_s: float = 2.0) -> None:
     """Connect and run ``select 1`` within ``timeout_s`` (readiness); raise on failure."""
     with psycopg.connect(
-        settings.database_url.get_secret_value(), connect_timeout=max(1, int(timeout_s))
+        dsn(settings), connect_timeout=max(1, int(timeout_s))
     ) as conn:
         conn.execute("select 1")

@@ -67,9 +67,7 @@ def readiness_problems(settings: Settings, timeout_s: float = READY_TIMEOUT_S) -
         problems.append(f"redis: {error}")
     finally:
         client.close()
-    from .settings import DATABASE_ENABLED
-
-    if DATABASE_ENABLED:
+    if settings.uses_database:
         db = importlib.import_module(f"{__package__}.db")  # absent without the database option
         try:
             db.ping(settings, timeout_s)

@@ -30,6 +30,8 @@ EX_CONFIG = 78
 PROJECT = "{{ cookiecutter.project }}"
 VERSION = "0.1.0"
 DATABASE_ENABLED = {{ "True" if cookiecutter.database == "postgres" else "False" }}
+#: The downstream resource of pools.toml that DATABASE_URL points at.
+DATABASE_RESOURCE = "postgres"
 
 _POOL_DEFAULTS = {
     "worker_queues": "queues",
@@ -70,7 +72,7 @@ class Settings(BaseSettings):
     metrics_port: Annotated[int, Field(ge=1024, le=65535)] = 9191
     redis_url: SecretStr = SecretStr("redis://localhost:6379/0")
 {%- if cookiecutter.database == "postgres" %}
-    database_url: SecretStr = SecretStr("postgresql://localhost:5432/postgres")
+    database_url: Annotated[SecretStr | None, Field(validate_default=True)] = None
     db_pool_size: Annotated[int, Field(ge=1, le=1000)]
 {%- endif %}
     otel_service_name: Annotated[str, Field(min_length=1, max_length=100)] = PROJECT
@@ -155,7 +157,14 @@ class Settings(BaseSettings):
 
     @field_validator("database_url")
     @classmethod
-    def _database_url(cls, value: SecretStr) -> SecretStr:
+    def _database_url(cls, value: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
+        if value is None:
+            pool = load_pools().pools.get(str(info.data.get("worker_pool")))
+            if pool is not None and DATABASE_RESOURCE in pool.uses:
+                raise ValueError(
+                    f"required: pool {info.data['worker_pool']!r} uses {DATABASE_RESOURCE!r}"
+                )
+            return None
         parts = urlsplit(value.get_secret_value())
         if parts.scheme not in {"postgresql", "postgres"}:
             raise ValueError("must start with postgresql://")
@@ -173,6 +182,15 @@ class Settings(BaseSettings):
         return value
 {%- endif %}
 
+    @property
+    def uses_database(self) -> bool:
+        """True when this pool's handlers use the database (pools.toml ``uses``)."""
+{%- if cookiecutter.database == "postgres" %}
+        return DATABASE_RESOURCE in self.pool.uses
+{%- else %}
+        return False
+{%- endif %}
+
     @cached_property
     def pool(self) -> Pool:
         """The pools.toml entry of ``worker_pool``."""
@@ -183,7 +201,7 @@ class Settings(BaseSettings):
         shown: dict[str, Any] = {}
         for name in type(self).model_fields:
             value = getattr(self, name)
-            if name in _SECRET_FIELDS:
+            if name in _SECRET_FIELDS and value is not None:
                 value = mask_url(value.get_secret_value())
             elif isinstance(value, Path):
                 value = str(value)
@@ -196,7 +214,7 @@ def _describe(error: dict[str, Any]) -> str:
     value = error.get("input")
     if field in _SECRET_FIELDS and isinstance(value, str | SecretStr):
         value = mask_url(value.get_secret_value() if isinstance(value, SecretStr) else value)
-    shown = "unset" if error["type"] == "missing" else repr(value)
+    shown = "unset" if error["type"] == "missing" or value is None else repr(value)
     message = str(error["msg"]).removeprefix("Value error, ")
     return f"{field.upper()}={shown}: {message}"
 
