@@ -20,7 +20,7 @@ test: venv
 	$(BIN)/python -m pytest
 
 bench: venv
-	$(BIN)/python -m bench
+	for script in bench/*.py; do $(BIN)/python $$script || exit 1; done
 
 clean:
 	rm -rf $(VENV) .demo build
