@@ -1,0 +1,172 @@
+"""ops/alerts.yaml and ops/dashboard.json: valid, parsed by a real PromQL parser, and naming
+only metrics this service exports (the names of DESIGN section 2.3)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from {{ cookiecutter.package }}.pools import load_pools
+from {{ cookiecutter.package }}.settings import DATABASE_ENABLED
+
+promql = pytest.importorskip("promql_parser", reason="dev dependency promql-parser")
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCE = ROOT / "src" / "{{ cookiecutter.package }}"
+ALERTS = ROOT / "ops" / "alerts.yaml"
+DASHBOARD = ROOT / "ops" / "dashboard.json"
+
+CONTRACT = {
+    "jobs_processed_total",
+    "job_duration_seconds",
+    "worker_inflight_jobs",
+    "worker_concurrency",
+    "db_pool_in_use",
+    "db_pool_size",
+    "queue_depth",
+    "queue_oldest_message_seconds",
+    "queue_dead_letters",
+}
+DATABASE_ONLY = {"db_pool_in_use", "db_pool_size"}
+_DEFINITION = re.compile(
+    r"\b(Counter|Gauge|Histogram|GaugeMetricFamily|CounterMetricFamily)\(\s*\"([a-z_:]+)\""
+)
+
+
+def defined_metrics() -> dict[str, str]:
+    """Every metric the source defines, as exposed (Counter ``x`` is ``x_total``) -> kind."""
+    found = {}
+    for path in SOURCE.rglob("*.py"):
+        for kind, name in _DEFINITION.findall(path.read_text()):
+            if kind.startswith("Counter") and not name.endswith("_total"):
+                name += "_total"
+            found[name] = kind
+    return found
+
+
+def exported_series() -> set[str]:
+    """Series names a query may use: histograms add _bucket, _sum and _count."""
+    names = set()
+    for name, kind in defined_metrics().items():
+        if not DATABASE_ENABLED and name in DATABASE_ONLY:
+            continue
+        names.add(name)
+        if kind == "Histogram":
+            names |= {f"{name}_bucket", f"{name}_sum", f"{name}_count"}
+    return names
+
+
+def selectors(expr: str) -> list[Any]:
+    found: list[Any] = []
+
+    def visit(node: Any) -> None:
+        if isinstance(node, promql.VectorSelector):
+            found.append(node)
+
+    promql.walk(promql.parse(expr), visit)
+    return found
+
+
+def assert_only_known_metrics(expr: str) -> set[str]:
+    names = set()
+    for selector in selectors(expr):
+        assert selector.name, f"selector without a metric name in {expr!r}"
+        assert selector.name in exported_series(), f"{selector.name!r} is not exported: {expr!r}"
+        names.add(selector.name)
+    return names
+
+
+def rules() -> list[dict[str, Any]]:
+    loaded = yaml.safe_load(ALERTS.read_text())
+    return [rule for group in loaded["groups"] for rule in group["rules"]]
+
+
+def test_the_source_defines_exactly_the_contract_metrics() -> None:
+    assert set(defined_metrics()) == CONTRACT
+
+
+def test_alert_rules_parse_and_name_only_exported_metrics() -> None:
+    loaded = yaml.safe_load(ALERTS.read_text())
+    assert [group["name"] for group in loaded["groups"]]
+    used: set[str] = set()
+    for rule in rules():
+        assert set(rule) <= {"alert", "expr", "for", "labels", "annotations"}, rule
+        assert re.fullmatch(r"[A-Z][A-Za-z]+", rule["alert"])
+        assert rule["labels"]["severity"] in {"page", "ticket"}
+        assert rule["annotations"]["summary"] and rule["annotations"]["description"]
+        if "for" in rule:
+            promql.parse_duration(rule["for"])
+        used |= assert_only_known_metrics(rule["expr"])
+    expected = {
+        "queue_oldest_message_seconds",
+        "queue_dead_letters",
+        "queue_depth",
+        "worker_inflight_jobs",
+        "worker_concurrency",
+        "jobs_processed_total",
+    }
+    if DATABASE_ENABLED:
+        expected |= DATABASE_ONLY
+    assert expected <= used
+
+
+def test_the_alerts_cover_the_issue() -> None:
+    names = {rule["alert"] for rule in rules()}
+    assert {
+        "WorkerBacklogAgeOverSLO",
+        "WorkerDeadLettersGrowing",
+        "WorkerFetchBottleneck",
+        "WorkerNoProgress",
+    } <= names
+    assert ("WorkerDbPoolSaturated" in names) == DATABASE_ENABLED
+
+
+def test_each_pool_has_an_age_alert_at_its_backlog_age_target() -> None:
+    """Change backlog_age_target_s in pools.toml, and this test asks for the alert to follow."""
+    age_rules = {
+        rule["labels"]["pool"]: rule
+        for rule in rules()
+        if rule["alert"] == "WorkerBacklogAgeOverSLO"
+    }
+    pools = load_pools(ROOT / "pools.toml").pools
+    assert set(age_rules) == set(pools)
+    for name, pool in pools.items():
+        queues = "|".join(pool.queues)
+        target = pool.backlog_age_target_s
+        selector = "queue_oldest_message_seconds" + "{" + f'queue=~"{queues}"' + "}"
+        assert age_rules[name]["expr"] == f"max by (queue) ({selector}) > {target}", (
+            f"pool {name}: update ops/alerts.yaml to pools.toml"
+        )
+        assert age_rules[name]["labels"]["slo_seconds"] == str(target)
+
+
+def _grafana_to_promql(expr: str) -> str:
+    return expr.replace("$__rate_interval", "5m").replace("$__interval", "1m")
+
+
+def test_dashboard_loads_and_names_only_exported_metrics() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    assert dashboard["uid"] and dashboard["title"]
+    ids = [panel["id"] for panel in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    used: set[str] = set()
+    for panel in dashboard["panels"]:
+        assert panel["targets"], panel["title"]
+        for target in panel["targets"]:
+            used |= assert_only_known_metrics(_grafana_to_promql(target["expr"]))
+    for variable in dashboard["templating"]["list"]:
+        if variable["type"] != "query":
+            continue
+        match = re.fullmatch(r"label_values\((.+), (\w+)\)", variable["definition"])
+        assert match, variable["definition"]
+        used |= assert_only_known_metrics(match.group(1))
+    assert (
+        exported_series()
+        - {"job_duration_seconds", "job_duration_seconds_sum", "job_duration_seconds_count"}
+        <= used
+    )
