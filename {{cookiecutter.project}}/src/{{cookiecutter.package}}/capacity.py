@@ -1,11 +1,505 @@
-"""Capacity measurement (to be implemented)."""
+"""Capacity: throughput against concurrency, and the level where it stops rising.
+
+    capacity --actor NAME [--args JSON] [--kwargs JSON] [--jobs N]
+             [--concurrency 1,2,4,8,16] [--min-gain 0.1] [--timeout S] [--json]
+
+For each concurrency level ``c``, lowest first, it:
+
+1. enqueues ``--jobs`` messages (default 200) of the actor with ``--args`` and
+   ``--kwargs`` on the actor's queue;
+2. starts this service's own ``worker`` command as a subprocess, configured as
+   the queue's pool in pools.toml except for ``WORKER_CONCURRENCY=c``,
+   ``WORKER_PROCESSES=1``, ``WORKER_QUEUES=<the queue>`` (and ``DB_POOL_SIZE``
+   at least ``c``), with a private ``WORKER_STATE_DIR`` and ``METRICS_PORT``,
+   against ``REDIS_URL``: the real middleware stack, actor and broker;
+3. polls the queue every few milliseconds; the clock starts when the first job
+   is done (so the worker's boot is not counted) and stops when the last one is;
+   throughput is the jobs done in between over that time;
+4. stops the worker with SIGTERM, its normal drain.
+
+It then reports, per level, jobs/s and the gain over the previous level, and
+where throughput stops rising: the lowest level that no higher level beats by
+``--min-gain`` (default 10 %) or more. An I/O-bound handler scales with threads
+until something downstream saturates; a CPU-bound one stops at 1, because of
+the GIL: give it processes or replicas, not threads.
+
+Dramatiq's key namespace is fixed, so the probe runs on the actor's real queue.
+So that it never mixes with production traffic it refuses to start while that
+queue holds any message (ready, running or delayed); run it where no other
+worker serves the queue (a local or staging Redis), since another worker would
+take probe jobs and skew the numbers. A probe job that fails (retried or
+dead-lettered) aborts the measurement: capacity is measured with jobs that
+succeed. Probe messages left behind by an abort are removed.
+
+Exit codes: 0 measured, 1 refused or aborted (one line says why), 2 usage.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import dramatiq
+    import redis
+
+NAMESPACE = "dramatiq"
+DEFAULT_LEVELS = (1, 2, 4, 8, 16)
+#: Seconds between two looks at the queue while the worker runs.
+POLL_INTERVAL_S = 0.005
+#: A level whose jobs take less than this to run is too fast to time: enqueue more.
+MIN_WINDOW_S = 0.2
+#: Lines of the worker's log shown when it fails.
+LOG_TAIL = 5
+
+
+class CapacityError(Exception):
+    """The measurement cannot start or cannot go on; the message says why."""
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What to measure.
+
+    Parameters:
+      actor: the actor, as declared on the broker.
+      args, kwargs: the arguments of every probe job.
+      jobs: jobs per concurrency level.
+      timeout_s: the longest one level may take (default 300 s).
+    """
+
+    actor: dramatiq.Actor[Any, Any]
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    jobs: int = 200
+    timeout_s: float = 300.0
+
+    @property
+    def queue(self) -> str:
+        return str(self.actor.queue_name)
+
+
+@dataclass(frozen=True)
+class Level:
+    """The throughput measured at one concurrency, and its gain over the level before."""
+
+    concurrency: int
+    jobs_per_s: float
+    gain: float | None = None
+
+
+def free_port() -> int:
+    """A TCP port that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def queue_keys(queue: str) -> dict[str, str]:
+    """The Redis keys of ``queue``: ready list and bodies, delayed list and bodies, dead."""
+    base = f"{NAMESPACE}:{queue}"
+    return {
+        "ready": base,
+        "ready_bodies": f"{base}.msgs",
+        "delayed": f"{base}.DQ",
+        "delayed_bodies": f"{base}.DQ.msgs",
+        "dead": f"{base}.XQ",
+        "dead_bodies": f"{base}.XQ.msgs",
+    }
+
+
+def messages_in(client: redis.Redis, queue: str) -> int:
+    """Messages ``queue`` holds: ready, running (fetched, not acked) or delayed."""
+    keys = queue_keys(queue)
+    pipe = client.pipeline(transaction=False)
+    pipe.hlen(keys["ready_bodies"])
+    pipe.hlen(keys["delayed_bodies"])
+    return sum(int(size) for size in pipe.execute())
+
+
+def enqueue(probe: Probe) -> set[str]:
+    """Send ``probe.jobs`` messages; return their message ids."""
+    return {
+        probe.actor.send_with_options(args=probe.args, kwargs=probe.kwargs).message_id
+        for _ in range(probe.jobs)
+    }
+
+
+def message_id_of(body: bytes | str) -> str | None:
+    """The ``message_id`` of a stored message body, or None when it is not one."""
+    try:
+        fields = json.loads(body)
+    except ValueError:
+        return None
+    return str(fields.get("message_id")) if isinstance(fields, dict) else None
+
+
+def remove(client: redis.Redis, queue: str, message_ids: set[str]) -> int:
+    """Delete the messages ``message_ids`` from ``queue``, its delay queue and dead letters.
+
+    For an aborted measurement, once its worker has stopped. Returns how many.
+    """
+    keys = queue_keys(queue)
+    removed = 0
+    for listing in ("ready", "delayed", "dead"):
+        bodies = f"{listing}_bodies"
+        for raw_id, body in client.hgetall(keys[bodies]).items():
+            redis_id = raw_id.decode() if isinstance(raw_id, bytes) else raw_id
+            if message_id_of(body) not in message_ids:
+                continue
+            if listing == "dead":
+                client.zrem(keys[listing], redis_id)
+            else:
+                client.lrem(keys[listing], 0, redis_id)
+            removed += int(client.hdel(keys[bodies], redis_id))
+    return removed
+
+
+def worker_environment(
+    probe: Probe,
+    pool: str,
+    concurrency: int,
+    state_dir: Path,
+) -> dict[str, str]:
+    """The environment of the probe's worker: the pool's own config, ``concurrency`` threads.
+
+    ``WORKER_*`` and ``DB_POOL_SIZE`` of this process are not passed on (they may
+    belong to another pool); ``WORKER_POOLS_FILE`` is.
+    """
+    from .settings import DATABASE_ENABLED, pools
+
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if name == "WORKER_POOLS_FILE" or not name.startswith(("WORKER_", "DB_POOL_SIZE"))
+    }
+    env.update(
+        WORKER_POOL=pool,
+        WORKER_QUEUES=probe.queue,
+        WORKER_CONCURRENCY=str(concurrency),
+        WORKER_PROCESSES="1",
+        WORKER_STATE_DIR=str(state_dir),
+        METRICS_PORT=str(free_port()),
+    )
+    if DATABASE_ENABLED:
+        own = pools().pools[pool].effective_db_pool_size
+        env["DB_POOL_SIZE"] = str(max(own, concurrency))
+    return env
+
+
+def start_worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """Run this service's ``worker`` command with ``env``, its output going to ``log``."""
+    package = __name__.rpartition(".")[0]
+    with log.open("wb") as output:
+        return subprocess.Popen(
+            [sys.executable, "-m", package, "worker"],
+            env=env,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def stop_worker(process: subprocess.Popen[bytes], timeout_s: float) -> None:
+    """SIGTERM (the worker drains), then SIGKILL if it is still running after ``timeout_s``."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def tail(log: Path, lines: int = LOG_TAIL) -> str:
+    """The last ``lines`` lines of ``log``, indented."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "".join(f"\n    {line}" for line in text.splitlines()[-lines:])
+
+
+def time_jobs(
+    client: redis.Redis, probe: Probe, worker: subprocess.Popen[bytes], log: Path, dead_before: int
+) -> float:
+    """Watch the queue until the probe's jobs are done; return jobs per second.
+
+    Raises:
+      CapacityError: when a job fails, the worker exits, ``probe.timeout_s`` passes,
+        or the jobs are done too fast to time.
+    """
+    keys = queue_keys(probe.queue)
+    deadline = time.monotonic() + probe.timeout_s
+    started = counted = None
+    while True:
+        pipe = client.pipeline(transaction=False)
+        pipe.hlen(keys["ready_bodies"])
+        pipe.hlen(keys["delayed_bodies"])
+        pipe.zcard(keys["dead"])
+        pending, retried, dead = (int(value) for value in pipe.execute())
+        now = time.monotonic()
+        failed = retried + dead - dead_before
+        if failed:
+            raise CapacityError(
+                f"{failed} probe job(s) failed; capacity is measured with jobs "
+                f"that succeed. The worker's log ends with:{tail(log)}"
+            )
+        if started is None and pending < probe.jobs:
+            started, counted = now, pending
+        if pending == 0:
+            break
+        if worker.poll() is not None:
+            raise CapacityError(f"the worker exited with code {worker.returncode}:{tail(log)}")
+        if now > deadline:
+            raise CapacityError(
+                f"{pending} of {probe.jobs} jobs still pending after "
+                f"{probe.timeout_s:g} s (--timeout)"
+            )
+        time.sleep(POLL_INTERVAL_S)
+    window = now - (started or now)
+    if not counted or window < MIN_WINDOW_S:
+        raise CapacityError(
+            f"{probe.jobs} jobs were done in {window:.3f} s, too fast to time; give more --jobs"
+        )
+    return counted / window
+
+
+def measure(client: redis.Redis, probe: Probe, pool: str, concurrency: int) -> float:
+    """Jobs per second of ``probe`` run by a worker of ``pool`` with ``concurrency`` threads."""
+    from .settings import pools
+
+    drain_s = pools().pools[pool].shutdown_timeout_ms / 1000 + 10
+    if messages_in(client, probe.queue):
+        raise CapacityError(
+            f"queue {probe.queue!r} holds messages; the probe runs only on an "
+            "idle queue, so it never mixes with real traffic"
+        )
+    keys = queue_keys(probe.queue)
+    dead_before = int(client.zcard(keys["dead"]))
+    message_ids = enqueue(probe)
+    with tempfile.TemporaryDirectory(prefix="capacity-") as state:
+        log = Path(state) / "worker.log"
+        env = worker_environment(probe, pool, concurrency, Path(state) / "state")
+        worker = start_worker(env, log)
+        try:
+            return time_jobs(client, probe, worker, log, dead_before)
+        finally:
+            stop_worker(worker, drain_s)
+            if messages_in(client, probe.queue) or client.zcard(keys["dead"]) > dead_before:
+                remove(client, probe.queue, message_ids)
+
+
+def with_gains(measured: list[tuple[int, float]]) -> list[Level]:
+    """``(concurrency, jobs/s)`` pairs as levels with the gain over the one before."""
+    levels: list[Level] = []
+    for concurrency, rate in measured:
+        gain = rate / levels[-1].jobs_per_s - 1 if levels else None
+        levels.append(Level(concurrency, rate, gain))
+    return levels
+
+
+def stops_rising_at(levels: list[Level], min_gain: float) -> int | None:
+    """The lowest level that no higher level beats by ``min_gain`` or more.
+
+    None when that is the highest level measured and it still gained ``min_gain``
+    over the one before: throughput was still rising. Judging each level against
+    every higher one, not only the next, keeps one noisy level from hiding a rise.
+    """
+    for index, level in enumerate(levels[:-1]):
+        best = max(higher.jobs_per_s for higher in levels[index + 1 :])
+        if best < level.jobs_per_s * (1 + min_gain):
+            return level.concurrency
+    return None
+
+
+def verdict(levels: list[Level], min_gain: float, configured: int) -> str:
+    """A sentence or two on where throughput stops rising, and what that means."""
+    knee = stops_rising_at(levels, min_gain)
+    if knee is None:
+        return (
+            f"throughput still rises at concurrency {levels[-1].concurrency}, the highest "
+            "level measured; measure higher levels"
+        )
+    at_knee = next(level for level in levels if level.concurrency == knee)
+    best = max((level for level in levels if level.concurrency > knee), key=_rate)
+    text = (
+        f"throughput stops rising at concurrency {knee}: no higher level gains "
+        f"{min_gain:.0%} over it (best: concurrency {best.concurrency}, "
+        f"{best.jobs_per_s / at_knee.jobs_per_s - 1:+.0%})"
+    )
+    if knee == 1:
+        text += (
+            "\nmore threads do not help: the handler is CPU-bound (or holds a lock); "
+            "scale it with WORKER_PROCESSES or replicas, not WORKER_CONCURRENCY"
+        )
+    elif configured > knee:
+        text += f"\nthe pool runs concurrency {configured}, above that level"
+    return text
+
+
+def _rate(level: Level) -> float:
+    return level.jobs_per_s
+
+
+def _row(concurrency: object, rate: object, gain: object) -> str:
+    return f"{concurrency!s:>11}  {rate!s:>10}  {gain!s:>7}"
+
+
+def _probe(args: argparse.Namespace) -> Probe:
+    from dramatiq.errors import ActorNotFound
+
+    from . import actors  # noqa: F401  (declares every actor on the broker)
+    from .broker import broker
+
+    try:
+        actor = broker.get_actor(args.actor)
+    except ActorNotFound:
+        names = ", ".join(sorted(broker.actors))
+        raise CapacityError(f"no actor named {args.actor!r} (actors: {names})") from None
+    return Probe(actor, tuple(args.args), args.kwargs, args.jobs, args.timeout)
+
+
+def run(args: argparse.Namespace) -> int:
+    """The ``capacity`` command."""
+    import redis
+
+    from .settings import pools
+
+    try:
+        probe = _probe(args)
+        pool = pools().pool_of_queue(probe.queue) or ""
+        client = probe.actor.broker.client  # type: ignore[attr-defined]
+        if not args.json:
+            print(
+                f"actor {args.actor!r} on queue {probe.queue!r} (pool {pool}), "
+                f"{probe.jobs} jobs per level\n"
+            )
+            print(_row("concurrency", "jobs/s", "gain"), flush=True)
+        measured: list[tuple[int, float]] = []
+        for concurrency in args.concurrency:
+            measured.append((concurrency, measure(client, probe, pool, concurrency)))
+            level = with_gains(measured)[-1]
+            if not args.json:
+                gain = "-" if level.gain is None else f"{level.gain:+.0%}"
+                print(_row(concurrency, f"{level.jobs_per_s:.1f}", gain), flush=True)
+    except CapacityError as error:
+        print(f"capacity: {error}", file=sys.stderr)
+        return 1
+    except redis.RedisError as error:
+        print(f"capacity: Redis is unreachable: {error}", file=sys.stderr)
+        return 1
+    levels = with_gains(measured)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "actor": args.actor,
+                    "queue": probe.queue,
+                    "pool": pool,
+                    "jobs": probe.jobs,
+                    "min_gain": args.min_gain,
+                    "levels": [level.__dict__ for level in levels],
+                    "stops_rising_at": stops_rising_at(levels, args.min_gain),
+                },
+                indent=2,
+            )
+        )
+    else:
+        print("\n" + verdict(levels, args.min_gain, pools().pools[pool].concurrency))
+    return 0
+
+
+def _levels(text: str) -> list[int]:
+    try:
+        levels = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError("a comma list of whole numbers, e.g. 1,2,4,8") from None
+    if not levels or levels[0] < 1 or levels[-1] > 256:
+        raise argparse.ArgumentTypeError("levels must be between 1 and 256")
+    return levels
+
+
+def _json_of(kind: type) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            value = json.loads(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(f"not JSON: {error}") from None
+        if not isinstance(value, kind):
+            raise argparse.ArgumentTypeError(f"must be a JSON {kind.__name__}")
+        return value
+
+    return parse
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
 
 
 def add_command(commands: Any) -> None:
-    """Add ``capacity`` to the CLI."""
-    commands.add_parser("capacity", help="throughput against concurrency").set_defaults(
-        run=lambda args: 0)
+    """Add ``capacity`` to the CLI's ``commands`` (argparse subparsers)."""
+    capacity = commands.add_parser(
+        "capacity",
+        help="throughput against concurrency",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    capacity.add_argument("--actor", required=True, help="the actor to run (its name)")
+    capacity.add_argument(
+        "--args",
+        type=_json_of(list),
+        default=[],
+        metavar="JSON",
+        help="positional arguments, a JSON list (default [])",
+    )
+    capacity.add_argument(
+        "--kwargs",
+        type=_json_of(dict),
+        default={},
+        metavar="JSON",
+        help="keyword arguments, a JSON object (default {})",
+    )
+    capacity.add_argument(
+        "--jobs",
+        type=_positive,
+        default=200,
+        metavar="N",
+        help="jobs per concurrency level (default 200)",
+    )
+    capacity.add_argument(
+        "--concurrency",
+        type=_levels,
+        default=list(DEFAULT_LEVELS),
+        metavar="LEVELS",
+        help="comma list of levels (default 1,2,4,8,16)",
+    )
+    capacity.add_argument(
+        "--min-gain",
+        type=float,
+        default=0.1,
+        metavar="F",
+        help="a smaller gain means throughput stopped rising (default 0.1)",
+    )
+    capacity.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="the longest one level may take (default 300)",
+    )
+    capacity.add_argument("--json", action="store_true", help="JSON instead of a table")
+    capacity.set_defaults(run=run)
