@@ -41,6 +41,14 @@ class Child:
     started: float = field(default_factory=time.monotonic)
     backoff: float = RESTART_BACKOFF_S[0]
     restart_at: float | None = None
+    buried: bool = False
+
+    def clean_exit(self) -> bool:
+        """The slot ended without losing work: its process drained (exit 0), was stopped
+        by our SIGTERM before it could install its handler (it held nothing yet), or it
+        died earlier and was already buried while waiting for its replacement."""
+        code = self.process.returncode
+        return code in (0, -signal.SIGTERM) or (self.buried and self.restart_at is not None)
 
 
 class Supervisor:
@@ -76,8 +84,9 @@ class Supervisor:
         while not self._all_exited():
             self._watch()
             time.sleep(0.1)
+        self._watch()  # recover the messages of a child that died in the last round
         codes = [child.process.returncode for child in self.children]
-        code = 0 if all(c == 0 for c in codes) else 1
+        code = 0 if all(child.clean_exit() for child in self.children) else 1
         logger.info("worker stopped", extra={
             "event": "stop", "version": VERSION, "pool": self.settings.worker_pool,
             "exit_codes": codes, "config": self.settings.masked()})
@@ -107,17 +116,28 @@ class Supervisor:
         return self.stopping and all(child.process.poll() is not None for child in self.children)
 
     def _watch(self) -> None:
-        """Replace children that died outside a shutdown, recovering their messages first."""
+        """Replace children that died outside a shutdown, recovering their messages first.
+
+        During a shutdown nothing is replaced, but a child that dies without draining
+        (killed, crashed mid-drain) still has its messages recovered at once.
+        """
         now = time.monotonic()
         for child in self.children:
             if child.restart_at is not None:
                 if now >= child.restart_at and not self.stopping:
                     child.process, child.started, child.restart_at = self._spawn(), now, None
+                    child.buried = False
                 continue
             code = child.process.poll()
-            if code is None or self.stopping:
+            if code is None or child.buried:
+                continue
+            if self.stopping:
+                if not child.clean_exit():
+                    self._bury(child.process.pid, code)
+                child.buried = True
                 continue
             self._bury(child.process.pid, code)
+            child.buried = True
             if now - child.started > STABLE_AFTER_S:
                 child.backoff = RESTART_BACKOFF_S[0]
             child.restart_at = now + child.backoff

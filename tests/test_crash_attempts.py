@@ -1,0 +1,78 @@
+"""Crash-safe delivery: messages of a killed worker come back; a poison one ends dead-lettered.
+
+A worker killed outright (SIGKILL to the supervisor and its processes) leaves its
+messages in its acks sets; another worker recovers them once the heartbeat is
+older than ``WORKER_HEARTBEAT_TIMEOUT_MS``. A message that kills its worker
+process is redelivered until ``WORKER_MAX_ATTEMPTS`` deliveries, then
+dead-lettered with the reason, while the other messages keep flowing.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+
+import pytest
+from _lifecycle import Jobs, Worker, jobs, lc_project, wait_for, workers
+
+pytestmark = pytest.mark.slow
+__all__ = ["jobs", "lc_project", "workers"]
+HEARTBEAT_TIMEOUT_MS = 3000
+
+
+def test_sigkilled_worker_messages_are_delivered_again_to_another_worker(
+        workers: Callable[..., Worker], jobs: Jobs) -> None:
+    env = {"WORKER_HEARTBEAT_TIMEOUT_MS": str(HEARTBEAT_TIMEOUT_MS), "WORKER_PROCESSES": "2",
+           "WORKER_CONCURRENCY": "2"}
+    ids = jobs.many("lc_sleep", 10, 4.0)
+    first = workers(**env)
+    wait_for(lambda: jobs.started_count() == 4, 20, "four jobs to start")
+    held = set(jobs.stranded())
+    assert held, "the running worker holds its messages in acks sets"
+    in_flight = [job_id for job_id in ids if jobs.starts(job_id)]
+    killed = first.signal(signal.SIGKILL, group=True)
+    first.wait(timeout=10)
+
+    workers(**env)
+    limit = HEARTBEAT_TIMEOUT_MS / 1000 + 15
+    wait_for(lambda: all(len(jobs.starts(job_id)) == 2 for job_id in in_flight), limit,
+             "the killed worker's jobs to start again")
+    assert time.monotonic() - killed <= limit
+    wait_for(lambda: jobs.done_count() == 10, 30, "every job to complete")
+    for job_id in ids:
+        assert len(jobs.dones(job_id)) == 1, job_id
+    assert not set(jobs.stranded()) & held, "the dead worker's acks sets were emptied"
+    assert not jobs.dead_letters()
+
+
+@pytest.mark.parametrize("max_attempts", [3])
+def test_poison_job_is_dead_lettered_after_max_attempts_while_others_complete(
+        workers: Callable[..., Worker], jobs: Jobs, max_attempts: int) -> None:
+    # The poison job starts beside healthy ones, so its first crash takes them down too.
+    healthy = [f"h{index}" for index in range(50)]
+    for job_id in healthy[:3]:
+        jobs.enqueue("lc_sleep", job_id, 0.3)
+    poison = jobs.enqueue("lc_poison", "poison")
+    for job_id in healthy[3:]:
+        jobs.enqueue("lc_sleep", job_id, 0.3)
+    worker = workers(WORKER_MAX_ATTEMPTS=str(max_attempts), WORKER_PROCESSES="2")
+
+    wait_for(lambda: jobs.dead_letters(), 30, "the poison job to be dead-lettered")
+    wait_for(lambda: jobs.done_count() == 50, 30, "the healthy jobs to complete")
+    time.sleep(0.5)
+    assert len(jobs.starts("poison")) == max_attempts, "delivered exactly max_attempts times"
+    (dead,) = jobs.dead_letters()
+    assert dead.message_id == poison.message_id
+    reason = dead.options.get("dead_letter_reason", "")
+    assert "died" in reason and f"WORKER_MAX_ATTEMPTS={max_attempts}" in reason, reason
+    assert jobs.client.zcard("dramatiq:notifications.XQ") == 1
+    assert not jobs.queued_ids() and not jobs.stranded()
+    for job_id in healthy:
+        assert jobs.dones(job_id), job_id
+    bystanders = [job_id for job_id in healthy if len(jobs.starts(job_id)) > 1]
+    assert bystanders, "some healthy jobs were running when the poison job crashed"
+    assert worker.process is not None and worker.process.poll() is None, "the pool runs on"
+
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=10) == 0
