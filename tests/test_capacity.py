@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -151,9 +152,22 @@ def test_failing_jobs_abort_and_leave_nothing_behind(service: Path, redis_url: s
     result = capacity(service, redis_url, "--actor", "fail", "--jobs", "20",
                       "--concurrency", "1,2")
     assert result.returncode == 1
-    assert "probe job(s) failed; capacity is measured with jobs that succeed" in result.stderr
-    assert "Traceback" not in result.stderr.splitlines()[0]
+    [line] = result.stderr.splitlines()
+    assert line.startswith("capacity: ")
+    assert line.endswith(" probe job(s) failed (RuntimeError: probe job fails); capacity is "
+                         "measured with jobs that succeed")
     assert_queue_empty(redis_url)
+
+
+def test_redis_down_is_one_line(service: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        down = f"redis://:hunter2@127.0.0.1:{sock.getsockname()[1]}/0"
+    result = capacity(service, down, "--actor", "wait", "--json")
+    assert result.returncode == 1
+    [line] = result.stderr.splitlines()
+    assert line.startswith("capacity: Redis at redis://:***@127.0.0.1:")
+    assert "unreachable" in line and "hunter2" not in line
 
 
 def test_unknown_actor(service: Path, redis_url: str) -> None:

@@ -47,7 +47,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     import dramatiq
@@ -166,6 +166,21 @@ def remove(client: redis.Redis, queue: str, message_ids: set[str]) -> int:
     return removed
 
 
+def failure_reason(client: redis.Redis, queue: str) -> str:
+    """Why the latest probe job failed: its dead-letter reason or its traceback's last line."""
+    from .dlq import DeadLetter
+
+    keys = queue_keys(queue)
+    newest = cast(list[bytes], client.zrange(keys["dead"], -1, -1))
+    bodies: list[Any] = [client.hget(keys["dead_bodies"], redis_id) for redis_id in newest]
+    bodies += client.hvals(keys["delayed_bodies"])[:1]
+    for body in bodies:
+        if body is not None:
+            raw = body.encode() if isinstance(body, str) else body
+            return DeadLetter(queue, "", 0, raw).reason
+    return "reason unknown"
+
+
 def worker_environment(
     probe: Probe,
     pool: str,
@@ -252,8 +267,8 @@ def time_jobs(
         failed = retried + dead - dead_before
         if failed:
             raise CapacityError(
-                f"{failed} probe job(s) failed; capacity is measured with jobs "
-                f"that succeed. The worker's log ends with:{tail(log)}"
+                f"{failed} probe job(s) failed ({failure_reason(client, probe.queue)}); "
+                "capacity is measured with jobs that succeed"
             )
         if started is None and pending < probe.jobs:
             started, counted = now, pending
@@ -374,7 +389,7 @@ def run(args: argparse.Namespace) -> int:
     """The ``capacity`` command."""
     import redis
 
-    from .settings import pools
+    from .settings import load_settings, mask_url, pools
 
     try:
         probe = _probe(args)
@@ -397,8 +412,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"capacity: {error}", file=sys.stderr)
         return 1
     except redis.RedisError as error:
-        print(f"capacity: Redis is unreachable: {error}", file=sys.stderr)
+        url = mask_url(load_settings().redis_url.get_secret_value())
+        print(f"capacity: Redis at {url} is unreachable: {error}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(
+            "capacity: interrupted (the probe's worker stopped, its messages removed)",
+            file=sys.stderr,
+        )
+        return 130
     levels = with_gains(measured)
     if args.json:
         print(
