@@ -287,3 +287,18 @@ def test_a_replayed_message_runs_exactly_once(project: Path, redis_url: str,
     assert client.hlen("dramatiq:notifications.msgs") == 0, errors
     assert client.get("runs:a") == b"1" and client.get("runs:b") == b"1"
     assert client.zcard("dramatiq:notifications.XQ") == 0
+
+
+def test_a_dead_letter_without_body_can_be_listed_and_purged_not_replayed(
+        project: Path, redis_url: str, client: redis.Redis) -> None:
+    client.zadd("dramatiq:reports.XQ", {"orphan": int(time.time() * 1000)})
+
+    listed = json.loads(dlq(project, redis_url, "list", "--json").stdout)
+    assert [(entry["redis_id"], entry["reason"]) for entry in listed] == [
+        ("orphan", "(body missing)")]
+    replayed = dlq(project, redis_url, "replay", "orphan")
+    assert replayed.returncode == 1
+    assert replayed.stderr.strip() == "dlq replay: dead letter 'orphan' has no body; purge it"
+    assert client.llen("dramatiq:reports") == 0
+    purged = dlq(project, redis_url, "purge", "orphan", "--yes")
+    assert purged.returncode == 0 and client.zcard("dramatiq:reports.XQ") == 0

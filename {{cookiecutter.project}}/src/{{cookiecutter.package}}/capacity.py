@@ -29,7 +29,9 @@ queue holds any message (ready, running or delayed); run it where no other
 worker serves the queue (a local or staging Redis), since another worker would
 take probe jobs and skew the numbers. A probe job that fails (retried or
 dead-lettered) aborts the measurement: capacity is measured with jobs that
-succeed. Probe messages left behind by an abort are removed.
+succeed. Probe messages left behind by an abort are removed. The probe runs the
+real actor: pick one, and arguments, whose side effects are harmless, and levels
+that the downstream resources it calls can take.
 
 Exit codes: 0 measured, 1 refused or aborted (one line says why), 2 usage.
 """
