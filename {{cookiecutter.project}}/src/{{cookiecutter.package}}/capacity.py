@@ -415,7 +415,9 @@ def run(args: argparse.Namespace) -> int:
         return 1
     except redis.RedisError as error:
         url = mask_url(load_settings().redis_url.get_secret_value())
-        print(f"capacity: Redis at {url} is unreachable: {error}", file=sys.stderr)
+        unreachable = isinstance(error, redis.ConnectionError | redis.TimeoutError)
+        problem = "is unreachable" if unreachable else "failed"
+        print(f"capacity: Redis at {url} {problem}: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(

@@ -411,8 +411,11 @@ def _command(
         except DeadLetterError as error:
             print(f"dlq {args.action}: {error}", file=sys.stderr)
             return 1
-        except redis.RedisError as error:
+        except (redis.ConnectionError, redis.TimeoutError) as error:
             print(f"dlq {args.action}: Redis at {url} is unreachable: {error}", file=sys.stderr)
+            return 1
+        except redis.RedisError as error:
+            print(f"dlq {args.action}: Redis at {url} failed: {error}", file=sys.stderr)
             return 1
         finally:
             client.close()
