@@ -9,6 +9,7 @@ dead-lettered with the reason, while the other messages keep flowing.
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -25,7 +26,7 @@ def test_sigkilled_worker_messages_are_delivered_again_to_another_worker(
         workers: Callable[..., Worker], jobs: Jobs) -> None:
     env = {"WORKER_HEARTBEAT_TIMEOUT_MS": str(HEARTBEAT_TIMEOUT_MS), "WORKER_PROCESSES": "2",
            "WORKER_CONCURRENCY": "2"}
-    ids = jobs.many("lc_sleep", 10, 4.0)
+    ids = jobs.many("lc_sleep", 8, 2.5)
     first = workers(**env)
     wait_for(lambda: jobs.started_count() == 4, 20, "four jobs to start")
     held = set(jobs.stranded())
@@ -39,7 +40,7 @@ def test_sigkilled_worker_messages_are_delivered_again_to_another_worker(
     wait_for(lambda: all(len(jobs.starts(job_id)) == 2 for job_id in in_flight), limit,
              "the killed worker's jobs to start again")
     assert time.monotonic() - killed <= limit
-    wait_for(lambda: jobs.done_count() == 10, 30, "every job to complete")
+    wait_for(lambda: jobs.done_count() == 8, 30, "every job to complete")
     for job_id in ids:
         assert len(jobs.dones(job_id)) == 1, job_id
     assert not set(jobs.stranded()) & held, "the dead worker's acks sets were emptied"
@@ -76,3 +77,31 @@ def test_poison_job_is_dead_lettered_after_max_attempts_while_others_complete(
 
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=10) == 0
+
+
+def test_term_while_a_dead_child_awaits_replacement_exits_zero(
+        workers: Callable[..., Worker], jobs: Jobs) -> None:
+    ids = jobs.many("lc_long", 4, 30.0)
+    worker = workers()
+    wait_for(lambda: jobs.started_count() == 4, 20, "four jobs to start")
+    (child,) = worker.children()
+    os.kill(child, signal.SIGKILL)
+    wait_for(lambda: "replacing it" in worker.log(), 5, "the supervisor to bury the child")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=10) == 0, worker.log()
+    assert jobs.assert_exactly_once_or_queued(ids) == (0, 4)
+    assert all(message.options.get("crashes") == 1 for message in jobs.queued())
+
+
+def test_child_killed_during_the_drain_has_its_messages_recovered_at_once(
+        workers: Callable[..., Worker], jobs: Jobs) -> None:
+    ids = jobs.many("lc_long", 4, 30.0)
+    worker = workers()
+    wait_for(lambda: jobs.started_count() == 4, 20, "four jobs to start")
+    (child,) = worker.children()
+    worker.signal(signal.SIGTERM)
+    time.sleep(0.5)
+    os.kill(child, signal.SIGKILL)
+    assert worker.wait(timeout=5) == 1, "a child that did not drain is reported"
+    assert jobs.assert_exactly_once_or_queued(ids) == (0, 4)
+    assert all(message.options.get("crashes") == 1 for message in jobs.queued())
