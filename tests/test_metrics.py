@@ -25,6 +25,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import PYTHON, package_of, project_env
 
+pytestmark = pytest.mark.slow
+
 QUEUE = "notifications"
 MAX_ATTEMPTS = 3
 PROCESSES = 2
@@ -447,7 +449,8 @@ def test_livez_and_readyz(metrics_project: Path, redis_url: str, redis_server: A
             redis_server.start()
 
 
-DATABASE_URL = os.environ.get("DATABASE_URL", "postgresql://localhost:5432/postgres")
+DATABASE_URL = (os.environ.get("TEST_DATABASE_URL") or os.environ.get("DATABASE_URL")
+                or "postgresql://localhost:5432/postgres")
 
 
 def _postgres_answers() -> bool:

@@ -109,6 +109,13 @@ def _body(raw: Any) -> dict[str, Any]:
     return decoded if isinstance(decoded, dict) else {}
 
 
+def _age_s(now_ms: float, since_ms: Any) -> float:
+    """Seconds from ``since_ms`` (epoch ms) to ``now_ms``; 0 when unknown or in the future."""
+    if isinstance(since_ms, bool) or not isinstance(since_ms, int | float):
+        return 0.0
+    return max(0.0, (now_ms - since_ms) / 1000)
+
+
 def read_backlog(
     client: redis.Redis,
     queues: Sequence[str],
@@ -123,16 +130,15 @@ def read_backlog(
     found = []
     for index, queue in enumerate(queues):
         depth, head, delayed, delayed_head, dead = raw[index * 5 : index * 5 + 5]
-        sent_ms = _body(head).get("message_timestamp")
-        eta_ms = _body(delayed_head).get("options", {}).get("eta")
+        options = _body(delayed_head).get("options")
         found.append(
             Backlog(
                 queue=queue,
                 depth=int(depth),
-                oldest_s=max(0.0, (now_ms - sent_ms) / 1000) if isinstance(sent_ms, int) else 0.0,
+                oldest_s=_age_s(now_ms, _body(head).get("message_timestamp")),
                 delayed=int(delayed),
-                delayed_overdue_s=max(0.0, (now_ms - eta_ms) / 1000)
-                if isinstance(eta_ms, int)
+                delayed_overdue_s=_age_s(now_ms, options.get("eta"))
+                if isinstance(options, dict)
                 else 0.0,
                 dead_letters=int(dead),
             )
