@@ -14,8 +14,9 @@ import signal
 import time
 from collections.abc import Callable
 
+import dramatiq
 import pytest
-from _lifecycle import Jobs, Worker, jobs, lc_project, wait_for, workers
+from _lifecycle import QUEUE, Jobs, Worker, jobs, lc_project, wait_for, workers
 
 pytestmark = pytest.mark.slow
 __all__ = ["jobs", "lc_project", "workers"]
@@ -27,10 +28,16 @@ def test_sigkilled_worker_messages_are_delivered_again_to_another_worker(
     env = {"WORKER_HEARTBEAT_TIMEOUT_MS": str(HEARTBEAT_TIMEOUT_MS), "WORKER_PROCESSES": "2",
            "WORKER_CONCURRENCY": "2"}
     ids = jobs.many("lc_sleep", 8, 2.5)
+    # A message due in 6 s: the worker prefetches it from the delay queue and holds it.
+    delayed = jobs.broker.enqueue(dramatiq.Message(
+        queue_name=QUEUE, actor_name="lc_quick", args=("later",), kwargs={}, options={}),
+        delay=6000)
     first = workers(**env)
     wait_for(lambda: jobs.started_count() == 4, 20, "four jobs to start")
+    wait_for(lambda: not jobs.client.llen(f"dramatiq:{QUEUE}.DQ"), 5,
+             "the delayed message to be prefetched")
     held = set(jobs.stranded())
-    assert held, "the running worker holds its messages in acks sets"
+    assert any(key.endswith(".DQ") for key in held), held
     in_flight = [job_id for job_id in ids if jobs.starts(job_id)]
     killed = first.signal(signal.SIGKILL, group=True)
     first.wait(timeout=10)
@@ -40,9 +47,10 @@ def test_sigkilled_worker_messages_are_delivered_again_to_another_worker(
     wait_for(lambda: all(len(jobs.starts(job_id)) == 2 for job_id in in_flight), limit,
              "the killed worker's jobs to start again")
     assert time.monotonic() - killed <= limit
-    wait_for(lambda: jobs.done_count() == 8, 30, "every job to complete")
-    for job_id in ids:
+    wait_for(lambda: jobs.done_count() == 9, 30, "every job to complete")
+    for job_id in [*ids, "later"]:
         assert len(jobs.dones(job_id)) == 1, job_id
+    assert jobs.dones("later")[0][1] >= delayed.options["eta"] / 1000 - 0.1, "not run early"
     assert not set(jobs.stranded()) & held, "the dead worker's acks sets were emptied"
     assert not jobs.dead_letters()
 

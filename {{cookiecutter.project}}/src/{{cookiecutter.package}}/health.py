@@ -71,6 +71,6 @@ def readiness_problems(settings: Settings, timeout_s: float = READY_TIMEOUT_S) -
         db = importlib.import_module(f"{__package__}.db")  # absent without the database option
         try:
             db.ping(settings, timeout_s)
-        except Exception as error:  # noqa: BLE001  (any failure means not ready)
+        except Exception as error:  # any failure means not ready
             problems.append(f"database: {error}".splitlines()[0])
     return problems

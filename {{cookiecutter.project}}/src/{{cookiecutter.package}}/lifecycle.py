@@ -52,7 +52,7 @@ def request_shutdown() -> None:
 
 def attach(board: ProgressBoard | None) -> None:
     """Record progress on ``board`` (the worker runtime attaches its process's board)."""
-    global _board  # noqa: PLW0603
+    global _board
     _board = board
 
 

@@ -109,7 +109,8 @@ def recover_worker(client: redis.Redis, broker_id: str, queues: Iterable[str], m
       broker_id: the dead worker's broker id.
       max_attempts: ``WORKER_MAX_ATTEMPTS``; a message that reaches it is dead-lettered.
       running: redis message ids that were running when it died (counted as a
-        crash); None when unknown, and then every held message counts as one.
+        crash); None when unknown, and then every held message counts as one,
+        except those of delay queues (they wait for their time and never run there).
 
     Returns:
       (requeued, dead_lettered)
@@ -118,7 +119,7 @@ def recover_worker(client: redis.Redis, broker_id: str, queues: Iterable[str], m
     for queue in [q for name in queues for q in (name, f"{name}.DQ")]:
         for raw_id in client.smembers(acks_key(broker_id, queue)):
             redis_id = raw_id.decode() if isinstance(raw_id, bytes) else str(raw_id)
-            crashed = running is None or redis_id in running
+            crashed = not queue.endswith(".DQ") if running is None else redis_id in running
             body = client.hget(f"{NAMESPACE}:{queue}.msgs", redis_id)
             if body is None or not crashed:
                 requeued += requeue(client, broker_id, queue, [redis_id])

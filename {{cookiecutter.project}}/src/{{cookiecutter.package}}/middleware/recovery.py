@@ -29,7 +29,8 @@ class Recovery(Middleware):
     """
 
     def __init__(self, queues: list[str], heartbeat_timeout_ms: int, max_attempts: int,
-                 dead_message_ttl_ms: int = 7 * 86_400_000, interval_s: float | None = None) -> None:
+                 dead_message_ttl_ms: int = 7 * 86_400_000,
+                 interval_s: float | None = None) -> None:
         self.queues = queues
         self.heartbeat_timeout_ms = heartbeat_timeout_ms
         self.max_attempts = max_attempts
