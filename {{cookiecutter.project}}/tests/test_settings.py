@@ -10,7 +10,12 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from {{ cookiecutter.package }}.settings import EX_CONFIG, Settings, config_errors, mask_url
+from {{ cookiecutter.package }}.settings import (
+    EX_CONFIG,
+    Settings,
+    config_errors,
+    mask_url,
+)
 
 
 def settings_with(monkeypatch: pytest.MonkeyPatch, **env: str) -> Settings:

@@ -44,13 +44,16 @@ def _config(args: argparse.Namespace) -> int:
 
 def _live(args: argparse.Namespace) -> int:
     from .health import liveness_problems
-    from .progress import ENV_STALLED_AFTER, ENV_STATE_DIR
-    from .settings import Settings
+    from .progress import (
+        DEFAULT_STALLED_AFTER_S,
+        DEFAULT_STATE_DIR,
+        ENV_STALLED_AFTER,
+        ENV_STATE_DIR,
+    )
 
-    fields = Settings.model_fields
-    state_dir = Path(os.environ.get(ENV_STATE_DIR) or fields["worker_state_dir"].default)
+    state_dir = Path(os.environ.get(ENV_STATE_DIR) or DEFAULT_STATE_DIR)
     stalled_after = args.stalled_after or float(
-        os.environ.get(ENV_STALLED_AFTER) or fields["health_stalled_after_s"].default
+        os.environ.get(ENV_STALLED_AFTER) or DEFAULT_STALLED_AFTER_S
     )
     problems = liveness_problems(state_dir, stalled_after)
     for problem in problems:

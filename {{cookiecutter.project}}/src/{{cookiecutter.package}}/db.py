@@ -67,7 +67,5 @@ def connection() -> Iterator[psycopg.Connection]:
 
 def ping(settings: Settings, timeout_s: float = 2.0) -> None:
     """Connect and run ``select 1`` within ``timeout_s`` (readiness); raise on failure."""
-    with psycopg.connect(
-        dsn(settings), connect_timeout=max(1, int(timeout_s))
-    ) as conn:
+    with psycopg.connect(dsn(settings), connect_timeout=max(1, int(timeout_s))) as conn:
         conn.execute("select 1")

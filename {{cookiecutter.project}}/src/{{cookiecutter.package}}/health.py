@@ -33,8 +33,9 @@ def process_alive(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] not in {"Z", "X"}
 
 
-def liveness_problems(state_dir: Path, stalled_after_s: float,
-                      now: float | None = None) -> list[str]:
+def liveness_problems(
+    state_dir: Path, stalled_after_s: float, now: float | None = None
+) -> list[str]:
     """Why this container is not live; empty when it is."""
     now = time.monotonic() if now is None else now
     problems = []
@@ -43,14 +44,17 @@ def liveness_problems(state_dir: Path, stalled_after_s: float,
             problems.append(f"worker process {board.pid} has died")
             continue
         if now - board.tick > stalled_after_s:
-            problems.append(f"worker process {board.pid}: main loop silent for "
-                            f"{now - board.tick:.1f} s (limit {stalled_after_s:g} s)")
+            problems.append(
+                f"worker process {board.pid}: main loop silent for "
+                f"{now - board.tick:.1f} s (limit {stalled_after_s:g} s)"
+            )
         for index, slot in enumerate(board.slots):
             if slot.job_started and now - slot.last_progress > stalled_after_s:
                 problems.append(
                     f"worker process {board.pid}, handler {index}: job on queue {slot.queue!r} "
                     f"made no progress for {now - slot.last_progress:.1f} s "
-                    f"(limit {stalled_after_s:g} s; long handlers call checkpoint())")
+                    f"(limit {stalled_after_s:g} s; long handlers call checkpoint())"
+                )
     return problems
 
 
@@ -59,8 +63,11 @@ def readiness_problems(settings: Settings, timeout_s: float = READY_TIMEOUT_S) -
     import redis
 
     problems = []
-    client = redis.Redis.from_url(settings.redis_url.get_secret_value(),
-                                  socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    client = redis.Redis.from_url(
+        settings.redis_url.get_secret_value(),
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+    )
     try:
         client.ping()
     except redis.RedisError as error:

@@ -23,6 +23,10 @@ HEADER = struct.Struct("<dd36s")
 SLOT = struct.Struct("<dd36s64s")
 ENV_STATE_DIR = "WORKER_STATE_DIR"
 ENV_STALLED_AFTER = "HEALTH_STALLED_AFTER_S"
+#: Defaults of the two variables, here so ``healthcheck live`` need not import the settings.
+#: The state dir is an emptyDir in Kubernetes.
+DEFAULT_STATE_DIR = Path("/tmp/{{ cookiecutter.project }}")  # noqa: S108
+DEFAULT_STALLED_AFTER_S = 60.0
 
 
 def progress_dir(state_dir: Path) -> Path:

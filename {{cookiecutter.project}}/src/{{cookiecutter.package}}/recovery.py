@@ -69,8 +69,9 @@ def deliveries(message: Message[Any]) -> int:
     return int(message.options.get("retries", 0)) + int(message.options.get("crashes", 0))
 
 
-def dead_letter(client: redis.Redis, broker_id: str, queue: str, message: Message[Any],
-                reason: str) -> bool:
+def dead_letter(
+    client: redis.Redis, broker_id: str, queue: str, message: Message[Any], reason: str
+) -> bool:
     """Move ``message`` (held in ``broker_id``'s acks set of ``queue``) to the dead letters.
 
     The stored body gains ``options["dead_letter_reason"]``. Returns False when the
@@ -79,30 +80,60 @@ def dead_letter(client: redis.Redis, broker_id: str, queue: str, message: Messag
     message = message.copy(options={"dead_letter_reason": reason})
     base = f"{NAMESPACE}:{canonical(queue)}.XQ"
     moved = client.eval(
-        _DEAD_LETTER, 4, acks_key(broker_id, queue), f"{NAMESPACE}:{queue}.msgs", base,
-        f"{base}.msgs", message.options["redis_message_id"], message.encode(),
+        _DEAD_LETTER,
+        4,
+        acks_key(broker_id, queue),
+        f"{NAMESPACE}:{queue}.msgs",
+        base,
+        f"{base}.msgs",
+        message.options["redis_message_id"],
+        message.encode(),
         int(time.time() * 1000),
     )
     if moved:
-        logger.warning("dead-lettered message", extra={
-            "job_id": message.message_id, "queue": canonical(queue), "actor": message.actor_name,
-            "outcome": "dead_letter", "reason": reason})
+        logger.warning(
+            "dead-lettered message",
+            extra={
+                "job_id": message.message_id,
+                "queue": canonical(queue),
+                "actor": message.actor_name,
+                "outcome": "dead_letter",
+                "reason": reason,
+            },
+        )
     return bool(moved)
 
 
-def requeue(client: redis.Redis, broker_id: str, queue: str, redis_ids: Iterable[str],
-            ) -> int:
+def requeue(
+    client: redis.Redis,
+    broker_id: str,
+    queue: str,
+    redis_ids: Iterable[str],
+) -> int:
     """Put messages held by ``broker_id`` back at the tail of ``queue``, uncounted."""
     moved = 0
     for redis_id in redis_ids:
-        moved += int(client.eval(
-            _REQUEUE, 3, acks_key(broker_id, queue), f"{NAMESPACE}:{queue}.msgs",
-            f"{NAMESPACE}:{queue}", redis_id, ""))
+        moved += int(
+            client.eval(
+                _REQUEUE,
+                3,
+                acks_key(broker_id, queue),
+                f"{NAMESPACE}:{queue}.msgs",
+                f"{NAMESPACE}:{queue}",
+                redis_id,
+                "",
+            )
+        )
     return moved
 
 
-def recover_worker(client: redis.Redis, broker_id: str, queues: Iterable[str], max_attempts: int,
-                   running: set[str] | None = None) -> tuple[int, int]:
+def recover_worker(
+    client: redis.Redis,
+    broker_id: str,
+    queues: Iterable[str],
+    max_attempts: int,
+    running: set[str] | None = None,
+) -> tuple[int, int]:
     """Recover every message a dead worker held on ``queues`` (and their delay queues).
 
     Parameters:
@@ -127,21 +158,34 @@ def recover_worker(client: redis.Redis, broker_id: str, queues: Iterable[str], m
             message = Message.decode(body if isinstance(body, bytes) else body.encode())
             message = message.copy(options={"crashes": int(message.options.get("crashes", 0)) + 1})
             if deliveries(message) >= max_attempts:
-                reason = (f"its worker process died during {message.options['crashes']} of "
-                          f"{deliveries(message)} deliveries (WORKER_MAX_ATTEMPTS={max_attempts})")
+                reason = (
+                    f"its worker process died during {message.options['crashes']} of "
+                    f"{deliveries(message)} deliveries (WORKER_MAX_ATTEMPTS={max_attempts})"
+                )
                 dead += int(dead_letter(client, broker_id, queue, message, reason))
             else:
-                requeued += int(client.eval(
-                    _REQUEUE, 3, acks_key(broker_id, queue), f"{NAMESPACE}:{queue}.msgs",
-                    f"{NAMESPACE}:{queue}", redis_id, message.encode()))
+                requeued += int(
+                    client.eval(
+                        _REQUEUE,
+                        3,
+                        acks_key(broker_id, queue),
+                        f"{NAMESPACE}:{queue}.msgs",
+                        f"{NAMESPACE}:{queue}",
+                        redis_id,
+                        message.encode(),
+                    )
+                )
     if requeued or dead:
-        logger.warning("recovered the messages of a dead worker", extra={
-            "broker_id": broker_id, "requeued": requeued, "dead_lettered": dead})
+        logger.warning(
+            "recovered the messages of a dead worker",
+            extra={"broker_id": broker_id, "requeued": requeued, "dead_lettered": dead},
+        )
     return requeued, dead
 
 
-def recover_dead_workers(client: redis.Redis, queues: list[str], heartbeat_timeout_ms: int,
-                         max_attempts: int) -> tuple[int, int]:
+def recover_dead_workers(
+    client: redis.Redis, queues: list[str], heartbeat_timeout_ms: int, max_attempts: int
+) -> tuple[int, int]:
     """Recover the messages of every worker whose heartbeat is older than the timeout."""
     cutoff = int(time.time() * 1000) - heartbeat_timeout_ms
     requeued = dead = 0

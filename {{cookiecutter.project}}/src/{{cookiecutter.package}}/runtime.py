@@ -33,10 +33,11 @@ SIGNAL_DEBOUNCE_S = 1.0
 #: How long interrupted handlers get to unwind before the process exits without them.
 INTERRUPT_GRACE_S = 2.0
 #: Longest pause (ms) of a consumer between fetches, and of a handler thread between looks
-#: at the work queue. Dramatiq's 1000 ms default leaves handler slots idle for up to a
-#: second after a job ends (prefetch is capped at the concurrency), about 40% of the
-#: throughput of one-second jobs, and slows an idle drain to more than a second; 200 ms
-#: costs an idle process about 13 fetches a second.
+#: at the work queue. Dramatiq's 1000 ms default slows an idle drain to more than a second
+#: and can leave handler slots idle after a job ends; 200 ms costs an idle process about 13
+#: fetches a second. Prefetch stays Dramatiq's (twice the concurrency): a crash requeues the
+#: merely prefetched messages uncounted (the supervisor knows from the progress board which
+#: ones were running).
 FETCH_TIMEOUT_MS = 200
 
 
@@ -46,8 +47,12 @@ def die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def _join(threads: Iterable[threading.Thread], deadline: float, stop: threading.Event,
-          board: ProgressBoard) -> bool:
+def _join(
+    threads: Iterable[threading.Thread],
+    deadline: float,
+    stop: threading.Event,
+    board: ProgressBoard,
+) -> bool:
     """Wait until ``threads`` end, ``deadline`` passes or ``stop`` is set; True if all ended."""
     pending = [thread for thread in threads if thread.is_alive()]
     while pending and time.monotonic() < deadline and not stop.is_set():
@@ -85,14 +90,16 @@ class WorkerProcess:
         from . import actors  # noqa: F401  (declares every actor on the broker)
         from .broker import broker
 
-        board = ProgressBoard(self.settings.worker_state_dir, self.settings.worker_concurrency,
-                              broker.broker_id)
+        board = ProgressBoard(
+            self.settings.worker_state_dir, self.settings.worker_concurrency, broker.broker_id
+        )
         lifecycle.attach(board)
-        worker = dramatiq.Worker(broker, queues=set(self.settings.worker_queues),
-                                 worker_threads=self.settings.worker_concurrency,
-                                 worker_timeout=FETCH_TIMEOUT_MS)
-        # Prefetch no more than the handlers can run: a crash then loses only running jobs.
-        worker.queue_prefetch = self.settings.worker_concurrency
+        worker = dramatiq.Worker(
+            broker,
+            queues=set(self.settings.worker_queues),
+            worker_threads=self.settings.worker_concurrency,
+            worker_timeout=FETCH_TIMEOUT_MS,
+        )
         worker.start()
         while not self.stopping.wait(1.0):
             board.tick()
@@ -125,12 +132,15 @@ class WorkerProcess:
         broker.emit_after("worker_shutdown", worker)
         broker.close()
         board.close()
-        logger.info("drained", extra={
-            "finished": shutdown.finished - finished_before,
-            "requeued": shutdown.requeued + handed_back + swept,
-            "interrupted": interrupted,
-            "elapsed_s": round(time.monotonic() - started, 3),
-        })
+        logger.info(
+            "drained",
+            extra={
+                "finished": shutdown.finished - finished_before,
+                "requeued": shutdown.requeued + handed_back + swept,
+                "interrupted": interrupted,
+                "elapsed_s": round(time.monotonic() - started, 3),
+            },
+        )
         return 0
 
     def _requeue_prefetched(self, worker: dramatiq.Worker) -> int:
@@ -148,6 +158,10 @@ class WorkerProcess:
         for name in self.settings.worker_queues:
             for queue in (name, f"{name}.DQ"):
                 held = client.smembers(recovery.acks_key(broker.broker_id, queue))  # type: ignore[attr-defined]
-                count += recovery.requeue(client, broker.broker_id, queue,  # type: ignore[attr-defined]
-                                          [h.decode() for h in held])
+                count += recovery.requeue(
+                    client,
+                    broker.broker_id,
+                    queue,  # type: ignore[attr-defined]
+                    [h.decode() for h in held],
+                )
         return count

@@ -25,6 +25,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from .pools import Pool, PoolsFile, PoolsFileError, load_pools
+from .progress import DEFAULT_STALLED_AFTER_S, DEFAULT_STATE_DIR
 
 EX_CONFIG = 78
 PROJECT = "{{ cookiecutter.project }}"
@@ -67,8 +68,8 @@ class Settings(BaseSettings):
     worker_shutdown_timeout_ms: Annotated[int, Field(ge=1_000, le=86_400_000)]
     worker_max_attempts: Annotated[int, Field(ge=1, le=100)]
     worker_heartbeat_timeout_ms: Annotated[int, Field(ge=2_000, le=600_000)] = 30_000
-    worker_state_dir: Path = Path(f"/tmp/{PROJECT}")  # noqa: S108  (an emptyDir in Kubernetes)
-    health_stalled_after_s: Annotated[float, Field(gt=0, le=86_400)] = 60.0
+    worker_state_dir: Path = DEFAULT_STATE_DIR
+    health_stalled_after_s: Annotated[float, Field(gt=0, le=86_400)] = DEFAULT_STALLED_AFTER_S
     metrics_port: Annotated[int, Field(ge=1024, le=65535)] = 9191
     redis_url: SecretStr = SecretStr("redis://localhost:6379/0")
 {%- if cookiecutter.database == "postgres" %}

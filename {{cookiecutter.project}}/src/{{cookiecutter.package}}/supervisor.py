@@ -65,8 +65,9 @@ class Supervisor:
         self._signals = 0
         self._last_signal = 0.0
         self.metrics_dir = settings.worker_state_dir / "metrics"
-        self.redis = redis.Redis.from_url(settings.redis_url.get_secret_value(),
-                                          socket_timeout=5, socket_connect_timeout=2)
+        self.redis = redis.Redis.from_url(
+            settings.redis_url.get_secret_value(), socket_timeout=5, socket_connect_timeout=2
+        )
 
     def run(self) -> int:
         self._prepare_state_dir()
@@ -76,20 +77,35 @@ class Supervisor:
         metrics.start_exporter(self.settings)
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
-        self.children = [Child(index, self._spawn()) for index in range(
-            self.settings.worker_processes)]
-        logger.info("worker started", extra={
-            "event": "start", "version": VERSION, "project": PROJECT,
-            "pool": self.settings.worker_pool, "config": self.settings.masked()})
+        self.children = [
+            Child(index, self._spawn()) for index in range(self.settings.worker_processes)
+        ]
+        logger.info(
+            "worker started",
+            extra={
+                "event": "start",
+                "version": VERSION,
+                "project": PROJECT,
+                "pool": self.settings.worker_pool,
+                "config": self.settings.masked(),
+            },
+        )
         while not self._all_exited():
             self._watch()
             time.sleep(0.1)
         self._watch()  # recover the messages of a child that died in the last round
         codes = [child.process.returncode for child in self.children]
         code = 0 if all(child.clean_exit() for child in self.children) else 1
-        logger.info("worker stopped", extra={
-            "event": "stop", "version": VERSION, "pool": self.settings.worker_pool,
-            "exit_codes": codes, "config": self.settings.masked()})
+        logger.info(
+            "worker stopped",
+            extra={
+                "event": "stop",
+                "version": VERSION,
+                "pool": self.settings.worker_pool,
+                "exit_codes": codes,
+                "config": self.settings.masked(),
+            },
+        )
         return code
 
     def _prepare_state_dir(self) -> None:
@@ -152,8 +168,12 @@ class Supervisor:
             running = {slot.message_id for slot in board.slots if slot.job_started}
             try:
                 requeued, dead = recovery.recover_worker(
-                    self.redis, board.broker_id, self.settings.worker_queues,
-                    self.settings.worker_max_attempts, running)
+                    self.redis,
+                    board.broker_id,
+                    self.settings.worker_queues,
+                    self.settings.worker_max_attempts,
+                    running,
+                )
                 self.redis.zrem(recovery.HEARTBEATS, board.broker_id)
             except redis.RedisError as error:
                 logger.warning("could not recover now; the heartbeat timeout will: %s", error)
@@ -161,5 +181,7 @@ class Supervisor:
         from prometheus_client import multiprocess
 
         multiprocess.mark_process_dead(pid, str(self.metrics_dir))
-        logger.error("worker process died; replacing it", extra={
-            "pid": pid, "exit_code": code, "requeued": requeued, "dead_lettered": dead})
+        logger.error(
+            "worker process died; replacing it",
+            extra={"pid": pid, "exit_code": code, "requeued": requeued, "dead_lettered": dead},
+        )

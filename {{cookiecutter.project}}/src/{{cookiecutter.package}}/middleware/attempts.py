@@ -76,16 +76,27 @@ class Attempts(Middleware):
         used = deliveries(message._message)
         if used >= self.max_attempts:
             reason = f"{used} deliveries used up WORKER_MAX_ATTEMPTS={self.max_attempts}"
-            dead_letter(broker.client, broker.broker_id, message.queue_name, message._message,  # type: ignore[attr-defined]
-                        reason)
+            dead_letter(
+                broker.client,
+                broker.broker_id,
+                message.queue_name,
+                message._message,  # type: ignore[attr-defined]
+                reason,
+            )
             raise SkipMessage(reason)
         suspect = int(message.options.get("crashes", 0)) > 0
         if not self.gate.enter(suspect, lifecycle.shutdown_requested):
             raise lifecycle.Requeue("shutdown requested before the job could start")
         self._entered.value = True
 
-    def after_process_message(self, broker: Broker, message: MessageProxy, *,
-                              result: Any = None, exception: BaseException | None = None) -> None:
+    def after_process_message(
+        self,
+        broker: Broker,
+        message: MessageProxy,
+        *,
+        result: Any = None,
+        exception: BaseException | None = None,
+    ) -> None:
         if getattr(self._entered, "value", False):
             self._entered.value = False
             self.gate.leave()

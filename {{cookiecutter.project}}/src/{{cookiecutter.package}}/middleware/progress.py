@@ -31,8 +31,14 @@ class Progress(Middleware):
         if board is not None and slot is not None:
             board.start(slot, message.options.get("redis_message_id", ""), message.queue_name)
 
-    def after_process_message(self, broker: Broker, message: MessageProxy, *,
-                              result: Any = None, exception: BaseException | None = None) -> None:
+    def after_process_message(
+        self,
+        broker: Broker,
+        message: MessageProxy,
+        *,
+        result: Any = None,
+        exception: BaseException | None = None,
+    ) -> None:
         board, slot = lifecycle.board(), lifecycle.current_slot()
         if board is not None and slot is not None:
             board.finish(slot)

@@ -28,9 +28,14 @@ class Recovery(Middleware):
       interval_s: seconds between passes (default: a fifth of the heartbeat timeout, at most 5).
     """
 
-    def __init__(self, queues: list[str], heartbeat_timeout_ms: int, max_attempts: int,
-                 dead_message_ttl_ms: int = 7 * 86_400_000,
-                 interval_s: float | None = None) -> None:
+    def __init__(
+        self,
+        queues: list[str],
+        heartbeat_timeout_ms: int,
+        max_attempts: int,
+        dead_message_ttl_ms: int = 7 * 86_400_000,
+        interval_s: float | None = None,
+    ) -> None:
         self.queues = queues
         self.heartbeat_timeout_ms = heartbeat_timeout_ms
         self.max_attempts = max_attempts
@@ -47,8 +52,9 @@ class Recovery(Middleware):
     def run_once(self, broker: Broker) -> None:
         client: redis.Redis = broker.client  # type: ignore[attr-defined]
         recovery.heartbeat(client, broker.broker_id)  # type: ignore[attr-defined]
-        recovery.recover_dead_workers(client, self.queues, self.heartbeat_timeout_ms,
-                                      self.max_attempts)
+        recovery.recover_dead_workers(
+            client, self.queues, self.heartbeat_timeout_ms, self.max_attempts
+        )
         recovery.expire_dead_letters(client, self.queues, self.dead_message_ttl_ms)
 
     def _loop(self, broker: Broker) -> None:

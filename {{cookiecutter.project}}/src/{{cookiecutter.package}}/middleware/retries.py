@@ -26,8 +26,14 @@ class Retries(dramatiq.middleware.Retries):
       min_backoff, max_backoff: as in Dramatiq (default 15 s and 7 days).
     """
 
-    def after_process_message(self, broker: Broker, message: MessageProxy, *,
-                              result: Any = None, exception: BaseException | None = None) -> None:
+    def after_process_message(
+        self,
+        broker: Broker,
+        message: MessageProxy,
+        *,
+        result: Any = None,
+        exception: BaseException | None = None,
+    ) -> None:
         if exception is None or isinstance(exception, Requeue):
             return
         actor = broker.get_actor(message.actor_name)
@@ -36,5 +42,10 @@ class Retries(dramatiq.middleware.Retries):
         super().after_process_message(broker, message, result=result, exception=exception)  # type: ignore[no-untyped-call]
         if message.failed:
             reason = f"{type(exception).__name__}: {exception}"[:500]
-            dead_letter(broker.client, broker.broker_id, message.queue_name, message._message,  # type: ignore[attr-defined]
-                        reason)
+            dead_letter(
+                broker.client,
+                broker.broker_id,
+                message.queue_name,
+                message._message,  # type: ignore[attr-defined]
+                reason,
+            )

@@ -35,8 +35,14 @@ class GracefulShutdown(Middleware):
         with self._lock:
             self._in_flight[threading.get_ident()] = message
 
-    def after_process_message(self, broker: Broker, message: MessageProxy, *,
-                              result: Any = None, exception: BaseException | None = None) -> None:
+    def after_process_message(
+        self,
+        broker: Broker,
+        message: MessageProxy,
+        *,
+        result: Any = None,
+        exception: BaseException | None = None,
+    ) -> None:
         with self._lock:
             self._in_flight.pop(threading.get_ident(), None)
             if isinstance(exception, Requeue):
