@@ -1,4 +1,7 @@
-"""Command line: ``python -m {{ cookiecutter.package }}`` or ``{{ cookiecutter.project }}``.
+"""Command line of the service.
+
+Run as ``python -m {{ cookiecutter.package }}`` or as the console script
+``{{ cookiecutter.project }}``:
 
     worker                              run the pool (processes, threads, queues from settings)
     config                              validate and print the effective config, secrets masked

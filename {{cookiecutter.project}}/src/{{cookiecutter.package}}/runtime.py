@@ -20,6 +20,8 @@ from collections.abc import Iterable
 from types import FrameType
 
 import dramatiq
+import redis
+from dramatiq.brokers.redis import RedisBroker
 from dramatiq.common import iter_queue
 
 from . import lifecycle, recovery
@@ -151,17 +153,17 @@ class WorkerProcess:
             count += 1
         return count
 
-    def _sweep(self, broker: dramatiq.Broker) -> int:
+    def _sweep(self, broker: RedisBroker) -> int:
         """Requeue whatever this process still holds (prefetch caches, stuck handlers)."""
-        client = broker.client  # type: ignore[attr-defined]
+        client: redis.Redis = broker.client
         count = 0
         for name in self.settings.worker_queues:
             for queue in (name, f"{name}.DQ"):
-                held = client.smembers(recovery.acks_key(broker.broker_id, queue))  # type: ignore[attr-defined]
+                held = client.smembers(recovery.acks_key(broker.broker_id, queue))
                 count += recovery.requeue(
                     client,
                     broker.broker_id,
-                    queue,  # type: ignore[attr-defined]
-                    [h.decode() for h in held],
+                    queue,
+                    [h.decode() if isinstance(h, bytes) else str(h) for h in held],
                 )
         return count

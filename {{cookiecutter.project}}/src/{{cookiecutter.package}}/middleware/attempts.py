@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from dramatiq import Broker, Middleware
 from dramatiq.broker import MessageProxy
+from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import SkipMessage
 
 from .. import lifecycle
@@ -76,11 +77,12 @@ class Attempts(Middleware):
         used = deliveries(message._message)
         if used >= self.max_attempts:
             reason = f"{used} deliveries used up WORKER_MAX_ATTEMPTS={self.max_attempts}"
+            redis_broker = cast(RedisBroker, broker)
             dead_letter(
-                broker.client,
-                broker.broker_id,
+                redis_broker.client,
+                redis_broker.broker_id,
                 message.queue_name,
-                message._message,  # type: ignore[attr-defined]
+                message._message,
                 reason,
             )
             raise SkipMessage(reason)

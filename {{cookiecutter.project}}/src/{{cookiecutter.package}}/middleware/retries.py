@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import dramatiq.middleware
 from dramatiq import Broker
 from dramatiq.broker import MessageProxy
+from dramatiq.brokers.redis import RedisBroker
 
 from ..lifecycle import Requeue
 from ..recovery import dead_letter
@@ -42,10 +43,11 @@ class Retries(dramatiq.middleware.Retries):
         super().after_process_message(broker, message, result=result, exception=exception)  # type: ignore[no-untyped-call]
         if message.failed:
             reason = f"{type(exception).__name__}: {exception}"[:500]
+            redis_broker = cast(RedisBroker, broker)
             dead_letter(
-                broker.client,
-                broker.broker_id,
+                redis_broker.client,
+                redis_broker.broker_id,
                 message.queue_name,
-                message._message,  # type: ignore[attr-defined]
+                message._message,
                 reason,
             )
