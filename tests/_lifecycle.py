@@ -21,7 +21,7 @@ from typing import Any
 import dramatiq
 import pytest
 import redis
-from conftest import PYTHON, package_of, project_env
+from bakery import PYTHON, package_of, project_env
 from dramatiq.brokers.redis import RedisBroker
 
 QUEUE = "notifications"

@@ -20,7 +20,7 @@ import redis
 from dramatiq import Message
 from dramatiq.brokers.redis import RedisBroker
 
-from conftest import package_of, project_env, run_cli
+from bakery import package_of, project_env, run_cli
 
 pytestmark = pytest.mark.slow
 

@@ -24,7 +24,7 @@ import redis
 from dramatiq import Message
 from dramatiq.brokers.redis import RedisBroker
 
-from conftest import PYTHON, package_of, project_env, run_cli
+from bakery import PYTHON, package_of, project_env, run_cli
 
 pytestmark = pytest.mark.slow
 

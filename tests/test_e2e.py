@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from conftest import PYTHON, package_of, project_env, run_cli
+from bakery import PYTHON, package_of, project_env, run_cli
 from dramatiq import Message
 from dramatiq.brokers.redis import RedisBroker
 

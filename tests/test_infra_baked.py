@@ -21,7 +21,7 @@ from worker_infra.policy import (
     validate_strict,
 )
 
-from tests.conftest import PYTHON
+from bakery import PYTHON
 
 STACKS = ("dev", "staging", "prod")
 CONTEXTS = {

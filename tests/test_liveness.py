@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from _lifecycle import Jobs, Worker, free_port, jobs, lc_project, wait_for, wait_ready, workers
-from conftest import PYTHON, RedisServer, package_of, project_env
+from bakery import PYTHON, RedisServer, package_of, project_env
 
 pytestmark = pytest.mark.slow
 __all__ = ["jobs", "lc_project", "workers"]

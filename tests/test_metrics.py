@@ -23,7 +23,7 @@ import redis
 from dramatiq.message import Message
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import PYTHON, package_of, project_env
+from bakery import PYTHON, package_of, project_env
 
 pytestmark = pytest.mark.slow
 
