@@ -90,13 +90,14 @@ def main() -> int:
 
     env = {**os.environ, "PYTHONPATH": str(project / "src"), "REDIS_URL": url,
            "DATABASE_URL": DATABASE_URL, "WORKER_PROCESSES": "1"}
-    workers = {}
+    workers, logs = {}, {}
     for pool in POOLS:
+        logs[pool] = DEMO / f"{pool}.log"  # JSON lines; a file never stalls the worker
         workers[pool] = subprocess.Popen(
             [sys.executable, "-m", "orders_worker", "worker"], cwd=project,
             env={**env, "WORKER_POOL": pool, "WORKER_STATE_DIR": str(DEMO / "state" / pool),
                  "METRICS_PORT": str(free_port())},
-            stderr=subprocess.PIPE, text=True, start_new_session=True)
+            stderr=logs[pool].open("w"), start_new_session=True)
 
     broker = RedisBroker(url=url)
     jobs = [("notifications", "send_notification", (n, "welcome", str(uuid.uuid4())))
@@ -120,8 +121,8 @@ def main() -> int:
         worker.send_signal(signal.SIGTERM)
     outcomes: Counter[tuple[str, str]] = Counter()
     for pool, worker in workers.items():
-        _, log = worker.communicate(timeout=60)
-        for line in log.splitlines():
+        worker.wait(timeout=60)
+        for line in logs[pool].read_text().splitlines():
             try:
                 record = json.loads(line)
             except json.JSONDecodeError:
@@ -132,7 +133,7 @@ def main() -> int:
                 print(f"  [{pool}] {record['msg']}: "
                       + ", ".join(f"{k}={record[k]}" for k in ("finished", "requeued", "elapsed_s",
                                                                  "exit_codes") if k in record))
-        print(f"  [{pool}] exit code {worker.returncode}")
+        print(f"  [{pool}] exit code {worker.returncode}; log: {logs[pool].relative_to(ROOT)}")
     print("\nprocessed by real worker processes:")
     for (actor, outcome), count in sorted(outcomes.items()):
         print(f"  {actor:<20} {outcome:<12} {count}")

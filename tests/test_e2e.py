@@ -58,8 +58,9 @@ def test_worker_processes_200_jobs_exactly_once(project: Path, redis_url: str,
     env = project_env(project, WORKER_POOL="interactive", REDIS_URL=redis_url,
                       DATABASE_URL=TEST_DATABASE_URL, WORKER_PROCESSES="2",
                       WORKER_STATE_DIR=str(tmp_path / "state"), METRICS_PORT=str(free_port()))
+    log = tmp_path / "worker.log"  # a file, not a pipe: a full pipe would stall the worker
     worker = subprocess.Popen([PYTHON, "-m", package_of(project), "worker"], cwd=project, env=env,
-                              stderr=subprocess.PIPE, text=True, start_new_session=True)
+                              stderr=log.open("w"), start_new_session=True)
     try:
         broker = RedisBroker(url=redis_url)
         for n in range(200):
@@ -76,7 +77,8 @@ def test_worker_processes_200_jobs_exactly_once(project: Path, redis_url: str,
         assert client.llen("dramatiq:notifications") == 0
     finally:
         worker.send_signal(signal.SIGTERM)
-        _, stderr = worker.communicate(timeout=30)
+        worker.wait(timeout=30)
+    stderr = log.read_text()
     assert worker.returncode == 0, stderr[-3000:]
     lines = stderr.splitlines()
     assert any('"worker started"' in line and '"version"' in line and '"config"' in line
