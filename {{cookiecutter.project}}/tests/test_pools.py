@@ -39,6 +39,10 @@ def test_shipped_pools_are_valid_and_disjoint() -> None:
             "downstream.db: Value error, reserved (10) must be below capacity (10)",
         ),
         ("[pools.a\nqueues = ['q']", "not valid TOML"),
+        (
+            "[pools.a]\nqueues = ['q']\nconcurrency = 4\nprefetch = 2",
+            "prefetch (2) is below concurrency (4)",
+        ),
     ],
 )
 def test_malformed_pools_are_refused(tmp_path: Path, text: str, problem: str) -> None:

@@ -37,6 +37,11 @@ def test_pool_supplies_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     assert settings.worker_job_timeout_ms < settings.worker_shutdown_timeout_ms
 
 
+def test_prefetch_defaults_to_concurrency(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert settings_with(monkeypatch, WORKER_POOL="bulk").prefetch == 2
+    assert settings_with(monkeypatch, WORKER_POOL="bulk", WORKER_PREFETCH="6").prefetch == 6
+
+
 def test_environment_overrides_the_pool(monkeypatch: pytest.MonkeyPatch) -> None:
     settings = settings_with(monkeypatch, WORKER_POOL="interactive", WORKER_CONCURRENCY="3")
     assert settings.worker_concurrency == 3
@@ -56,6 +61,7 @@ def test_environment_overrides_the_pool(monkeypatch: pytest.MonkeyPatch) -> None
         ({"REDIS_URL": "redis://:pw@host:notaport/0"}, "REDIS_URL='redis://:***@host"),
         ({"REDIS_URL": "unix://"}, "REDIS_URL='unix://': unix:// URL needs a socket path"),
         ({"HEALTH_STALLED_AFTER_S": "-1"}, "HEALTH_STALLED_AFTER_S='-1'"),
+        ({"WORKER_PREFETCH": "4"}, "WORKER_PREFETCH='4': must be at least WORKER_CONCURRENCY (8)"),
 {%- if cookiecutter.database == "postgres" %}
         ({"DB_POOL_SIZE": "2"}, "DB_POOL_SIZE='2': must be at least WORKER_CONCURRENCY (8)"),
         ({"DATABASE_URL": "mysql://db/app"}, "DATABASE_URL='mysql://db/app': must start with"),

@@ -65,7 +65,9 @@ class Pool(_Strict):
     """One pool: one Deployment, one scaler, the queues it alone serves.
 
     Defaults: 1 process, 4 threads, 30 s job timeout, 40 s drain window,
-    5 attempts, 512Mi memory, 1 to 2 replicas.
+    5 attempts, 512Mi memory, 1 to 2 replicas, prefetch = concurrency (a process
+    holds no message it cannot start at once, so none waits behind a long job while
+    another replica is idle; raise it for very short jobs).
     """
 
     queues: Annotated[list[QueueName], Field(min_length=1)]
@@ -74,6 +76,7 @@ class Pool(_Strict):
     job_timeout_ms: Annotated[int, Field(ge=100, le=86_400_000)] = 30_000
     shutdown_timeout_ms: Annotated[int, Field(ge=1_000, le=86_400_000)] = 40_000
     max_attempts: Annotated[int, Field(ge=1, le=100)] = 5
+    prefetch: Annotated[int, Field(ge=1, le=65_535)] | None = None
     db_pool_size: PositiveInt | None = None
     memory: str = "512Mi"
     cpu: str = "250m"
@@ -97,6 +100,11 @@ class Pool(_Strict):
             raise ValueError(
                 f"job_timeout_ms ({self.job_timeout_ms}) must be below "
                 f"shutdown_timeout_ms ({self.shutdown_timeout_ms})"
+            )
+        if self.prefetch is not None and self.prefetch < self.concurrency:
+            raise ValueError(
+                f"prefetch ({self.prefetch}) is below concurrency ({self.concurrency}): "
+                "handler threads would sit idle"
             )
         if self.min_replicas > self.max_replicas:
             raise ValueError(

@@ -37,9 +37,8 @@ INTERRUPT_GRACE_S = 2.0
 #: Longest pause (ms) of a consumer between fetches, and of a handler thread between looks
 #: at the work queue. Dramatiq's 1000 ms default slows an idle drain to more than a second
 #: and can leave handler slots idle after a job ends; 200 ms costs an idle process about 13
-#: fetches a second. Prefetch stays Dramatiq's (twice the concurrency): a crash requeues the
-#: merely prefetched messages uncounted (the supervisor knows from the progress board which
-#: ones were running).
+#: fetches a second. Prefetch is ``WORKER_PREFETCH`` (default: the concurrency), not
+#: Dramatiq's twice the threads, so no message waits behind a long job in a busy process.
 FETCH_TIMEOUT_MS = 200
 
 
@@ -102,6 +101,7 @@ class WorkerProcess:
             worker_threads=self.settings.worker_concurrency,
             worker_timeout=FETCH_TIMEOUT_MS,
         )
+        worker.queue_prefetch = self.settings.prefetch
         worker.start()
         while not self.stopping.wait(1.0):
             board.tick()

@@ -41,6 +41,7 @@ _POOL_DEFAULTS = {
     "worker_job_timeout_ms": "job_timeout_ms",
     "worker_shutdown_timeout_ms": "shutdown_timeout_ms",
     "worker_max_attempts": "max_attempts",
+    "worker_prefetch": "prefetch",
 }
 _SECRET_FIELDS = {"redis_url", "database_url"}
 
@@ -67,6 +68,7 @@ class Settings(BaseSettings):
     worker_job_timeout_ms: Annotated[int, Field(ge=100, le=86_400_000)]
     worker_shutdown_timeout_ms: Annotated[int, Field(ge=1_000, le=86_400_000)]
     worker_max_attempts: Annotated[int, Field(ge=1, le=100)]
+    worker_prefetch: Annotated[int, Field(ge=1, le=65_535)] | None = None
     worker_heartbeat_timeout_ms: Annotated[int, Field(ge=2_000, le=600_000)] = 30_000
     worker_state_dir: Path = DEFAULT_STATE_DIR
     health_stalled_after_s: Annotated[float, Field(gt=0, le=86_400)] = DEFAULT_STALLED_AFTER_S
@@ -128,6 +130,16 @@ class Settings(BaseSettings):
                 )
         return value
 
+    @field_validator("worker_prefetch")
+    @classmethod
+    def _prefetch_feeds_every_thread(cls, value: int | None, info: ValidationInfo) -> int | None:
+        concurrency = info.data.get("worker_concurrency")
+        if value is not None and concurrency is not None and value < concurrency:
+            raise ValueError(
+                f"must be at least WORKER_CONCURRENCY ({concurrency}): threads would sit idle"
+            )
+        return value
+
     @field_validator("worker_shutdown_timeout_ms")
     @classmethod
     def _drain_outlasts_job(cls, value: int, info: ValidationInfo) -> int:
@@ -182,6 +194,11 @@ class Settings(BaseSettings):
             )
         return value
 {%- endif %}
+
+    @property
+    def prefetch(self) -> int:
+        """Messages one process holds, running or waiting (default: its concurrency)."""
+        return self.worker_prefetch or self.worker_concurrency
 
     @property
     def uses_database(self) -> bool:
