@@ -76,7 +76,10 @@ def test_poison_job_is_dead_lettered_after_max_attempts_while_others_complete(
     reason = dead.options.get("dead_letter_reason", "")
     assert "died" in reason and f"WORKER_MAX_ATTEMPTS={max_attempts}" in reason, reason
     assert jobs.client.zcard("dramatiq:notifications.XQ") == 1
-    assert not jobs.queued_ids() and not jobs.stranded()
+    held = {key: [(m, jobs.client.hget(f"dramatiq:{QUEUE}.msgs", m)) for m in
+                  jobs.client.smembers(key)] for key in jobs.stranded()}
+    heartbeats = jobs.client.zrange("dramatiq:__heartbeats__", 0, -1, withscores=True)
+    assert not jobs.queued_ids() and not held, (held, heartbeats, time.time())
     for job_id in healthy:
         assert jobs.dones(job_id), job_id
     bystanders = [job_id for job_id in healthy if len(jobs.starts(job_id)) > 1]
