@@ -17,7 +17,7 @@ demo: venv
 	$(BIN)/python scripts/demo.py
 
 test: venv
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2
 
 bench: venv
 	for script in bench/*.py; do $(BIN)/python $$script || exit 1; done
