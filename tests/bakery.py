@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from cookiecutter.main import cookiecutter
 
@@ -18,7 +19,7 @@ TEMPLATE = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 
 
-def _baked_fixtures() -> object:
+def _baked_fixtures() -> Any:
     """The baked projects' own conftest (no Jinja in it), loaded under another name."""
     path = TEMPLATE / "{{cookiecutter.project}}" / "tests" / "conftest.py"
     spec = importlib.util.spec_from_file_location("baked_conftest", path)
@@ -28,7 +29,8 @@ def _baked_fixtures() -> object:
     return module
 
 
-RedisServer = _baked_fixtures().RedisServer  # type: ignore[attr-defined]
+BAKED_FIXTURES = _baked_fixtures()
+RedisServer = BAKED_FIXTURES.RedisServer
 
 
 def bake_project(output_dir: Path, **context: str) -> Path:

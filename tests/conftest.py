@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from bakery import RedisServer, bake_project
+from bakery import BAKED_FIXTURES, bake_project
 
 
 @pytest.fixture(scope="session")
@@ -30,22 +30,7 @@ def default_project(bake: Callable[..., Path]) -> Path:
     return bake()
 
 
-@pytest.fixture(scope="session")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def redis_url(redis_server: RedisServer) -> str:
-    """The session's redis-server (restarted if a test stopped it), emptied for this test."""
-    import redis
-
-    if redis_server.process is None:
-        redis_server.start()
-    client = redis.Redis.from_url(redis_server.url)
-    client.flushall()
-    client.close()
-    return redis_server.url
+# A real redis-server per test session on a free port, emptied for each test: the very
+# fixtures of the baked projects' own tests.
+redis_server = BAKED_FIXTURES.redis_server
+redis_url = BAKED_FIXTURES.redis_url

@@ -23,9 +23,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import redis
+from dramatiq import Broker
+from dramatiq.broker import MessageProxy
+from dramatiq.brokers.redis import RedisBroker
 from dramatiq.message import Message
 
 NAMESPACE = "dramatiq"
@@ -104,6 +107,14 @@ def dead_letter(
     return bool(moved)
 
 
+def dead_letter_delivery(broker: Broker, message: MessageProxy, reason: str) -> bool:
+    """Dead-letter the message this worker is processing (it is held in this worker's acks)."""
+    redis_broker = cast(RedisBroker, broker)
+    return dead_letter(
+        redis_broker.client, redis_broker.broker_id, message.queue_name, message._message, reason
+    )
+
+
 def requeue(
     client: redis.Redis,
     broker_id: str,
@@ -111,20 +122,15 @@ def requeue(
     redis_ids: Iterable[str],
 ) -> int:
     """Put messages held by ``broker_id`` back at the tail of ``queue``, uncounted."""
-    moved = 0
-    for redis_id in redis_ids:
-        moved += int(
-            client.eval(
-                _REQUEUE,
-                3,
-                acks_key(broker_id, queue),
-                f"{NAMESPACE}:{queue}.msgs",
-                f"{NAMESPACE}:{queue}",
-                redis_id,
-                "",
-            )
-        )
-    return moved
+    return sum(_requeue_one(client, broker_id, queue, redis_id) for redis_id in redis_ids)
+
+
+def _requeue_one(
+    client: redis.Redis, broker_id: str, queue: str, redis_id: str, body: bytes = b""
+) -> int:
+    """Requeue one held message, storing ``body`` first when given; 1 if it was moved."""
+    keys = (acks_key(broker_id, queue), f"{NAMESPACE}:{queue}.msgs", f"{NAMESPACE}:{queue}")
+    return int(client.eval(_REQUEUE, 3, *keys, redis_id, body))
 
 
 def recover_worker(
@@ -153,7 +159,7 @@ def recover_worker(
             crashed = not queue.endswith(".DQ") if running is None else redis_id in running
             body = client.hget(f"{NAMESPACE}:{queue}.msgs", redis_id)
             if body is None or not crashed:
-                requeued += requeue(client, broker_id, queue, [redis_id])
+                requeued += _requeue_one(client, broker_id, queue, redis_id)
                 continue
             message = Message.decode(body if isinstance(body, bytes) else body.encode())
             message = message.copy(options={"crashes": int(message.options.get("crashes", 0)) + 1})
@@ -164,17 +170,7 @@ def recover_worker(
                 )
                 dead += int(dead_letter(client, broker_id, queue, message, reason))
             else:
-                requeued += int(
-                    client.eval(
-                        _REQUEUE,
-                        3,
-                        acks_key(broker_id, queue),
-                        f"{NAMESPACE}:{queue}.msgs",
-                        f"{NAMESPACE}:{queue}",
-                        redis_id,
-                        message.encode(),
-                    )
-                )
+                requeued += _requeue_one(client, broker_id, queue, redis_id, message.encode())
     if requeued or dead:
         logger.warning(
             "recovered the messages of a dead worker",

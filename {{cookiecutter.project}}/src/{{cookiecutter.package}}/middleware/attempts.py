@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 from dramatiq import Broker, Middleware
 from dramatiq.broker import MessageProxy
-from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import SkipMessage
 
 from .. import lifecycle
-from ..recovery import dead_letter, deliveries
+from ..recovery import dead_letter_delivery, deliveries
 
 
 class SuspectGate:
@@ -77,14 +76,7 @@ class Attempts(Middleware):
         used = deliveries(message._message)
         if used >= self.max_attempts:
             reason = f"{used} deliveries used up WORKER_MAX_ATTEMPTS={self.max_attempts}"
-            redis_broker = cast(RedisBroker, broker)
-            dead_letter(
-                redis_broker.client,
-                redis_broker.broker_id,
-                message.queue_name,
-                message._message,
-                reason,
-            )
+            dead_letter_delivery(broker, message, reason)
             raise SkipMessage(reason)
         suspect = int(message.options.get("crashes", 0)) > 0
         if not self.gate.enter(suspect, lifecycle.shutdown_requested):

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import dramatiq.middleware
 from dramatiq import Broker
 from dramatiq.broker import MessageProxy
-from dramatiq.brokers.redis import RedisBroker
 
 from ..lifecycle import Requeue
-from ..recovery import dead_letter
+from ..recovery import dead_letter_delivery
 
 
 class Retries(dramatiq.middleware.Retries):
@@ -43,11 +42,4 @@ class Retries(dramatiq.middleware.Retries):
         super().after_process_message(broker, message, result=result, exception=exception)  # type: ignore[no-untyped-call]
         if message.failed:
             reason = f"{type(exception).__name__}: {exception}"[:500]
-            redis_broker = cast(RedisBroker, broker)
-            dead_letter(
-                redis_broker.client,
-                redis_broker.broker_id,
-                message.queue_name,
-                message._message,
-                reason,
-            )
+            dead_letter_delivery(broker, message, reason)
