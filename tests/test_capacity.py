@@ -127,8 +127,11 @@ def test_cpu_bound_handler_stops_rising_at_one_thread(service: Path, redis_url: 
         'queues = ["notifications"]', 'queues = ["notifications"]\nprefetch = 16', 1))
     env = project_env(service, WORKER_POOL="interactive", REDIS_URL=redis_url,
                       WORKER_POOLS_FILE=str(pools))
+    # A gain under 30% counts as flat: the suite runs on two busy cores, and threads that
+    # the GIL serialises gain nothing, where waiting handlers double (test above).
     result = run_cli(service, "capacity", "--actor", "compute", "--args", "[300000]",
-                     "--jobs", "60", "--concurrency", "1,2,4", env=env, timeout=120)
+                     "--jobs", "60", "--concurrency", "1,2,4", "--min-gain", "0.3", env=env,
+                     timeout=120)
     assert_queue_empty(redis_url)
     assert result.returncode == 0, result.stderr
     assert "throughput stops rising at concurrency 1:" in result.stdout
