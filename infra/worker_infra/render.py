@@ -161,11 +161,16 @@ class StackFiles:
     secret_keys: tuple[str, ...]
 
 
-def read_stack(infra_dir: Path, stack: str) -> StackFiles:
+def read_stack(infra_dir: Path, stack: str, secrets: Sequence[str] = ()) -> StackFiles:
     """Read ``Pulumi.yaml`` and ``Pulumi.<stack>.yaml`` from ``infra_dir``.
 
     ``secure:`` values cannot be decrypted offline: they become :data:`SECRET_PLACEHOLDER`
     and their keys are marked secret. Keys without a namespace get the project's.
+
+    Parameters:
+      secrets: keys the program requires as secrets (e.g. ``redisPassword``). They are
+        set with ``pulumi config set --secret`` before the first ``pulumi up``, so a stack
+        file in the repository may lack them: offline they render as the placeholder.
     """
     project_file = yaml.safe_load((infra_dir / "Pulumi.yaml").read_text(encoding="utf-8"))
     project = str(project_file["name"])
@@ -174,15 +179,20 @@ def read_stack(infra_dir: Path, stack: str) -> StackFiles:
         raise FileNotFoundError(f"no stack {stack!r}: {path} does not exist")
     data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     config: dict[str, Any] = {}
-    secrets: list[str] = []
+    found: list[str] = []
     for key, value in (data.get("config") or {}).items():
         full = key if ":" in key else f"{project}:{key}"
         if isinstance(value, dict) and set(value) == {"secure"}:
             config[full] = SECRET_PLACEHOLDER
-            secrets.append(full)
+            found.append(full)
         else:
             config[full] = value
-    return StackFiles(project, stack, config, tuple(secrets))
+    for key in secrets:
+        full = key if ":" in key else f"{project}:{key}"
+        if full not in config:
+            config[full] = SECRET_PLACEHOLDER
+            found.append(full)
+    return StackFiles(project, stack, config, tuple(found))
 
 
 def to_yaml(objects: Sequence[Mapping[str, Any]]) -> str:

@@ -89,6 +89,10 @@ def load_stack_pools(config: pulumi.Config) -> Any:
         raise GuardError(f"Pulumi.{stack}.yaml with pools.toml: " + "; ".join(lines)) from None
 
 
+#: The downstream resource of pools.toml that DATABASE_URL points at (database option).
+DATABASE_RESOURCE = "postgres"
+
+
 def specs(pools_file: Any) -> tuple[tuple[PoolSpec, ...], tuple[DownstreamSpec, ...]]:
     """The typed arguments of worker_infra from the validated pools file."""
     pools = tuple(
@@ -130,7 +134,7 @@ def main() -> None:
         port=int(redis.get("port", 6379)),
         db=int(redis.get("db", 0)),
         tls=bool(redis.get("tls", False)),
-        password=config.get_secret("redisPassword"),
+        password=config.require_secret("redisPassword"),
         namespace=str(redis.get("namespace", "redis")),
         pod_selector={
             str(k): str(v)
@@ -149,7 +153,11 @@ def main() -> None:
             pools=pools,
             downstream=downstream,
             broker=broker,
-            database_url=config.get_secret("databaseUrl"),
+            database_url=(
+                config.require_secret("databaseUrl")
+                if any(d.name == DATABASE_RESOURCE for d in downstream)
+                else None
+            ),
             scaling=ScalingSpec(prometheus_server=prometheus),
             sandbox=SandboxSpec(
                 namespace=sandbox.get("namespace"),

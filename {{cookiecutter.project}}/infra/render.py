@@ -19,6 +19,8 @@ from worker_infra.render import read_stack, render, to_yaml
 
 INFRA = Path(__file__).resolve().parent
 ROOT = INFRA.parent
+#: Secrets the program requires; `pulumi config set --secret` stores them in the stack file.
+SECRETS = ("redisPassword", "databaseUrl")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-o", "--output", type=Path, help="default: build/manifests/<stack>.yaml")
     args = parser.parse_args(argv)
     try:
-        files = read_stack(INFRA, args.stack)
+        files = read_stack(INFRA, args.stack, secrets=SECRETS)
         objects = render(
             lambda: runpy.run_path(str(INFRA / "__main__.py"), run_name="__main__"),
             project=files.project,
