@@ -133,3 +133,17 @@ def test_config_prints_effective_config_with_secrets_masked(project: Path) -> No
     assert '"DATABASE_URL": "postgresql://app:***@db/app"' in done.stdout
     assert '"WORKER_PROCESSES": 2' in done.stdout
     assert "s3cr3t" not in done.stdout and "pa55" not in done.stdout
+
+
+def test_actor_on_a_queue_of_no_pool_refuses_to_boot(project: Path, tmp_path: Path) -> None:
+    orphan = tmp_path / "orders-worker"
+    shutil.copytree(project, orphan)
+    (orphan / "src" / package_of(orphan) / "actors" / "orphan.py").write_text(
+        "import dramatiq\n\n\n@dramatiq.actor(queue_name='nowhere')\ndef lost() -> None:\n"
+        "    pass\n"
+    )
+    env = project_env(orphan, WORKER_POOL="external", REDIS_URL="redis://127.0.0.1:1/0",
+                      WORKER_STATE_DIR=str(tmp_path / "state"))
+    done = run_cli(orphan, "worker", "--process", env=env)
+    assert done.returncode == 78
+    assert "actor 'lost' uses queue 'nowhere', which no pool in pools.toml serves" in done.stderr
