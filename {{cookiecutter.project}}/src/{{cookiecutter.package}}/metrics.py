@@ -31,6 +31,7 @@ per queue, however many messages wait):
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import os
@@ -186,6 +187,29 @@ class BacklogCollector(Collector):
         return [depth, oldest, dead]
 
 
+class SettledMultiProcessCollector(MultiProcessCollector):
+    """prometheus-client's multiprocess collector, minus files still being created.
+
+    A worker process creates its file empty and sizes it a moment later; a scrape in
+    between would fail as a whole (HTTP 500). Such a file holds no sample yet: skip it.
+    """
+
+    def __init__(self, registry: CollectorRegistry, path: str) -> None:
+        super().__init__(registry, path=path)  # type: ignore[no-untyped-call]
+
+    def collect(self) -> Iterable[Metric]:
+        files = [path for path in glob.glob(os.path.join(self._path, "*.db")) if _settled(path)]
+        metrics: Iterable[Metric] = self.merge(files, accumulate=True)  # type: ignore[no-untyped-call]
+        return metrics
+
+
+def _settled(path: str) -> bool:
+    try:
+        return os.path.getsize(path) >= 8
+    except OSError:
+        return False
+
+
 def build_registry(
     client: redis.Redis, queues: Sequence[str], multiprocess_dir: str | None = None
 ) -> CollectorRegistry:
@@ -193,7 +217,7 @@ def build_registry(
     registry = CollectorRegistry()
     path = multiprocess_dir or os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if path:
-        MultiProcessCollector(registry, path=path)
+        SettledMultiProcessCollector(registry, path=path)
     registry.register(BacklogCollector(client, queues))
     return registry
 
