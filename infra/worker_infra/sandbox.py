@@ -122,63 +122,40 @@ class SandboxPool(pulumi.ComponentResource):
             ),
             opts=after_ns,
         )
-        k8s.networking.v1.NetworkPolicy(
-            f"{name}-allow-dns",
-            metadata=meta("allow-dns"),
-            spec=k8s.networking.v1.NetworkPolicySpecArgs(
-                pod_selector=k8s.meta.v1.LabelSelectorArgs(),
-                policy_types=["Egress"],
-                egress=[
-                    k8s.networking.v1.NetworkPolicyEgressRuleArgs(
-                        to=[
-                            k8s.networking.v1.NetworkPolicyPeerArgs(
-                                namespace_selector=k8s.meta.v1.LabelSelectorArgs(
-                                    match_labels={"kubernetes.io/metadata.name": sb.dns_namespace}
-                                ),
-                                pod_selector=k8s.meta.v1.LabelSelectorArgs(
-                                    match_labels=sb.dns_selector
-                                ),
-                            )
-                        ],
-                        ports=[
-                            k8s.networking.v1.NetworkPolicyPortArgs(protocol=p, port=53)
-                            for p in ("UDP", "TCP")
-                        ],
-                    )
-                ],
-            ),
-            opts=after_ns,
-        )
-        k8s.networking.v1.NetworkPolicy(
-            f"{name}-allow-broker",
-            metadata=meta("allow-broker"),
-            spec=k8s.networking.v1.NetworkPolicySpecArgs(
-                pod_selector=k8s.meta.v1.LabelSelectorArgs(),
-                policy_types=["Egress"],
-                egress=[
-                    k8s.networking.v1.NetworkPolicyEgressRuleArgs(
-                        to=[
-                            k8s.networking.v1.NetworkPolicyPeerArgs(
-                                namespace_selector=k8s.meta.v1.LabelSelectorArgs(
-                                    match_labels={
-                                        "kubernetes.io/metadata.name": args.broker.namespace
-                                    }
-                                ),
-                                pod_selector=k8s.meta.v1.LabelSelectorArgs(
-                                    match_labels=args.broker.pod_selector
-                                ),
-                            )
-                        ],
-                        ports=[
-                            k8s.networking.v1.NetworkPolicyPortArgs(
-                                protocol="TCP", port=args.broker.port
-                            )
-                        ],
-                    )
-                ],
-            ),
-            opts=after_ns,
-        )
+
+        def allow_egress(
+            policy: str, namespace: str, pods: dict[str, str], ports: list[tuple[str, int]]
+        ) -> None:
+            """Egress from every sandbox pod to ``pods`` in ``namespace`` on ``ports`` only."""
+            k8s.networking.v1.NetworkPolicy(
+                f"{name}-{policy}",
+                metadata=meta(policy),
+                spec=k8s.networking.v1.NetworkPolicySpecArgs(
+                    pod_selector=k8s.meta.v1.LabelSelectorArgs(),
+                    policy_types=["Egress"],
+                    egress=[
+                        k8s.networking.v1.NetworkPolicyEgressRuleArgs(
+                            to=[
+                                k8s.networking.v1.NetworkPolicyPeerArgs(
+                                    namespace_selector=k8s.meta.v1.LabelSelectorArgs(
+                                        match_labels={"kubernetes.io/metadata.name": namespace}
+                                    ),
+                                    pod_selector=k8s.meta.v1.LabelSelectorArgs(match_labels=pods),
+                                )
+                            ],
+                            ports=[
+                                k8s.networking.v1.NetworkPolicyPortArgs(protocol=p, port=port)
+                                for p, port in ports
+                            ],
+                        )
+                    ],
+                ),
+                opts=after_ns,
+            )
+
+        allow_egress("allow-dns", sb.dns_namespace, sb.dns_selector, [("UDP", 53), ("TCP", 53)])
+        broker = args.broker
+        allow_egress("allow-broker", broker.namespace, broker.pod_selector, [("TCP", broker.port)])
         max_replicas = args.max_replicas or pool.max_replicas
         pods = sb.quota_pods or max_replicas + 1
         k8s.core.v1.ResourceQuota(
