@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from worker_infra import DownstreamSpec, GuardError, PoolSpec, capped_max_replicas, check_capacity
 from worker_infra.capacity import capacity_report, per_replica_usage
 

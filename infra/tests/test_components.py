@@ -7,6 +7,7 @@ from typing import Any
 
 import pulumi
 import pytest
+
 from worker_infra import (
     BacklogScaler,
     BacklogScalerArgs,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from worker_infra import GuardError, PoolSpec, check_memory, check_timing, grace_period_s, plan
 from worker_infra.guards import check_isolation, memory_bytes, memory_needed
 
