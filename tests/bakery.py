@@ -17,6 +17,10 @@ from cookiecutter.main import cookiecutter
 
 TEMPLATE = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
+#: The PostgreSQL the database option is tested against (.ci/run makes the socket login work).
+TEST_DATABASE_URL = os.environ.get(
+    "TEST_DATABASE_URL", "postgresql:///postgres?host=/var/run/postgresql"
+)
 
 
 def _baked_fixtures() -> Any:

@@ -3,7 +3,6 @@ to boot (exit 78, variable named) on bad configuration."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
@@ -13,13 +12,10 @@ from pathlib import Path
 
 import pytest
 import redis
-from bakery import PYTHON, package_of, project_env, run_cli
+from bakery import PYTHON, TEST_DATABASE_URL, package_of, project_env, run_cli
 from dramatiq import Message
 from dramatiq.brokers.redis import RedisBroker
 
-TEST_DATABASE_URL = os.environ.get(
-    "TEST_DATABASE_URL", "postgresql:///postgres?host=/var/run/postgresql"
-)
 PROBE_ACTOR = '''
 import os
 

@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from bakery import PYTHON, TEMPLATE
+from bakery import PYTHON, TEMPLATE, TEST_DATABASE_URL
 
 OPTIONS = [
     {"database": database, "sandbox_pool": sandbox, "python_version": "3.11"}
@@ -19,9 +19,6 @@ OPTIONS = [
     # the longest name the hooks allow: formatting must not depend on the name's length
     {"python_version": "3.13", "project": "a-very-long-project-name-for-lint-checks"},
 ]
-TEST_DATABASE_URL = os.environ.get(
-    "TEST_DATABASE_URL", "postgresql:///postgres?host=/var/run/postgresql"
-)
 
 
 def baked_files(project: Path) -> list[Path]:
