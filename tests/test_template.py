@@ -3,7 +3,9 @@ refuse bad answers with a message that names the answer and the rule."""
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -63,13 +65,22 @@ BAD_ANSWERS = [
     ({"project": "Orders Worker"}, "project 'Orders Worker': must be a lowercase slug"),
     ({"project": "orders--worker"}, "must be a lowercase slug"),
     ({"project": "class"}, "package 'class': is a Python keyword"),
-    ({"project": "json"}, "package 'json': shadows a standard-library or dependency module"),
-    ({"project": "dramatiq"}, "shadows a standard-library or dependency module"),
+    ({"project": "json"}, "package 'json': shadows the standard-library module 'json'"),
+    ({"project": "dramatiq"}, "package 'dramatiq': shadows the module 'dramatiq' of a dependency"),
+    # transitive dependencies (of pydantic): derived from the baked pyproject, not listed
+    ({"project": "typing-extensions"}, "package 'typing_extensions': shadows the module"),
+    ({"project": "annotated-types"}, "package 'annotated_types': shadows the module"),
+    ({"project": "python-dotenv"}, "project 'python-dotenv': is the name of a dependency"),
+    ({"project": "yaml"}, "package 'yaml': shadows the module 'yaml' of a dependency"),
     # cookiecutter itself refuses a value outside a choice list
     ({"python_version": "3.9"}, "3.9 provided for choice variable python_version"),
     ({"database": "mysql"}, "mysql provided for choice variable database"),
     ({"k8s_namespace": "Prod_NS"}, "k8s_namespace 'Prod_NS': must be a DNS label"),
-    ({"image": "registry.example.com/app:latest"}, "must be a lowercase image reference"),
+    ({"image": "registry.example.com/app:latest"}, "image 'registry.example.com/app:latest': has a tag (:latest)"),
+    ({"image": "registry.example.com/foo:v1"}, "has a tag (:v1); give the repository only, e.g. registry.example.com/foo"),
+    ({"image": "registry.example.com:5000/foo:v1"}, "has a tag (:v1)"),
+    ({"image": "registry.example.com/foo@sha256:" + "a" * 64}, "image 'registry.example.com/foo@sha256:aaa"),
+    ({"image": "Registry.example.com/Foo"}, "must be a lowercase image repository"),
     ({"template_repo": "not a url"}, "template_repo 'not a url': must be a git URL"),
 ]
 
@@ -80,6 +91,64 @@ def test_refuses_bad_answers(cookies, capfd, answers: dict[str, str], message: s
     assert result.exit_code == -1
     assert message in capfd.readouterr().err + str(result.exception)
     assert result.project_path is None or not Path(result.project_path).exists()
+
+
+def test_refusals_are_one_line(cookies, capfd) -> None:
+    result = cookies.bake(extra_context={"project": "typing-extensions", "image": "r.io/x:1"})
+    assert result.exit_code == -1
+    lines = [line for line in capfd.readouterr().err.splitlines() if line.startswith("ERROR: ")]
+    assert len(lines) == 2, lines
+    assert "Traceback" not in "\n".join(lines)
+
+
+@pytest.mark.parametrize(
+    "answers",
+    [{"image": "registry.example.com:5000/team/foo"}, {"image": "ghcr.io/acme/a_b.c--d"}],
+    ids=lambda a: a["image"],
+)
+def test_accepts_image_repositories_with_a_port_or_path(cookies, answers: dict[str, str]) -> None:
+    result = cookies.bake(extra_context=answers)
+    assert result.exit_code == 0, result.exception
+    main = (Path(result.project_path) / "infra" / "__main__.py").read_text()
+    assert f'IMAGE = "{answers["image"]}"' in main
+
+
+def _shadowed_names():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location(
+        "shadowed_names", TEMPLATE / "scripts" / "shadowed_names.py"
+    )
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_hooks_dependency_names_are_current() -> None:
+    """The hook's block is what the baked pyproject's dependencies (transitively) derive."""
+    script = _shadowed_names()
+    hook = (TEMPLATE / "hooks" / "pre_gen_project.py").read_text()
+    assert script.current_block(hook) == script.block(), (
+        "hooks/pre_gen_project.py is stale: run python scripts/shadowed_names.py --write"
+    )
+    _, modules = script.shadowed()
+    assert {"dramatiq", "redis", "pydantic", "typing_extensions", "annotated_types",
+            "psycopg", "pytest", "yaml"} <= set(modules)
+
+
+def test_the_hook_checks_choices_against_cookiecutter_json() -> None:
+    """For runners that skip cookiecutter's own check (replay, cruft): one line, same lists."""
+    hook = (TEMPLATE / "hooks" / "pre_gen_project.py").read_text()
+    context = json.loads((TEMPLATE / "cookiecutter.json").read_text())
+    namespace: dict[str, object] = {"__name__": "hook"}
+    rendered = hook.replace("{{ cookiecutter | tojson }}", "{}").replace(
+        "{{ _cookiecutter | default({}) | tojson }}", json.dumps(context)
+    )
+    exec(compile(rendered, "pre_gen_project.py", "exec"), namespace)  # noqa: S102
+    check = namespace["check_choices"]
+    assert check({"python_version": "3.10"}) == (  # type: ignore[operator]
+        "python_version '3.10': must be one of 3.11, 3.12, 3.13"
+    )
+    assert check({"python_version": "3.12", "database": "none"}) is None  # type: ignore[operator]
 
 
 def test_bakes_without_a_prompt(tmp_path: Path) -> None:
