@@ -77,7 +77,7 @@ from pathlib import Path
 import dramatiq
 from orders_worker import actors, lifecycle  # noqa: F401
 from orders_worker.broker import broker
-from orders_worker.progress import ProgressBoard
+from orders_worker.boards import ProgressBoard
 
 board = ProgressBoard(Path(os.environ["WORKER_STATE_DIR"]), int(sys.argv[1]), broker.broker_id)
 lifecycle.attach(board)
@@ -157,8 +157,8 @@ def bench_scrape(project: Path, redis_url: str, work: Path, big: int) -> None:
     (state / "metrics").mkdir(parents=True)
     env = env_for(project, redis_url, state, port)
     env["PROMETHEUS_MULTIPROC_DIR"] = str(state / "metrics")
-    code = (f"import time; from {PACKAGE} import metrics; from {PACKAGE}.settings import "
-            "load_settings; metrics.start_exporter(load_settings()); time.sleep(3600)")
+    code = (f"import time; from {PACKAGE} import exporter; from {PACKAGE}.settings import "
+            "load_settings; exporter.start_exporter(load_settings()); time.sleep(3600)")
     exporter = subprocess.Popen([sys.executable, "-c", code], cwd=project, env=env,
                                 stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/metrics"

@@ -7,7 +7,7 @@ from pathlib import Path
 import redis
 from prometheus_client import generate_latest
 
-from {{ cookiecutter.package }}.metrics import build_registry
+from {{ cookiecutter.package }}.exporter import build_registry
 
 
 def test_scrape_skips_a_worker_file_still_being_created(tmp_path: Path, redis_url: str) -> None:

@@ -46,13 +46,13 @@ def _config(args: argparse.Namespace) -> int:
 
 
 def _live(args: argparse.Namespace) -> int:
-    from .health import liveness_problems
-    from .progress import (
+    from .boards import (
         DEFAULT_STALLED_AFTER_S,
         DEFAULT_STATE_DIR,
         ENV_STALLED_AFTER,
         ENV_STATE_DIR,
     )
+    from .probe import liveness_problems
 
     state_dir = Path(os.environ.get(ENV_STATE_DIR) or DEFAULT_STATE_DIR)
     stalled_after = args.stalled_after or float(
@@ -65,7 +65,7 @@ def _live(args: argparse.Namespace) -> int:
 
 
 def _ready(args: argparse.Namespace) -> int:
-    from .health import readiness_problems
+    from .probe import readiness_problems
     from .settings import load_settings
 
     problems = readiness_problems(load_settings())

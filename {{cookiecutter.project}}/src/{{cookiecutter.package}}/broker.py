@@ -14,7 +14,14 @@ from dramatiq import Middleware
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import AgeLimit, Callbacks, CurrentMessage, Pipelines, TimeLimit
 
-from .middleware import Attempts, GracefulShutdown, Metrics, Progress, Recovery, Retries
+from .middleware import (
+    Attempts,
+    CrashAwareRetries,
+    GracefulShutdown,
+    Metrics,
+    Progress,
+    Recovery,
+)
 {%- if cookiecutter.database == "postgres" %}
 from .middleware.database import DatabasePool
 {%- endif %}
@@ -24,7 +31,7 @@ from .settings import Settings, load_settings
 def middleware_stack(settings: Settings) -> list[Middleware]:
     """Every middleware, in order. ``before_*`` hooks run top-down, ``after_*`` bottom-up,
     so Attempts refuses an exhausted message before anything starts, and Metrics sees the
-    final outcome that Retries and GracefulShutdown decided."""
+    final outcome that CrashAwareRetries and GracefulShutdown decided."""
     stack: list[Middleware] = [
         Attempts(settings.worker_max_attempts),
         Metrics(settings.worker_concurrency),
@@ -34,7 +41,7 @@ def middleware_stack(settings: Settings) -> list[Middleware]:
         TimeLimit(time_limit=settings.worker_job_timeout_ms, interval=100),
         Callbacks(),
         Pipelines(),
-        Retries(max_retries=settings.worker_max_attempts - 1),
+        CrashAwareRetries(max_retries=settings.worker_max_attempts - 1),
         CurrentMessage(),
         Recovery(
             settings.worker_queues,

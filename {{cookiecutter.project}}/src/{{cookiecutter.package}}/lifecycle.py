@@ -18,7 +18,7 @@ import threading
 
 from dramatiq.middleware.threading import Interrupt
 
-from .progress import ProgressBoard
+from .boards import ProgressBoard
 
 _shutdown = threading.Event()
 _thread = threading.local()

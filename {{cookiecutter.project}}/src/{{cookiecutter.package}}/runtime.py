@@ -25,7 +25,7 @@ from dramatiq.brokers.redis import RedisBroker
 from dramatiq.common import iter_queue
 
 from . import lifecycle, recovery
-from .progress import ProgressBoard
+from .boards import ProgressBoard
 from .settings import Settings
 
 logger = logging.getLogger(__name__)

@@ -24,8 +24,8 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from .boards import DEFAULT_STALLED_AFTER_S, DEFAULT_STATE_DIR
 from .pools import Pool, PoolsFile, PoolsFileError, load_pools
-from .progress import DEFAULT_STALLED_AFTER_S, DEFAULT_STATE_DIR
 
 EX_CONFIG = 78
 PROJECT = "{{ cookiecutter.project }}"

@@ -24,7 +24,7 @@ from types import FrameType
 import redis
 
 from . import recovery
-from .progress import progress_dir, read_board
+from .boards import progress_dir, read_board
 from .settings import PROJECT, VERSION, Settings
 
 logger = logging.getLogger(__name__)
@@ -72,9 +72,9 @@ class Supervisor:
     def run(self) -> int:
         self._prepare_state_dir()
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(self.metrics_dir)
-        from . import metrics
+        from . import exporter
 
-        metrics.start_exporter(self.settings)
+        exporter.start_exporter(self.settings)
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         self.children = [

@@ -24,6 +24,6 @@ def limiter() -> ConcurrentRateLimiter:
 
 @dramatiq.actor(queue_name="partner", max_retries=5, min_backoff=1_000)
 def sync_customer(customer_id: int) -> None:
-    """Push a customer to the partner; over the limit, raise so Retries backs off."""
+    """Push a customer to the partner; over the limit, raise so CrashAwareRetries backs off."""
     with limiter().acquire():
         time.sleep(0.01)  # stands in for the HTTP call; pass an idempotency key to the partner

@@ -4,7 +4,14 @@ from .attempts import Attempts
 from .metrics import Metrics
 from .progress import Progress
 from .recovery import Recovery
-from .retries import Retries
+from .retries import CrashAwareRetries
 from .shutdown import GracefulShutdown
 
-__all__ = ["Attempts", "GracefulShutdown", "Metrics", "Progress", "Recovery", "Retries"]
+__all__ = [
+    "Attempts",
+    "CrashAwareRetries",
+    "GracefulShutdown",
+    "Metrics",
+    "Progress",
+    "Recovery",
+]

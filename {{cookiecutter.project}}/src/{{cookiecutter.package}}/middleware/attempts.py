@@ -53,7 +53,7 @@ class SuspectGate:
 class Attempts(Middleware):
     """Refuses to run a message that has already used ``max_attempts`` deliveries.
 
-    Deliveries are failed attempts (``options["retries"]``, kept by Retries) plus
+    Deliveries are failed attempts (``options["retries"]``, kept by CrashAwareRetries) plus
     crashes of the worker process (``options["crashes"]``, kept by recovery), so a
     poison message that kills its process cannot loop forever.
 

@@ -1,6 +1,6 @@
 """Metrics: counts every job's outcome, times it, and logs one JSON line when it ends.
 
-Runs in the worker processes; the supervisor's exporter (:mod:`..metrics`) merges
+Runs in the worker processes; the supervisor's exporter (:mod:`..exporter`) merges
 what they write to ``PROMETHEUS_MULTIPROC_DIR``. The metric objects are created
 when the worker boots, in the worker process, never at import, so the folder is
 set by then and the supervisor, which imports no actor, creates none.

@@ -1,4 +1,4 @@
-"""Retries: Dramatiq's retries with exponential backoff, made shutdown- and crash-aware."""
+"""CrashAwareRetries: Dramatiq's retries with backoff, made shutdown- and crash-aware."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from ..lifecycle import Requeue
 from ..recovery import dead_letter_delivery
 
 
-class Retries(dramatiq.middleware.Retries):
+class CrashAwareRetries(dramatiq.middleware.Retries):
     """Dramatiq's :class:`~dramatiq.middleware.Retries`, with three changes.
 
     * A :class:`~..lifecycle.Requeue` (shutdown) is not a failure: no retry is

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .progress import read_boards
+from .boards import read_boards
 
 if TYPE_CHECKING:
     from .settings import Settings

@@ -9,7 +9,7 @@ which serves from a daemon thread:
   ever ran in this container; ``worker_*`` and ``db_pool_*`` gauges summed over
   the live processes only), plus the backlog of the pool's queues, read from
   Redis at scrape time (:class:`BacklogCollector`);
-* ``/livez``: 200 when :func:`.health.liveness_problems` finds none, else 503
+* ``/livez``: 200 when :func:`.probe.liveness_problems` finds none, else 503
   with the problems, one a line (the same rule as ``healthcheck live``);
 * ``/readyz``: 200 when Redis (and the database) answer, else 503.
 
@@ -249,7 +249,7 @@ class _Handler(BaseHTTPRequestHandler):
             elif path == "/livez":
                 self._probe(self._liveness())
             elif path == "/readyz":
-                from .health import readiness_problems
+                from .probe import readiness_problems
 
                 self._probe(readiness_problems(self.server.settings))
             else:
@@ -259,7 +259,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(500, f"{type(error).__name__}: {error}\n".encode())
 
     def _liveness(self) -> list[str]:
-        from .health import liveness_problems
+        from .probe import liveness_problems
 
         settings = self.server.settings
         return liveness_problems(settings.worker_state_dir, settings.health_stalled_after_s)
