@@ -22,6 +22,8 @@ import os
 import sys
 from pathlib import Path
 
+from .exitcodes import EX_FAILURE, EX_OK
+
 
 def _worker(args: argparse.Namespace) -> int:
     from . import logs
@@ -42,7 +44,7 @@ def _config(args: argparse.Namespace) -> int:
     from .settings import load_settings
 
     print(json.dumps(load_settings().masked(), indent=2))
-    return 0
+    return EX_OK
 
 
 def _live(args: argparse.Namespace) -> int:
@@ -61,7 +63,7 @@ def _live(args: argparse.Namespace) -> int:
     problems = liveness_problems(state_dir, stalled_after)
     for problem in problems:
         print(f"not live: {problem}", file=sys.stderr)
-    return 1 if problems else 0
+    return EX_FAILURE if problems else EX_OK
 
 
 def _ready(args: argparse.Namespace) -> int:
@@ -71,7 +73,7 @@ def _ready(args: argparse.Namespace) -> int:
     problems = readiness_problems(load_settings())
     for problem in problems:
         print(f"not ready: {problem}", file=sys.stderr)
-    return 1 if problems else 0
+    return EX_FAILURE if problems else EX_OK
 
 
 def parser() -> argparse.ArgumentParser:

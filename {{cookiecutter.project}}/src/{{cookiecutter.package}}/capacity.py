@@ -51,6 +51,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from .exitcodes import EX_FAILURE, EX_INTERRUPTED, EX_OK
+
 if TYPE_CHECKING:
     import dramatiq
     import redis
@@ -412,19 +414,19 @@ def run(args: argparse.Namespace) -> int:
                 print(_row(concurrency, f"{level.jobs_per_s:.1f}", gain), flush=True)
     except CapacityError as error:
         print(f"capacity: {error}", file=sys.stderr)
-        return 1
+        return EX_FAILURE
     except redis.RedisError as error:
         url = mask_url(load_settings().redis_url.get_secret_value())
         unreachable = isinstance(error, redis.ConnectionError | redis.TimeoutError)
         problem = "is unreachable" if unreachable else "failed"
         print(f"capacity: Redis at {url} {problem}: {error}", file=sys.stderr)
-        return 1
+        return EX_FAILURE
     except KeyboardInterrupt:
         print(
             "capacity: interrupted (the probe's worker stopped, its messages removed)",
             file=sys.stderr,
         )
-        return 130
+        return EX_INTERRUPTED
     levels = with_gains(measured)
     if args.json:
         print(
@@ -443,7 +445,7 @@ def run(args: argparse.Namespace) -> int:
         )
     else:
         print("\n" + verdict(levels, args.min_gain, pools().pools[pool].concurrency))
-    return 0
+    return EX_OK
 
 
 def _levels(text: str) -> list[int]:

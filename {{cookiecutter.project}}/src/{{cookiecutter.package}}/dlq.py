@@ -22,8 +22,9 @@ push it on the ready queue. The removal is the guard, so two replays running at
 once send each message exactly once, and none is lost. Purge removes with the
 same guard.
 
-Exit codes: 0 done, 1 unknown id or Redis unreachable (one line, no traceback),
-2 usage (e.g. ``purge`` without ``--yes``), 78 bad configuration.
+Exit codes (:mod:`.exitcodes`): ``EX_OK`` done, ``EX_FAILURE`` unknown id or Redis
+unreachable (one line, no traceback), ``EX_USAGE`` (e.g. ``purge`` without ``--yes``),
+``EX_CONFIG`` bad configuration.
 """
 
 from __future__ import annotations
@@ -39,12 +40,13 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
 
+from .exitcodes import EX_FAILURE, EX_OK, EX_USAGE
+
 if TYPE_CHECKING:
     import redis
     from dramatiq import Message
 
 NAMESPACE = "dramatiq"
-EX_USAGE = 2
 #: Characters of the reason shown in the ``dlq list`` table (``--json`` has all of it).
 REASON_WIDTH = 60
 #: Options a replay drops: they belong to the deliveries that failed.
@@ -310,10 +312,10 @@ def _list(client: redis.Redis, args: argparse.Namespace) -> int:
     )[: args.limit]
     if args.json:
         print(json.dumps([letter.summary() for letter in letters], indent=2))
-        return 0
+        return EX_OK
     if not letters:
         print(f"no dead letters on {', '.join(queues)}")
-        return 0
+        return EX_OK
     rows: list[tuple[str, ...]] = [
         ("QUEUE", "REDIS ID", "MESSAGE ID", "ACTOR", "DEAD SINCE", "REASON")
     ]
@@ -331,7 +333,7 @@ def _list(client: redis.Redis, args: argparse.Namespace) -> int:
     print(_table(rows))
     shown = f"{len(letters)} of {total}" if len(letters) < total else str(total)
     print(f"\n{shown} dead letter{'' if total == 1 else 's'}")
-    return 0
+    return EX_OK
 
 
 def _truncate(text: str, width: int) -> str:
@@ -360,7 +362,7 @@ def _show(client: redis.Redis, args: argparse.Namespace) -> int:
     else:
         shown["body"] = None if letter.body is None else letter.body.decode(errors="replace")
     print(json.dumps(shown, indent=2))
-    return 0
+    return EX_OK
 
 
 def _replay(client: redis.Redis, args: argparse.Namespace) -> int:
@@ -371,11 +373,11 @@ def _replay(client: redis.Redis, args: argparse.Namespace) -> int:
         for letter in letters:
             print(f"would replay {letter.queue} {letter.redis_id} ({letter.actor})")
         print(f"would replay {_plural(len(letters))}")
-        return 0
+        return EX_OK
     moved = sum(replay(client, letter) for letter in letters)
     gone = len(letters) - moved
     print(f"replayed {_plural(moved)}" + (f" ({gone} already gone)" if gone else ""))
-    return 0
+    return EX_OK
 
 
 def _purge(client: redis.Redis, args: argparse.Namespace) -> int:
@@ -390,7 +392,7 @@ def _purge(client: redis.Redis, args: argparse.Namespace) -> int:
     deleted = sum(purge(client, letter) for letter in letters)
     gone = len(letters) - deleted
     print(f"purged {_plural(deleted)}" + (f" ({gone} already gone)" if gone else ""))
-    return 0
+    return EX_OK
 
 
 def _command(
@@ -410,13 +412,13 @@ def _command(
             return run(client, args)
         except DeadLetterError as error:
             print(f"dlq {args.action}: {error}", file=sys.stderr)
-            return 1
+            return EX_FAILURE
         except (redis.ConnectionError, redis.TimeoutError) as error:
             print(f"dlq {args.action}: Redis at {url} is unreachable: {error}", file=sys.stderr)
-            return 1
+            return EX_FAILURE
         except redis.RedisError as error:
             print(f"dlq {args.action}: Redis at {url} failed: {error}", file=sys.stderr)
-            return 1
+            return EX_FAILURE
         finally:
             client.close()
 

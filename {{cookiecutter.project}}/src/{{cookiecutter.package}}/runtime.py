@@ -26,6 +26,7 @@ from dramatiq.common import iter_queue
 
 from . import lifecycle, recovery
 from .boards import ProgressBoard
+from .exitcodes import EX_OK
 from .settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -143,7 +144,7 @@ class WorkerProcess:
                 "elapsed_s": round(time.monotonic() - started, 3),
             },
         )
-        return 0
+        return EX_OK
 
     def _requeue_prefetched(self, worker: dramatiq.Worker) -> int:
         """Hand the messages waiting in the work queue back to Redis."""

@@ -43,6 +43,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
 
+from .exitcodes import EX_SOFTWARE
+
 __all__ = ["STATUSES", "Limits", "SandboxError", "SandboxResult", "Status", "run_untrusted"]
 
 Status = Literal["ok", "error", "timeout", "memory", "cpu", "output_too_large", "crashed",
@@ -65,7 +67,7 @@ STATUSES: Final[tuple[Status, ...]] = ("ok", "error", "timeout", "memory", "cpu"
                                        "output_too_large", "crashed", "forbidden")  # fmt: skip
 
 _LAUNCHER = Path(__file__).with_name("_sandbox_child.py")
-_SETUP_FAILED = 70  # _sandbox_child.SETUP_FAILED
+_SETUP_FAILED = EX_SOFTWARE  # _sandbox_child.SETUP_FAILED (a test checks they agree)
 _MAX_LOG_BYTES = 64 * 1024
 _CHILD_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 # Tests only: layers to leave out ("netns", "landlock", "seccomp"), to prove each of the

@@ -25,9 +25,9 @@ from pydantic import (
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from .boards import DEFAULT_STALLED_AFTER_S, DEFAULT_STATE_DIR
+from .exitcodes import EX_CONFIG
 from .pools import Pool, PoolsFile, PoolsFileError, load_pools
 
-EX_CONFIG = 78
 PROJECT = "{{ cookiecutter.project }}"
 VERSION = "0.1.0"
 DATABASE_ENABLED = {{ "True" if cookiecutter.database == "postgres" else "False" }}

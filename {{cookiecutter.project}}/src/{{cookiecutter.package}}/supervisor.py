@@ -25,6 +25,7 @@ import redis
 
 from . import recovery
 from .boards import progress_dir, read_board
+from .exitcodes import EX_FAILURE, EX_OK
 from .settings import PROJECT, VERSION, Settings
 
 logger = logging.getLogger(__name__)
@@ -95,7 +96,7 @@ class Supervisor:
             time.sleep(0.1)
         self._watch()  # recover the messages of a child that died in the last round
         codes = [child.process.returncode for child in self.children]
-        code = 0 if all(child.clean_exit() for child in self.children) else 1
+        code = EX_OK if all(child.clean_exit() for child in self.children) else EX_FAILURE
         logger.info(
             "worker stopped",
             extra={
