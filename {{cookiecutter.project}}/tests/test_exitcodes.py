@@ -30,7 +30,8 @@ def test_codes_are_distinct_and_include_the_contract() -> None:
 
 def test_the_readme_shows_every_code() -> None:
     readme = (PROJECT / "README.md").read_text()
-    shown = {name: int(value) for value, name in re.findall(r"^\| (\d+) \| `(EX_\w+)` \|", readme, re.M)}
+    rows = re.findall(r"^\| (\d+) \| `(EX_\w+)` \|", readme, re.MULTILINE)
+    shown = {name: int(value) for value, name in rows}
     assert shown == table()
 
 
