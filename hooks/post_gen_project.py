@@ -34,6 +34,7 @@ def remove_sandbox_files() -> None:
     remove(
         PACKAGE / "sandbox.py",
         PACKAGE / "_sandbox_child.py",
+        PACKAGE / "_sandbox_seccomp.py",
         PACKAGE / "actors" / "sandbox.py",
         PROJECT / "tests" / "test_sandbox.py",
     )

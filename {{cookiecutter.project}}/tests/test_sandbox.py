@@ -7,6 +7,7 @@ keeps its network and keeps its secrets.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -53,15 +54,19 @@ def sandbox_processes(marker: str) -> list[int]:
 
 
 @pytest.fixture(autouse=True)
-def workdirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """Private directories of this test's runs go under its own directory, so that
-    leftovers (processes or files) are this test's and not a parallel test's."""
-    parent = tmp_path / "workdirs"
-    parent.mkdir()
+def workdirs(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Private directories of this test's runs go under their own directory, so that
+    leftovers (processes or files) are this test's and not a parallel test's. It is
+    searchable by anyone (mode 0711, like /tmp), as the snippet's own uid needs."""
+    parent = Path(tempfile.mkdtemp(prefix="sandbox-test-", dir="/tmp"))  # noqa: S108
+    parent.chmod(0o711)
     monkeypatch.setattr(tempfile, "tempdir", str(parent))
     yield parent
-    assert sandbox_processes(str(parent)) == []
-    assert list(parent.iterdir()) == []
+    try:
+        assert sandbox_processes(str(parent)) == []
+        assert list(parent.iterdir()) == []
+    finally:
+        shutil.rmtree(parent, ignore_errors=True)
 
 
 # -- A well-behaved snippet ---------------------------------------------------------------
@@ -88,7 +93,7 @@ def test_well_behaved_snippet_returns_its_json() -> None:
     assert not Path(result.output["cwd"]).exists()  # the private directory is gone
     assert Path(result.output["cwd"]).parent == Path(tempfile.gettempdir())
     assert result.wall_seconds > 0 and result.cpu_seconds > 0 and result.max_rss_bytes > 0
-    for layer in ("clean-env", "private-tmp", "process-group", "rlimits", "seccomp-net"):
+    for layer in ("clean-env", "private-tmp", "process-group", "rlimits", "seccomp-allowlist"):
         assert layer in result.layers
     assert result.to_dict()["output"]["square"] == 144
 
@@ -389,8 +394,11 @@ def test_fork_bomb_leaves_no_process_behind(workdirs: Path) -> None:
     assert sandbox_processes(str(workdirs)) == []
 
 
-def test_several_processes_need_a_non_root_worker() -> None:
-    """RLIMIT_NPROC is the cap above one process; the kernel never applies it to root."""
+def test_several_processes_are_capped_by_the_snippets_own_uid(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Above one process, RLIMIT_NPROC of the snippet's own uid caps them (root is never
+    the snippet's uid); with the worker's uid nothing could, so the run is refused."""
     bomb = """
     import os
     def main(payload):
@@ -400,12 +408,14 @@ def test_several_processes_need_a_non_root_worker() -> None:
             except OSError:
                 pass
     """
-    if os.geteuid() == 0:
-        with pytest.raises(ValueError, match="non-root"):
-            run(bomb, limits=Limits(max_processes=4, cpu_seconds=1, wall_seconds=2))
-        return
-    result = run(bomb, limits=Limits(max_processes=4, cpu_seconds=1, wall_seconds=2))
+    limits = Limits(max_processes=4, cpu_seconds=1, wall_seconds=3)
+    result = run(bomb, limits=limits)
+    assert "own-uid" in result.layers
     assert result.status in ("cpu", "timeout")
+    if os.geteuid() != 0:
+        monkeypatch.setattr(sandbox, "_DISABLED_LAYERS", frozenset({"userns"}))
+        with pytest.raises(sandbox.SandboxError, match="max_processes"):
+            run(bomb, limits=limits)
 
 
 # -- Each layer on its own ------------------------------------------------------------------
@@ -420,7 +430,7 @@ def main(payload):
 @pytest.mark.parametrize(
     ("off", "proof"),
     [
-        ({"landlock", "netns"}, "seccomp-net"),
+        ({"landlock", "netns"}, "seccomp-allowlist"),
         ({"seccomp", "netns"}, "landlock-net"),
         ({"seccomp", "landlock"}, "netns"),
     ],

@@ -31,6 +31,7 @@ import os
 import platform
 import resource
 import signal
+import stat
 import sys
 import traceback
 from typing import Any
@@ -48,67 +49,13 @@ _PR_CAP_AMBIENT_CLEAR_ALL = 4
 _SECCOMP_MODE_FILTER = 2
 _CLONE_NEWUSER = 0x10000000
 _CLONE_NEWNET = 0x40000000
-_CLONE_THREAD = 0x00010000
-_CLONE_NAMESPACES = 0x7E020000  # NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
-
-_SECCOMP_RET_KILL_PROCESS = 0x80000000
-_SECCOMP_RET_ERRNO = 0x00050000
-_SECCOMP_RET_ALLOW = 0x7FFF0000
-_BPF_LD_W_ABS = 0x20
-_BPF_JEQ_K = 0x15
-_BPF_JGE_K = 0x35
-_BPF_JSET_K = 0x45
-_BPF_RET_K = 0x06
-_X32_SYSCALL_BIT = 0x40000000
-
-_ARCHES: dict[str, tuple[int, dict[str, int]]] = {
-    "x86_64": (
-        0xC000003E,
-        {
-            "socket": 41, "socketpair": 53, "fork": 57, "vfork": 58, "clone": 56,
-            "clone3": 435, "kill": 62, "tkill": 200, "tgkill": 234, "rt_sigqueueinfo": 129,
-            "rt_tgsigqueueinfo": 297, "pidfd_send_signal": 424, "pidfd_getfd": 438,
-            "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311,
-            "process_madvise": 440, "kcmp": 312, "setsid": 112, "setpgid": 109,
-            "unshare": 272, "setns": 308, "mount": 165, "umount2": 166, "pivot_root": 155,
-            "chroot": 161, "open_tree": 428, "move_mount": 429, "fsopen": 430,
-            "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442,
-            "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
-            "bpf": 321, "perf_event_open": 298, "userfaultfd": 323, "keyctl": 250,
-            "add_key": 248, "request_key": 249, "kexec_load": 246, "kexec_file_load": 320,
-            "init_module": 175, "finit_module": 313, "delete_module": 176, "reboot": 169,
-            "swapon": 167, "swapoff": 168, "acct": 163, "iopl": 172, "ioperm": 173,
-        },
-    ),
-    "aarch64": (
-        0xC00000B7,
-        {
-            "socket": 198, "socketpair": 199, "clone": 220, "clone3": 435, "kill": 129,
-            "tkill": 130, "tgkill": 131, "rt_sigqueueinfo": 138, "rt_tgsigqueueinfo": 240,
-            "pidfd_send_signal": 424, "pidfd_getfd": 438, "ptrace": 117,
-            "process_vm_readv": 270, "process_vm_writev": 271, "process_madvise": 440,
-            "kcmp": 272, "setsid": 157, "setpgid": 154, "unshare": 97, "setns": 268,
-            "mount": 40, "umount2": 39, "pivot_root": 41, "chroot": 51, "open_tree": 428,
-            "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
-            "fspick": 433, "mount_setattr": 442, "io_uring_setup": 425,
-            "io_uring_enter": 426, "io_uring_register": 427, "bpf": 280,
-            "perf_event_open": 241, "userfaultfd": 282, "keyctl": 219, "add_key": 217,
-            "request_key": 218, "kexec_load": 104, "kexec_file_load": 294,
-            "init_module": 105, "finit_module": 273, "delete_module": 106, "reboot": 142,
-            "swapon": 224, "swapoff": 225, "acct": 89,
-        },
-    ),
-}  # fmt: skip
-
-_DENIED_EPERM = (
-    "pidfd_send_signal", "pidfd_getfd", "ptrace", "process_vm_readv", "process_vm_writev",
-    "process_madvise", "kcmp", "setsid", "setpgid", "unshare", "setns", "mount", "umount2",
-    "pivot_root", "chroot", "open_tree", "move_mount", "fsopen", "fsconfig", "fsmount",
-    "fspick", "mount_setattr", "bpf", "perf_event_open", "userfaultfd", "keyctl", "add_key",
-    "request_key", "kexec_load", "kexec_file_load", "init_module", "finit_module",
-    "delete_module", "reboot", "swapon", "swapoff", "acct", "iopl", "ioperm",
-)  # fmt: skip
-_DENIED_ENOSYS = ("clone3", "io_uring_setup", "io_uring_enter", "io_uring_register")
+_CLONE_NEWIPC = 0x08000000
+#: A root worker runs the snippet as uid = gid = ``ID_BASE + pid``: an identity of its own
+#: (no file, process or IPC object on the host has it), so ``RLIMIT_NPROC`` counts
+#: exactly the snippet's threads and nothing of the worker's.
+ID_BASE = 2_000_000_000
+#: Inside its own user namespace (non-root worker), the snippet is uid/gid 1000.
+NAMESPACE_ID = 1000
 
 # Landlock (include/uapi/linux/landlock.h).
 _SYS_LANDLOCK = {"x86_64": (444, 445, 446), "aarch64": (444, 445, 446)}
@@ -139,20 +86,8 @@ class SetupError(Exception):
     """The sandbox could not be set up; nothing of the snippet has run."""
 
 
-class _SockFilter(ctypes.Structure):
-    _fields_ = [
-        ("code", ctypes.c_ushort),
-        ("jt", ctypes.c_ubyte),
-        ("jf", ctypes.c_ubyte),
-        ("k", ctypes.c_uint32),
-    ]
-
-
 class _SockFprog(ctypes.Structure):
-    _fields_ = [
-        ("len", ctypes.c_ushort),
-        ("filter", ctypes.POINTER(_SockFilter)),
-    ]
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
 class _RulesetAttr(ctypes.Structure):
@@ -187,40 +122,122 @@ def _errno_text() -> str:
     return os.strerror(ctypes.get_errno())
 
 
-# -- Network namespace ----------------------------------------------------------------
+# -- Identity and namespaces -----------------------------------------------------------
 
 
-def _enter_network_namespace() -> list[str]:
-    """A new, empty network namespace (only a down loopback) when the kernel allows it."""
-    if _libc.unshare(_CLONE_NEWNET) == 0:  # needs CAP_SYS_ADMIN: root outside a pod
-        return ["netns"]
+def _write_proc(name: str, text: str) -> None:
+    with open(f"/proc/self/{name}", "w") as handle:
+        handle.write(text)
+
+
+def _own_namespaces(workdir: str, off: set[str]) -> tuple[list[str], int | None]:
+    """New network and IPC namespaces, and an identity of the snippet's own.
+
+    Returns the layers and, for a root worker, the uid/gid to drop to (after Landlock);
+    ``None`` when the snippet keeps the worker's uid (no user namespaces: the restricted
+    pod), or when it already has its own uid inside a new user namespace.
+    """
+    if os.geteuid() == 0:  # root outside a pod: CAP_SYS_ADMIN creates both namespaces
+        layers = []
+        if "netns" not in off and _libc.unshare(_CLONE_NEWNET) == 0:
+            layers.append("netns")
+        if _libc.unshare(_CLONE_NEWIPC) == 0:
+            layers.append("ipcns")
+        ident = ID_BASE + os.getpid()
+        os.chown(workdir, ident, ident)
+        return layers, ident
+    if "userns" in off:
+        return [], None
     uid, gid = os.geteuid(), os.getegid()
-    if _libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNET) != 0:
-        return []  # typical for a restricted pod: seccomp RuntimeDefault forbids it
-    try:  # map our own ids, or files can no longer be created (EOVERFLOW)
-        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1")):
-            with open(f"/proc/self/{name}", "w") as handle:
-                handle.write(text)
-        with open("/proc/self/gid_map", "w") as handle:
-            handle.write(f"{gid} {gid} 1")
+    flags = _CLONE_NEWUSER | _CLONE_NEWIPC | (0 if "netns" in off else _CLONE_NEWNET)
+    if _libc.unshare(flags) != 0:
+        return [], None  # typical for a restricted pod: RuntimeDefault seccomp refuses it
+    try:  # map our own ids to NAMESPACE_ID, or files can no longer be created (EOVERFLOW)
+        _write_proc("setgroups", "deny")
+        _write_proc("uid_map", f"{NAMESPACE_ID} {uid} 1")
+        _write_proc("gid_map", f"{NAMESPACE_ID} {gid} 1")
     except OSError as exc:
         raise SetupError(f"cannot map ids in the new user namespace: {exc}") from exc
-    return ["netns", "userns"]
+    return ["userns", "own-uid", "ipcns", *([] if "netns" in off else ["netns"])], None
+
+
+def _reachable_by_others(path: str) -> bool:
+    """Whether a user without privileges can list ``path`` (every parent searchable)."""
+    try:
+        if not os.stat(path).st_mode & stat.S_IROTH:
+            return False
+        parent = os.path.dirname(path)
+        while True:
+            if not os.stat(parent).st_mode & stat.S_IXOTH:
+                return False
+            if parent == os.path.dirname(parent):
+                return True
+            parent = os.path.dirname(parent)
+    except OSError:
+        return False
+
+
+def _keep_imports_reachable() -> None:
+    """Entries of ``sys.path`` the new uid could not reach by name (Python installed under
+    ``/root``, say) are opened now and imported from through ``/proc/self/fd``, which
+    checks the permissions of the directory itself, not of its parents. Packages already
+    imported (``encodings``, which finds codecs lazily) get the same treatment."""
+    moved: dict[str, str] = {}
+    for index, entry in enumerate(sys.path):
+        if entry and not _reachable_by_others(entry):
+            try:
+                fd = os.open(entry, os.O_PATH | os.O_DIRECTORY)
+            except OSError:
+                continue
+            moved[entry] = sys.path[index] = f"/proc/self/fd/{fd}"
+    for module in list(sys.modules.values()):
+        paths = getattr(module, "__path__", None)
+        if isinstance(paths, list):
+            for index, path in enumerate(paths):
+                for entry, replacement in moved.items():
+                    if path.startswith(entry + os.sep):
+                        paths[index] = replacement + path[len(entry) :]
+
+
+def _drop_to(ident: int) -> list[str]:
+    """Become ``ident`` (uid and gid), with no supplementary groups. Root worker only."""
+    _keep_imports_reachable()
+    try:
+        os.setgroups([])
+        os.setresgid(ident, ident, ident)
+        os.setresuid(ident, ident, ident)  # also clears the permitted and effective caps
+    except OSError as exc:
+        raise SetupError(f"cannot drop to uid {ident}: {exc}") from exc
+    if os.getresuid() != (ident,) * 3 or os.getgroups():
+        raise SetupError(f"still not uid {ident} without groups after dropping")
+    return ["own-uid"]
 
 
 # -- Resource limits --------------------------------------------------------------------
 
 
-def _set_rlimits(limits: dict[str, Any]) -> list[str]:
+def _set_rlimits(limits: dict[str, Any], own_uid: bool) -> list[str]:
+    """The caps of :class:`.sandbox.Limits`. ``RLIMIT_NPROC`` counts the tasks (threads)
+    of a real uid: set only when the snippet has a uid of its own, where it counts
+    exactly the snippet's threads; with the worker's uid the worker polls instead."""
     cpu = int(limits["cpu_seconds"])
     settings = [
         (resource.RLIMIT_CORE, 0, 0),
         (resource.RLIMIT_CPU, cpu, cpu + 1),  # SIGXCPU at the soft limit, SIGKILL at hard
         (resource.RLIMIT_AS, int(limits["memory_bytes"]), int(limits["memory_bytes"])),
-        (resource.RLIMIT_NPROC, int(limits["max_processes"]), int(limits["max_processes"])),
         (resource.RLIMIT_NOFILE, int(limits["max_open_files"]), int(limits["max_open_files"])),
         (resource.RLIMIT_FSIZE, int(limits["max_file_bytes"]), int(limits["max_file_bytes"])),
+        (resource.RLIMIT_MSGQUEUE, 0, 0),
+        (resource.RLIMIT_MEMLOCK, 0, 0),
     ]
+    if own_uid:
+        threads = int(limits["max_threads"])
+        settings.append((resource.RLIMIT_NPROC, threads, threads))
+    elif int(limits["max_processes"]) > 1:
+        raise SetupError(
+            "Limits.max_processes > 1 needs a uid of the snippet's own "
+            "(a root worker, or user namespaces): the worker's uid cannot be capped"
+        )
     for which, soft, hard in settings:
         try:
             resource.setrlimit(which, (soft, hard))
@@ -287,92 +304,45 @@ def _landlock(workdir: str) -> list[str]:
 # -- Capabilities -----------------------------------------------------------------------
 
 
-def _drop_capabilities() -> list[str]:
-    """Drop every capability: only changes anything when the worker runs as root."""
+def _capabilities() -> tuple[int, int]:
     with open("/proc/self/status") as handle:
         status = dict(line.split(":", 1) for line in handle if ":" in line)
-    if (
-        int(status.get("CapEff", "0").strip(), 16) == 0
-        and int(status.get("CapPrm", "0").strip(), 16) == 0
-    ):
-        return []
+    return int(status.get("CapEff", "0").strip(), 16), int(status.get("CapPrm", "0").strip(), 16)
+
+
+def _drop_bounding_set() -> None:
+    """Empty the bounding and ambient sets (needs CAP_SETPCAP: before dropping the uid)."""
+    if _capabilities() == (0, 0):
+        return
     for cap in range(64):
         _libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)  # EINVAL past the last cap: ignored
     _libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
-    header = _CapHeader(version=0x20080522, pid=0)  # _LINUX_CAPABILITY_VERSION_3
-    data = (_CapData * 2)()
-    if _libc.capset(ctypes.byref(header), data) != 0:
-        raise SetupError(f"capset failed: {_errno_text()}")
+
+
+def _drop_capabilities() -> list[str]:
+    """Drop every capability left (those of a new user namespace, a root worker's)."""
+    if _capabilities() != (0, 0):
+        header = _CapHeader(version=0x20080522, pid=0)  # _LINUX_CAPABILITY_VERSION_3
+        data = (_CapData * 2)()
+        if _libc.capset(ctypes.byref(header), data) != 0:
+            raise SetupError(f"capset failed: {_errno_text()}")
+    if _capabilities() != (0, 0):
+        raise SetupError("capabilities are left after dropping them")
     return ["no-caps"]
 
 
 # -- Seccomp ----------------------------------------------------------------------------
 
 
-def _stmt(code: int, k: int) -> tuple[int, int, int, int]:
-    return (code, 0, 0, k & 0xFFFFFFFF)
-
-
-def _jump(code: int, k: int, jt: int, jf: int) -> tuple[int, int, int, int]:
-    return (code, jt, jf, k & 0xFFFFFFFF)
-
-
-def _syscall_block(nr: int, body: list[tuple[int, int, int, int]]) -> list[tuple[int, ...]]:
-    """``if nr == NR: body`` (the body always ends in a return)."""
-    return [_jump(_BPF_JEQ_K, nr, 0, len(body)), *body]
-
-
-def _allow_if_arg0_in(values: list[int]) -> list[tuple[int, int, int, int]]:
-    eperm = _stmt(_BPF_RET_K, _SECCOMP_RET_ERRNO | errno.EPERM)
-    body = [_stmt(_BPF_LD_W_ABS, 16)]  # low 32 bits of args[0] (little endian)
-    body += [_jump(_BPF_JEQ_K, v, len(values) - i, 0) for i, v in enumerate(values)]
-    return [*body, eperm, _stmt(_BPF_RET_K, _SECCOMP_RET_ALLOW)]
-
-
-def _seccomp_program(max_processes: int) -> list[tuple[int, ...]]:
-    machine = platform.machine()
-    if machine not in _ARCHES or sys.byteorder != "little":
-        raise SetupError(f"no seccomp filter for architecture {machine}")
-    audit_arch, nrs = _ARCHES[machine]
-    pid = os.getpid()  # the session leader; pgid == pid
-    eperm = _stmt(_BPF_RET_K, _SECCOMP_RET_ERRNO | errno.EPERM)
-    enosys = _stmt(_BPF_RET_K, _SECCOMP_RET_ERRNO | errno.ENOSYS)
-    program: list[tuple[int, ...]] = [
-        _stmt(_BPF_LD_W_ABS, 4),  # seccomp_data.arch
-        _jump(_BPF_JEQ_K, audit_arch, 1, 0),
-        _stmt(_BPF_RET_K, _SECCOMP_RET_KILL_PROCESS),
-        _stmt(_BPF_LD_W_ABS, 0),  # seccomp_data.nr
-    ]
-    if machine == "x86_64":  # the x32 ABI would bypass the numbers below
-        program += [_jump(_BPF_JGE_K, _X32_SYSCALL_BIT, 0, 1), enosys]
-    program += _syscall_block(nrs["socket"], [eperm])
-    for name in ("kill", "rt_sigqueueinfo"):  # self, own group (0 or -pgid) only
-        program += _syscall_block(nrs[name], _allow_if_arg0_in([pid, 0, -pid]))
-    for name in ("tkill", "tgkill", "rt_tgsigqueueinfo"):
-        program += _syscall_block(nrs[name], _allow_if_arg0_in([pid]))
-    clone = [_stmt(_BPF_LD_W_ABS, 16), _jump(_BPF_JSET_K, _CLONE_NAMESPACES, 0, 1), eperm]
-    if max_processes <= 1:  # threads only
-        clone += [_jump(_BPF_JSET_K, _CLONE_THREAD, 1, 0), eperm]
-        for name in ("fork", "vfork"):
-            if name in nrs:
-                program += _syscall_block(nrs[name], [eperm])
-    program += _syscall_block(nrs["clone"], [*clone, _stmt(_BPF_RET_K, _SECCOMP_RET_ALLOW)])
-    for name in _DENIED_EPERM:
-        if name in nrs:
-            program += _syscall_block(nrs[name], [eperm])
-    for name in _DENIED_ENOSYS:
-        program += _syscall_block(nrs[name], [enosys])
-    program.append(_stmt(_BPF_RET_K, _SECCOMP_RET_ALLOW))
-    return program
-
-
-def _install_seccomp(max_processes: int) -> list[str]:
-    program = _seccomp_program(max_processes)
-    filters = (_SockFilter * len(program))(*[_SockFilter(*insn) for insn in program])
-    fprog = _SockFprog(len(program), filters)
+def _install_seccomp(program: bytes) -> list[str]:
+    """Load the allowlist the worker built (:mod:`._sandbox_seccomp`): the last step."""
+    if not program or len(program) % 8 or len(program) // 8 > 0xFFFF:
+        raise SetupError(f"malformed seccomp program ({len(program)} bytes)")
+    buffer = ctypes.create_string_buffer(program, len(program))
+    fprog = _SockFprog(len(program) // 8, ctypes.cast(buffer, ctypes.c_void_p))
     if _libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
         raise SetupError(f"seccomp filter refused: {_errno_text()}")
-    return ["seccomp-net", "seccomp-proc"]
+    return ["seccomp-allowlist"]
 
 
 # -- Running the snippet ----------------------------------------------------------------
@@ -413,6 +383,8 @@ def _classify(exc: BaseException) -> tuple[str, str]:
         return "memory", "memory limit reached (MemoryError)"
     if isinstance(exc, RecursionError):
         return "error", "recursion limit reached"
+    if isinstance(exc, RuntimeError) and "new thread" in str(exc):
+        return "forbidden", "thread limit reached (Limits.max_threads)"
     if isinstance(exc, OSError):
         code = exc.errno
         if code == errno.EFBIG:
@@ -463,6 +435,16 @@ def _write_line(fd: int, document: dict[str, Any]) -> None:
         data = data[written:]
 
 
+def _read_stdin() -> tuple[bytes, bytes]:
+    """(seccomp program, payload): a 4-byte big-endian length, the program, the payload."""
+    stdin = sys.stdin.buffer
+    size = int.from_bytes(stdin.read(4), "big")
+    program = stdin.read(size)
+    if len(program) != size:
+        raise SetupError("the seccomp program was cut short")
+    return program, stdin.read()
+
+
 def main() -> int:
     """Set up the sandbox from ``sys.argv[1]`` (JSON), then run the snippet."""
     try:
@@ -470,19 +452,22 @@ def main() -> int:
         workdir, limits = str(config["workdir"]), dict(config["limits"])
         with open(os.path.join(workdir, "snippet.py"), encoding="utf-8") as handle:
             source = handle.read()
-        payload_text = sys.stdin.buffer.read()
+        program, payload_text = _read_stdin()
         result_fd = os.dup(1)  # the result channel; the snippet's fd 1 becomes stderr
         os.dup2(2, 1)
         sys.stdout = sys.stderr
         off = set(config.get("off", ()))  # tests switch layers off to prove the others
-        layers = [] if "netns" in off else _enter_network_namespace()
+        layers, ident = _own_namespaces(workdir, off)
         if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             raise SetupError(f"PR_SET_NO_NEW_PRIVS failed: {_errno_text()}")
         layers += [] if "landlock" in off else _landlock(workdir)
+        _drop_bounding_set()
+        if ident is not None:
+            layers += _drop_to(ident)
         layers += _drop_capabilities()
-        layers += _set_rlimits(limits)
+        layers += _set_rlimits(limits, own_uid="own-uid" in layers)
         if "seccomp" not in off:
-            layers += _install_seccomp(int(limits["max_processes"]))
+            layers += _install_seccomp(program)
         _write_line(result_fd, {"layers": layers})
     except (SetupError, OSError, ValueError, KeyError, IndexError) as exc:
         print(f"sandbox setup failed: {exc}", file=sys.stderr)

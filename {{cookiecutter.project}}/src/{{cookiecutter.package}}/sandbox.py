@@ -32,8 +32,8 @@ import contextlib
 import ctypes
 import json
 import os
+import secrets
 import selectors
-import shutil
 import signal
 import subprocess
 import sys
@@ -69,12 +69,15 @@ STATUSES: Final[tuple[Status, ...]] = ("ok", "error", "timeout", "memory", "cpu"
 _LAUNCHER = Path(__file__).with_name("_sandbox_child.py")
 _SETUP_FAILED = EX_SOFTWARE  # _sandbox_child.SETUP_FAILED (a test checks they agree)
 _MAX_LOG_BYTES = 64 * 1024
+#: Deepest nesting of arrays and objects a result may have; deeper is the status ``error``.
+MAX_RESULT_DEPTH: Final = 100
+_POLL_SECONDS = 0.02  # how often the worker counts a snippet's threads (worker's uid only)
 _CHILD_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
-# Tests only: layers to leave out ("netns", "landlock", "seccomp"), to prove each of the
-# others on its own. Never set in production.
+# Tests only: layers to leave out ("netns", "landlock", "seccomp", "userns"), to prove each
+# of the others on its own or to play a kernel without them. Never set in production.
 _DISABLED_LAYERS: frozenset[str] = frozenset()
 _CRASH_SIGNALS = {signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE,
-                  signal.SIGABRT, signal.SIGSYS, signal.SIGTRAP}  # fmt: skip
+                  signal.SIGABRT, signal.SIGTRAP}  # fmt: skip
 
 
 _PR_SET_DUMPABLE = 4
@@ -112,8 +115,13 @@ class Limits:
         Defaults to 256 MiB.
       max_processes(int): processes the snippet may have, itself included. With the
         default of 1, seccomp denies fork/vfork/clone of processes (threads stay
-        allowed); above 1, ``RLIMIT_NPROC`` caps them, which the kernel does not apply
-        to root, so a root worker refuses values above 1. Breach: ``forbidden``.
+        allowed); above 1, ``max_threads`` caps processes and threads together, which
+        needs a uid of the snippet's own (a root worker, or user namespaces); with the
+        worker's uid the run raises :class:`SandboxError`. Breach: ``forbidden``.
+      max_threads(int): threads of the snippet, its main thread included, across its
+        processes (``RLIMIT_NPROC`` of its own uid; with the worker's uid, the worker
+        counts them every 20 ms and kills the run above the cap). Breach: ``forbidden``.
+        Defaults to 16; at least ``max_processes``.
       max_open_files(int): file descriptors (``RLIMIT_NOFILE``); breach: ``forbidden``.
         Defaults to 64.
       max_file_bytes(int): size of a file the snippet writes (``RLIMIT_FSIZE``);
@@ -127,6 +135,7 @@ class Limits:
     cpu_seconds: int = 5
     memory_bytes: int = 256 * 1024 * 1024
     max_processes: int = 1
+    max_threads: int = 16
     max_open_files: int = 64
     max_file_bytes: int = 1024 * 1024
     max_output_bytes: int = 1024 * 1024
@@ -140,6 +149,8 @@ class Limits:
             raise ValueError("Limits.max_open_files must be at least 8 (Python needs a few)")
         if self.memory_bytes < 64 * 1024 * 1024:
             raise ValueError("Limits.memory_bytes must be at least 64 MiB (Python needs it)")
+        if self.max_threads < self.max_processes:
+            raise ValueError("Limits.max_threads must be at least Limits.max_processes")
 
 
 @dataclass(frozen=True)
@@ -155,7 +166,7 @@ class SandboxResult:
       wall_seconds(float): wall-clock time of the run, start-up included.
       layers(tuple[str, ...]): the isolation layers that were active, e.g.
         ``("clean-env", "private-tmp", "process-group", "netns", "landlock-fs",
-        "rlimits", "seccomp-net", "seccomp-proc")``.
+        "rlimits", "seccomp-allowlist")``.
       logs(str): what the snippet printed (stdout and stderr), truncated to 64 KiB.
     """
 
@@ -183,16 +194,18 @@ class SandboxResult:
 class _Run:
     """One child process: feeds stdin, drains stdout/stderr under the caps, reaps it."""
 
-    def __init__(self, process: subprocess.Popen[bytes], payload: bytes, limits: Limits) -> None:
+    def __init__(self, process: subprocess.Popen[bytes], stdin: bytes, limits: Limits) -> None:
         self.process = process
         self.limits = limits
-        self.stdin_data = payload
+        self.stdin_data = stdin
         self.stdout = bytearray()
         self.stderr = bytearray()
         self.total = 0
         self.breach: Status | None = None
+        self.breach_reason = ""
         self.status = 0
         self.rusage: Any = None
+        self.layers: list[str] | None = None  # from the child's first line, once it came
 
     def communicate(self, deadline: float) -> None:
         process = self.process
@@ -207,13 +220,33 @@ class _Run:
                 if remaining <= 0:
                     self.breach = "timeout"
                     break
-                for key, _ in selector.select(remaining):
+                for key, _ in selector.select(min(remaining, _POLL_SECONDS)):
                     if key.fileobj is process.stdin:
                         self._feed(selector)
                     else:
                         self._drain(selector, key)
+                self._watch_threads()
         if self.breach is None:
             self._wait_exit(deadline)
+
+    def _watch_threads(self) -> None:
+        """Count the snippet's threads where no ``RLIMIT_NPROC`` of its own caps them."""
+        if self.layers is None and b"\n" in self.stdout:
+            self.layers = _layers(bytes(self.stdout.split(b"\n", 1)[0]))
+        if self.layers is None or "own-uid" in self.layers or self.breach is not None:
+            return
+        try:
+            with open(f"/proc/{self.process.pid}/status", "rb") as handle:
+                for line in handle:
+                    if line.startswith(b"Threads:"):
+                        if int(line.split()[1]) > self.limits.max_threads:
+                            self.breach = "forbidden"
+                            self.breach_reason = (
+                                f"thread limit of {self.limits.max_threads} reached"
+                            )
+                        return
+        except (OSError, ValueError, IndexError):
+            return  # exited, or a zombie: its exit status tells
 
     def _feed(self, selector: selectors.BaseSelector) -> None:
         stdin = self.process.stdin
@@ -251,8 +284,11 @@ class _Run:
             if time.monotonic() >= deadline:
                 self.breach = "timeout"
                 return
+            self._watch_threads()
+            if self.breach is not None:
+                return
             time.sleep(pause)
-            pause = min(pause * 2, 0.02)
+            pause = min(pause * 2, _POLL_SECONDS)
 
     def finish(self) -> None:
         """Kill the whole process group, then reap the child (in that order: until it is
@@ -268,23 +304,65 @@ class _Run:
         process.returncode = os.waitstatus_to_exitcode(self.status)
 
 
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth of decoded JSON, without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, list):
+            deepest = max(deepest, depth)
+            if depth > MAX_RESULT_DEPTH:
+                return depth
+            stack.extend((child, depth + 1) for child in item)
+    return deepest
+
+
+def _decode(line: bytes) -> tuple[dict[str, Any] | None, str | None]:
+    """One line of the result channel: (a JSON object, None) or (None, the problem).
+
+    Strict JSON only (no ``NaN``/``Infinity``), nested at most :data:`MAX_RESULT_DEPTH`
+    deep; nothing in ``line`` can make this raise.
+    """
+    try:
+        doc = json.loads(line, parse_constant=_reject_constant)
+    except RecursionError:
+        return None, f"the result is nested deeper than {MAX_RESULT_DEPTH} levels"
+    except (ValueError, TypeError, OverflowError) as exc:  # UnicodeDecodeError is a ValueError
+        return None, f"the result is not valid JSON ({str(exc)[:200]})"
+    if not isinstance(doc, dict):
+        return None, "the result is not a JSON object"
+    if _depth(doc) > MAX_RESULT_DEPTH:
+        return None, f"the result is nested deeper than {MAX_RESULT_DEPTH} levels"
+    return doc, None
+
+
+def _layers(line: bytes) -> list[str]:
+    """The layers the launcher reported on its first line (empty when malformed)."""
+    doc, _ = _decode(line)
+    layers = doc.get("layers") if doc is not None else None
+    return [str(layer) for layer in layers] if isinstance(layers, list) else []
+
+
 def _docs(stdout: bytes) -> tuple[dict[str, Any] | None, dict[str, Any] | None, str | None]:
     """(layers document, result document, problem) from the child's result channel."""
-    lines = stdout.split(b"\n")
+    lines = stdout.split(b"\n", 2)
     docs: list[dict[str, Any]] = []
     for line in lines[:2]:
         if not line:
             break
-        try:
-            doc = json.loads(line)
-        except ValueError:
-            return (docs[0] if docs else None), None, "the result is not valid JSON"
-        if not isinstance(doc, dict):
-            return (docs[0] if docs else None), None, "the result is not a JSON object"
+        doc, problem = _decode(line)
+        if doc is None:
+            return (docs[0] if docs else None), None, problem
         docs.append(doc)
     if len(docs) < 2:
         return (docs[0] if docs else None), None, None
-    if any(lines[2:]):
+    if len(lines) > 2 and lines[2]:
         return docs[0], None, "unexpected data after the result"
     return docs[0], docs[1], None
 
@@ -299,10 +377,60 @@ def _status_from_exit(status: int, cpu: float, limits: Limits) -> tuple[Status, 
             return "memory", "killed by SIGKILL (the out-of-memory killer)"
         if sig == signal.SIGXFSZ:
             return "forbidden", f"file size limit of {limits.max_file_bytes} bytes reached"
+        if sig == signal.SIGSYS:
+            return "forbidden", "a system call of another architecture was refused (SIGSYS)"
         if sig in _CRASH_SIGNALS:
             return "crashed", f"the child crashed ({name})"
         return "crashed", f"the child was killed by {name}"
     return "crashed", f"the child exited with code {os.WEXITSTATUS(status)} and no result"
+
+
+def _remove_private_dir(path: str) -> None:
+    """Remove ``path`` whatever the snippet did inside it (modes, depth, symlinks).
+
+    Runs after every process of the snippet is dead. Subdirectories are moved up to
+    ``path`` one level at a time, so no recursion, no long paths and two descriptors
+    at most; each directory is made ``0o700`` before it is read (the owner may always
+    do that); symbolic links are removed, never followed.
+    """
+    try:
+        top = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return
+    except PermissionError:
+        os.chmod(path, 0o700)
+        top = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        os.fchmod(top, 0o700)
+        pending: list[str | None] = [None]  # None: the top itself; else a name right under it
+        moved, token = 0, secrets.token_hex(8)
+        while pending:
+            name = pending.pop()
+            if name is None:
+                fd = os.dup(top)
+            else:
+                os.chmod(name, 0o700, dir_fd=top, follow_symlinks=False)
+                fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=top)
+            try:
+                with os.scandir(fd) as entries:
+                    children = [(e.name, e.is_dir(follow_symlinks=False)) for e in entries]
+                for child, is_dir in children:
+                    if not is_dir:
+                        os.unlink(child, dir_fd=fd)
+                    elif name is None:
+                        pending.append(child)
+                    else:
+                        moved += 1
+                        flat = f".sandbox-rm-{token}-{moved}"
+                        os.rename(child, flat, src_dir_fd=fd, dst_dir_fd=top)
+                        pending.append(flat)
+            finally:
+                os.close(fd)
+            if name is not None:
+                os.rmdir(name, dir_fd=top)
+    finally:
+        os.close(top)
+    os.rmdir(path)
 
 
 def run_untrusted(
@@ -320,17 +448,12 @@ def run_untrusted(
       the snippet ends here as a status; nothing the snippet does raises.
 
     Raises:
-      ValueError: if the payload is not JSON-serialisable, or ``max_processes > 1``
-        while the worker runs as root (``RLIMIT_NPROC`` would not apply).
-      SandboxError: if the sandbox could not be started or set up.
+      ValueError: if the payload is not JSON-serialisable.
+      SandboxError: if the sandbox could not be started or set up (for example
+        ``libseccomp`` is missing, or ``max_processes > 1`` without a uid of its own).
     """
     limits = limits or Limits()
     payload_bytes = json.dumps(payload, allow_nan=False).encode()
-    if limits.max_processes > 1 and os.geteuid() == 0:
-        raise ValueError(
-            "Limits.max_processes > 1 needs a non-root worker: "
-            "the kernel does not apply RLIMIT_NPROC to root"
-        )
     if not sys.executable:
         raise SandboxError("no Python executable to start the sandbox with")
     worker_layers = _protect_worker()
@@ -354,15 +477,32 @@ def run_untrusted(
             )
         except OSError as exc:
             raise SandboxError(f"cannot start the sandbox: {exc}") from exc
-        run = _Run(process, payload_bytes, limits)
+        run = _Run(process, b"", limits)
         try:
+            # Built while the child's interpreter starts: its pid is part of the rules.
+            program = _seccomp_program(process.pid, limits)
+            run.stdin_data = len(program).to_bytes(4, "big") + program + payload_bytes
             run.communicate(started + limits.wall_seconds)
         finally:
             run.finish()
         wall = time.monotonic() - started
         return _result(run, limits, wall, worker_layers)
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        _remove_private_dir(workdir)
+
+
+def _seccomp_program(pid: int, limits: Limits) -> bytes:
+    """The child's syscall allowlist as BPF (empty when tests switched seccomp off)."""
+    if "seccomp" in _DISABLED_LAYERS:
+        return b""
+    try:
+        from ._sandbox_seccomp import build_filter
+    except (ImportError, RuntimeError) as exc:  # pyseccomp, or libseccomp, is missing
+        raise SandboxError(f"cannot build the seccomp filter: {exc}") from exc
+    try:
+        return build_filter(pid, limits.max_processes)
+    except OSError as exc:
+        raise SandboxError(f"cannot build the seccomp filter: {exc}") from exc
 
 
 def _result(
@@ -378,7 +518,9 @@ def _result(
             raise SandboxError(f"the sandbox exited before its set-up was done: {stderr[-2000:]}")
     layers: tuple[str, ...] = ("clean-env", "private-tmp", "process-group", *worker_layers)
     if layers_doc is not None:
-        layers += tuple(str(layer) for layer in layers_doc.get("layers", ()))
+        reported = layers_doc.get("layers")
+        if isinstance(reported, list):
+            layers += tuple(str(layer) for layer in reported)
     common: dict[str, Any] = {
         "cpu_seconds": round(cpu, 4),
         "max_rss_bytes": run.rusage.ru_maxrss * 1024,
@@ -392,6 +534,8 @@ def _result(
     if run.breach == "output_too_large":
         error = f"output limit of {limits.max_output_bytes} bytes reached"
         return SandboxResult("output_too_large", error=error, **common)
+    if run.breach == "forbidden":
+        return SandboxResult("forbidden", error=run.breach_reason, **common)
     if problem is not None:
         return SandboxResult(
             "error", error=f"malformed result from the sandbox: {problem}", **common
@@ -405,4 +549,5 @@ def _result(
     for status in STATUSES:
         if reported == status:
             return SandboxResult(status, error=str(result_doc.get("error") or status), **common)
-    return SandboxResult("error", error=f"malformed result: status {reported!r}", **common)
+    error = f"malformed result: status {str(reported)[:200]!r}"
+    return SandboxResult("error", error=error, **common)
