@@ -58,7 +58,7 @@ def workdirs(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """Private directories of this test's runs go under their own directory, so that
     leftovers (processes or files) are this test's and not a parallel test's. It is
     searchable by anyone (mode 0711, like /tmp), as the snippet's own uid needs."""
-    parent = Path(tempfile.mkdtemp(prefix="sandbox-test-", dir="/tmp"))  # noqa: S108
+    parent = Path(tempfile.mkdtemp(prefix="sandbox-test-", dir="/tmp"))
     parent.chmod(0o711)
     monkeypatch.setattr(tempfile, "tempdir", str(parent))
     yield parent
