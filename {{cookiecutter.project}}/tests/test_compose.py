@@ -1,0 +1,81 @@
+"""compose.yaml runs the pools of pools.toml: one worker service per pool, each stopped with
+more grace than its drain window, probed with `healthcheck ready`; Redis is not published."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from {{ cookiecutter.package }}.pools import load_pools
+
+ROOT = Path(__file__).resolve().parents[1]
+PROJECT = "{{ cookiecutter.project }}"
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    return loaded
+
+
+def workers(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    services: dict[str, dict[str, Any]] = compose["services"]
+    return {name: spec for name, spec in services.items() if name.startswith("worker-")}
+
+
+def seconds(duration: str) -> float:
+    match = re.fullmatch(r"(\d+)(ms|s|m)", duration)
+    assert match, f"unsupported duration {duration!r}"
+    return int(match.group(1)) * {"ms": 0.001, "s": 1.0, "m": 60.0}[match.group(2)]
+
+
+def test_one_worker_service_per_pool(compose: dict[str, Any]) -> None:
+    pools = load_pools(ROOT / "pools.toml").pools
+    assert set(workers(compose)) == {f"worker-{name}" for name in pools}, (
+        "compose.yaml and pools.toml disagree: add or remove the pool's worker-<pool> service"
+    )
+    for name, service in workers(compose).items():
+        assert service["environment"]["WORKER_POOL"] == name.removeprefix("worker-")
+
+
+def test_each_worker_outlasts_its_drain_window(compose: dict[str, Any]) -> None:
+    pools = load_pools(ROOT / "pools.toml").pools
+    for name, service in workers(compose).items():
+        pool = pools[name.removeprefix("worker-")]
+        grace = seconds(service["stop_grace_period"])
+        assert grace * 1000 > pool.shutdown_timeout_ms, (
+            f"{name}: stop_grace_period {service['stop_grace_period']} is not above "
+            f"shutdown_timeout_ms {pool.shutdown_timeout_ms}: docker would SIGKILL mid-drain"
+        )
+
+
+def test_workers_are_probed_for_readiness_and_locked_down(compose: dict[str, Any]) -> None:
+    for name, service in workers(compose).items():
+        assert service["healthcheck"]["test"] == ["CMD", PROJECT, "healthcheck", "ready"], name
+        assert service["read_only"] is True, name
+        assert service["cap_drop"] == ["ALL"], name
+        assert service["depends_on"]["redis"] == {"condition": "service_healthy"}, name
+        for port in service.get("ports", []):
+            assert str(port).startswith("127.0.0.1:"), f"{name} publishes {port} beyond localhost"
+
+
+def test_nothing_but_worker_metrics_is_published(compose: dict[str, Any]) -> None:
+    published = {name for name, spec in compose["services"].items() if spec.get("ports")}
+    assert published <= set(workers(compose)), published
+
+
+def test_sandbox_workers_reach_only_the_broker(compose: dict[str, Any]) -> None:
+    pools = load_pools(ROOT / "pools.toml").pools
+    sandboxed = [f"worker-{name}" for name, pool in pools.items() if pool.sandbox]
+    for name in sandboxed:
+        service = workers(compose)[name]
+        assert service["networks"] == ["broker"], name
+        assert "DATABASE_URL" not in service["environment"], name
+        assert "ports" not in service, name
+    if sandboxed:
+        assert compose["networks"]["broker"]["internal"] is True
+        assert "broker" in compose["services"]["redis"]["networks"]
