@@ -14,6 +14,7 @@ from dramatiq import Middleware
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import AgeLimit, Callbacks, CurrentMessage, Pipelines, TimeLimit
 
+from . import layout
 from .middleware import (
     Attempts,
     CrashAwareRetries,
@@ -70,6 +71,7 @@ def build_broker(settings: Settings) -> RedisBroker:
     )
     return RedisBroker(
         client=client,
+        namespace=layout.NAMESPACE,
         middleware=middleware_stack(settings),
         heartbeat_timeout=settings.worker_heartbeat_timeout_ms,
         maintenance_chance=0,

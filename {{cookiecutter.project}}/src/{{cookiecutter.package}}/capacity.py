@@ -51,13 +51,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from . import layout
 from .exitcodes import EX_FAILURE, EX_INTERRUPTED, EX_OK
+from .layout import QueueKeys
 
 if TYPE_CHECKING:
     import dramatiq
     import redis
 
-NAMESPACE = "dramatiq"
 DEFAULT_LEVELS = (1, 2, 4, 8, 16)
 #: Seconds between two looks at the queue while the worker runs.
 POLL_INTERVAL_S = 0.005
@@ -110,25 +111,12 @@ def free_port() -> int:
         return port
 
 
-def queue_keys(queue: str) -> dict[str, str]:
-    """The Redis keys of ``queue``: ready list and bodies, delayed list and bodies, dead."""
-    base = f"{NAMESPACE}:{queue}"
-    return {
-        "ready": base,
-        "ready_bodies": f"{base}.msgs",
-        "delayed": f"{base}.DQ",
-        "delayed_bodies": f"{base}.DQ.msgs",
-        "dead": f"{base}.XQ",
-        "dead_bodies": f"{base}.XQ.msgs",
-    }
-
-
 def messages_in(client: redis.Redis, queue: str) -> int:
     """Messages ``queue`` holds: ready, running (fetched, not acked) or delayed."""
-    keys = queue_keys(queue)
+    keys = QueueKeys.of(queue)
     pipe = client.pipeline(transaction=False)
-    pipe.hlen(keys["ready_bodies"])
-    pipe.hlen(keys["delayed_bodies"])
+    pipe.hlen(keys.ready_bodies)
+    pipe.hlen(keys.delayed_bodies)
     return sum(int(size) for size in pipe.execute())
 
 
@@ -142,11 +130,8 @@ def enqueue(probe: Probe) -> set[str]:
 
 def message_id_of(body: bytes | str) -> str | None:
     """The ``message_id`` of a stored message body, or None when it is not one."""
-    try:
-        fields = json.loads(body)
-    except ValueError:
-        return None
-    return str(fields.get("message_id")) if isinstance(fields, dict) else None
+    fields = layout.message_fields(body)
+    return None if fields is None else str(fields.get("message_id"))
 
 
 def remove(client: redis.Redis, queue: str, message_ids: set[str]) -> int:
@@ -154,19 +139,22 @@ def remove(client: redis.Redis, queue: str, message_ids: set[str]) -> int:
 
     For an aborted measurement, once its worker has stopped. Returns how many.
     """
-    keys = queue_keys(queue)
+    keys = QueueKeys.of(queue)
     removed = 0
-    for listing in ("ready", "delayed", "dead"):
-        bodies = f"{listing}_bodies"
-        for raw_id, body in client.hgetall(keys[bodies]).items():
-            redis_id = raw_id.decode() if isinstance(raw_id, bytes) else raw_id
+    for listing, bodies in (
+        (keys.ready, keys.ready_bodies),
+        (keys.delayed, keys.delayed_bodies),
+        (keys.dead, keys.dead_bodies),
+    ):
+        for raw_id, body in client.hgetall(bodies).items():
+            redis_id = layout.text(raw_id)
             if message_id_of(body) not in message_ids:
                 continue
-            if listing == "dead":
-                client.zrem(keys[listing], redis_id)
+            if listing == keys.dead:
+                client.zrem(listing, redis_id)
             else:
-                client.lrem(keys[listing], 0, redis_id)
-            removed += int(client.hdel(keys[bodies], redis_id))
+                client.lrem(listing, 0, redis_id)
+            removed += int(client.hdel(bodies, redis_id))
     return removed
 
 
@@ -174,14 +162,13 @@ def failure_reason(client: redis.Redis, queue: str) -> str:
     """Why the latest probe job failed: its dead-letter reason or its traceback's last line."""
     from .dlq import DeadLetter
 
-    keys = queue_keys(queue)
-    newest = cast(list[bytes], client.zrange(keys["dead"], -1, -1))
-    bodies: list[Any] = [client.hget(keys["dead_bodies"], redis_id) for redis_id in newest]
-    bodies += client.hvals(keys["delayed_bodies"])[:1]
+    keys = QueueKeys.of(queue)
+    newest = cast(list[bytes], client.zrange(keys.dead, -1, -1))
+    bodies: list[Any] = [client.hget(keys.dead_bodies, redis_id) for redis_id in newest]
+    bodies += client.hvals(keys.delayed_bodies)[:1]
     for body in bodies:
         if body is not None:
-            raw = body.encode() if isinstance(body, str) else body
-            return DeadLetter(queue, "", 0, raw).reason
+            return DeadLetter(queue, "", 0, layout.raw_bytes(body)).reason
     return "reason unknown"
 
 
@@ -258,14 +245,14 @@ def time_jobs(
       CapacityError: when a job fails, the worker exits, ``probe.timeout_s`` passes,
         or the jobs are done too fast to time.
     """
-    keys = queue_keys(probe.queue)
+    keys = QueueKeys.of(probe.queue)
     deadline = time.monotonic() + probe.timeout_s
     started = counted = None
     while True:
         pipe = client.pipeline(transaction=False)
-        pipe.hlen(keys["ready_bodies"])
-        pipe.hlen(keys["delayed_bodies"])
-        pipe.zcard(keys["dead"])
+        pipe.hlen(keys.ready_bodies)
+        pipe.hlen(keys.delayed_bodies)
+        pipe.zcard(keys.dead)
         pending, retried, dead = (int(value) for value in pipe.execute())
         now = time.monotonic()
         failed = retried + dead - dead_before
@@ -304,8 +291,8 @@ def measure(client: redis.Redis, probe: Probe, pool: str, concurrency: int) -> f
             f"queue {probe.queue!r} holds messages; the probe runs only on an "
             "idle queue, so it never mixes with real traffic"
         )
-    keys = queue_keys(probe.queue)
-    dead_before = int(client.zcard(keys["dead"]))
+    keys = QueueKeys.of(probe.queue)
+    dead_before = int(client.zcard(keys.dead))
     message_ids = enqueue(probe)
     with tempfile.TemporaryDirectory(prefix="capacity-") as state:
         log = Path(state) / "worker.log"
@@ -315,7 +302,7 @@ def measure(client: redis.Redis, probe: Probe, pool: str, concurrency: int) -> f
             return time_jobs(client, probe, worker, log, dead_before)
         finally:
             stop_worker(worker, drain_s)
-            if messages_in(client, probe.queue) or client.zcard(keys["dead"]) > dead_before:
+            if messages_in(client, probe.queue) or client.zcard(keys.dead) > dead_before:
                 remove(client, probe.queue, message_ids)
 
 

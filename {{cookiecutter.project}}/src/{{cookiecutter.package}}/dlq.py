@@ -9,7 +9,7 @@
 
 Without ``--queue`` the commands look at every queue of pools.toml: an operator
 looks across pools. Dead letters are kept where Dramatiq keeps them (see
-:mod:`.recovery`): the zset ``dramatiq:<queue>.XQ`` maps each redis message id to
+:mod:`.layout`): the zset ``dramatiq:<queue>.XQ`` maps each redis message id to
 the time it died (ms), the hash ``dramatiq:<queue>.XQ.msgs`` holds its body, a
 Dramatiq message with ``options.dead_letter_reason`` (ours) and
 ``options.traceback`` (Dramatiq's Retries) when known.
@@ -40,36 +40,18 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
 
+from . import layout
 from .exitcodes import EX_FAILURE, EX_OK, EX_USAGE
+from .layout import dead_letter_keys
 
 if TYPE_CHECKING:
     import redis
     from dramatiq import Message
 
-NAMESPACE = "dramatiq"
 #: Characters of the reason shown in the ``dlq list`` table (``--json`` has all of it).
 REASON_WIDTH = 60
 #: Options a replay drops: they belong to the deliveries that failed.
 STALE_OPTIONS = ("dead_letter_reason", "traceback", "requeue_timestamp", "eta")
-
-# KEYS: q.XQ, q.XQ.msgs, q.msgs, q.  ARGV: old redis id, new redis id, new body.
-_REPLAY = """
-if redis.call('zrem', KEYS[1], ARGV[1]) == 1 then
-  redis.call('hdel', KEYS[2], ARGV[1])
-  redis.call('hset', KEYS[3], ARGV[2], ARGV[3])
-  redis.call('rpush', KEYS[4], ARGV[2])
-  return 1
-end
-return 0
-"""
-# KEYS: q.XQ, q.XQ.msgs.  ARGV: redis id.
-_PURGE = """
-if redis.call('zrem', KEYS[1], ARGV[1]) == 1 then
-  redis.call('hdel', KEYS[2], ARGV[1])
-  return 1
-end
-return 0
-"""
 
 
 class DeadLetterError(Exception):
@@ -95,13 +77,7 @@ class DeadLetter:
     @functools.cached_property
     def fields(self) -> dict[str, Any] | None:
         """The body as a dict, or None when it is missing or not JSON."""
-        if self.body is None:
-            return None
-        try:
-            fields = json.loads(self.body)
-        except ValueError:
-            return None
-        return fields if isinstance(fields, dict) else None
+        return layout.message_fields(self.body)
 
     @property
     def options(self) -> dict[str, Any]:
@@ -147,20 +123,6 @@ class DeadLetter:
         }
 
 
-def dead_letter_keys(queue: str) -> tuple[str, str]:
-    """The zset and the hash of ``queue``'s dead letters."""
-    base = f"{NAMESPACE}:{queue}.XQ"
-    return base, f"{base}.msgs"
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _bytes(value: Any) -> bytes | None:
-    return value.encode() if isinstance(value, str) else value
-
-
 def count(client: redis.Redis, queue: str) -> int:
     """How many dead letters ``queue`` holds."""
     return int(client.zcard(dead_letter_keys(queue)[0]))
@@ -177,10 +139,10 @@ def dead_letters(client: redis.Redis, queue: str, limit: int | None = None) -> l
     entries = cast(list[tuple[Any, float]], client.zrange(zset, 0, stop, withscores=True))
     if not entries:
         return []
-    ids = [_text(raw_id) for raw_id, _ in entries]
+    ids = [layout.text(raw_id) for raw_id, _ in entries]
     stored = client.hmget(bodies, ids)
     return [
-        DeadLetter(queue, redis_id, int(score), _bytes(body))
+        DeadLetter(queue, redis_id, int(score), layout.raw_bytes(body))
         for (redis_id, (_, score), body) in zip(ids, entries, stored, strict=True)
     ]
 
@@ -196,7 +158,7 @@ def find(client: redis.Redis, queues: Iterable[str], redis_id: str) -> DeadLette
         zset, bodies = dead_letter_keys(queue)
         score = client.zscore(zset, redis_id)
         if score is not None:
-            body = _bytes(client.hget(bodies, redis_id))
+            body = layout.raw_bytes(client.hget(bodies, redis_id))
             return DeadLetter(queue, redis_id, int(score), body)
     raise DeadLetterError(f"no dead letter {redis_id!r} on queue(s) {', '.join(queues)}")
 
@@ -240,25 +202,15 @@ def fresh_copy(letter: DeadLetter, now_ms: int | None = None) -> Message[Any]:
 def replay(client: redis.Redis, letter: DeadLetter) -> bool:
     """Move ``letter`` back to the tail of its ready queue; False when it was already gone."""
     message = fresh_copy(letter)
-    zset, bodies = dead_letter_keys(letter.queue)
-    queue = f"{NAMESPACE}:{letter.queue}"
-    moved = client.eval(
-        _REPLAY,
-        4,
-        zset,
-        bodies,
-        f"{queue}.msgs",
-        queue,
-        letter.redis_id,
-        message.options["redis_message_id"],
-        message.encode(),
+    new_id = message.options["redis_message_id"]
+    return layout.replay_dead_letter(
+        client, letter.queue, letter.redis_id, new_id, message.encode()
     )
-    return bool(moved)
 
 
 def purge(client: redis.Redis, letter: DeadLetter) -> bool:
     """Delete ``letter``; False when it was already gone."""
-    return bool(client.eval(_PURGE, 2, *dead_letter_keys(letter.queue), letter.redis_id))
+    return layout.purge_dead_letter(client, letter.queue, letter.redis_id)
 
 
 # The command line.

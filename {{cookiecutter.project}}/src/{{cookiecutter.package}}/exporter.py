@@ -13,8 +13,8 @@ which serves from a daemon thread:
   with the problems, one a line (the same rule as ``healthcheck live``);
 * ``/readyz``: 200 when Redis (and the database) answer, else 503.
 
-Backlog, per queue ``q`` of the pool, with one Lua call per scrape (constant work
-per queue, however many messages wait):
+Backlog, per queue ``q`` of the pool, with one Lua call per scrape
+(:data:`.layout.BACKLOG`: constant work per queue, however many messages wait):
 
 * ``queue_depth{queue="q"}``: messages ready to run, ``LLEN dramatiq:q`` (the list
   a KEDA ``redis`` trigger watches); ``queue_depth{queue="q.DQ"}``: delayed
@@ -32,7 +32,6 @@ per queue, however many messages wait):
 from __future__ import annotations
 
 import glob
-import json
 import logging
 import os
 import threading
@@ -48,39 +47,17 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
+from . import layout
+
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
     from .settings import Settings
 
 logger = logging.getLogger(__name__)
-NAMESPACE = "dramatiq"
 #: How many ids at the head of a list are tried when a head id has no body (a race with an ack).
 HEAD_PROBE = 3
 ANY_HOST = "0.0.0.0"  # noqa: S104  (Prometheus scrapes the pod from outside)
-
-# KEYS: per queue q, 5 keys: q, q.msgs, q.DQ, q.DQ.msgs, q.XQ.  ARGV[1]: HEAD_PROBE.
-# Returns per queue: {llen, head body or false, dq llen, dq head body or false, zcard}.
-_BACKLOG = """
-local out = {}
-local probe = tonumber(ARGV[1])
-local function head(list, bodies)
-  local ids = redis.call('lrange', list, 0, probe - 1)
-  for _, id in ipairs(ids) do
-    local body = redis.call('hget', bodies, id)
-    if body then return body end
-  end
-  return false
-end
-for i = 1, #KEYS, 5 do
-  table.insert(out, redis.call('llen', KEYS[i]))
-  table.insert(out, head(KEYS[i], KEYS[i + 1]))
-  table.insert(out, redis.call('llen', KEYS[i + 2]))
-  table.insert(out, head(KEYS[i + 2], KEYS[i + 3]))
-  table.insert(out, redis.call('zcard', KEYS[i + 4]))
-end
-return out
-"""
 
 
 @dataclass(frozen=True)
@@ -93,21 +70,6 @@ class Backlog:
     delayed: int
     delayed_overdue_s: float
     dead_letters: int
-
-
-def _keys(queue: str) -> list[str]:
-    base = f"{NAMESPACE}:{queue}"
-    return [base, f"{base}.msgs", f"{base}.DQ", f"{base}.DQ.msgs", f"{base}.XQ"]
-
-
-def _body(raw: Any) -> dict[str, Any]:
-    if not raw:
-        return {}
-    try:
-        decoded = json.loads(raw)
-    except ValueError:
-        return {}
-    return decoded if isinstance(decoded, dict) else {}
 
 
 def _age_s(now_ms: float, since_ms: Any) -> float:
@@ -123,25 +85,22 @@ def read_backlog(
     now: float | None = None,
 ) -> list[Backlog]:
     """The backlog of ``queues`` with a single Redis call (constant work per queue)."""
-    if not queues:
-        return []
     now_ms = (time.time() if now is None else now) * 1000
-    keys = [key for queue in queues for key in _keys(queue)]
-    raw: list[Any] = client.eval(_BACKLOG, len(keys), *keys, HEAD_PROBE)
     found = []
-    for index, queue in enumerate(queues):
-        depth, head, delayed, delayed_head, dead = raw[index * 5 : index * 5 + 5]
-        options = _body(delayed_head).get("options")
+    records = layout.read_backlog_records(client, queues, HEAD_PROBE)
+    for queue, record in zip(queues, records, strict=True):
+        head = layout.message_fields(record["head"]) or {}
+        options = (layout.message_fields(record["delayed_head"]) or {}).get("options")
         found.append(
             Backlog(
                 queue=queue,
-                depth=int(depth),
-                oldest_s=_age_s(now_ms, _body(head).get("message_timestamp")),
-                delayed=int(delayed),
+                depth=int(record["depth"]),
+                oldest_s=_age_s(now_ms, head.get("message_timestamp")),
+                delayed=int(record["delayed"]),
                 delayed_overdue_s=_age_s(now_ms, options.get("eta"))
                 if isinstance(options, dict)
                 else 0.0,
-                dead_letters=int(dead),
+                dead_letters=int(record["dead_letters"]),
             )
         )
     return found
@@ -180,9 +139,9 @@ class BacklogCollector(Collector):
         )
         for item in backlog:
             depth.add_metric([item.queue], item.depth)
-            depth.add_metric([f"{item.queue}.DQ"], item.delayed)
+            depth.add_metric([layout.delay_queue(item.queue)], item.delayed)
             oldest.add_metric([item.queue], item.oldest_s)
-            oldest.add_metric([f"{item.queue}.DQ"], item.delayed_overdue_s)
+            oldest.add_metric([layout.delay_queue(item.queue)], item.delayed_overdue_s)
             dead.add_metric([item.queue], item.dead_letters)
         return [depth, oldest, dead]
 

@@ -24,7 +24,7 @@ import redis
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.common import iter_queue
 
-from . import lifecycle, recovery
+from . import layout, lifecycle, recovery
 from .boards import ProgressBoard
 from .exitcodes import EX_OK
 from .settings import Settings
@@ -158,13 +158,9 @@ class WorkerProcess:
         """Requeue whatever this process still holds (prefetch caches, stuck handlers)."""
         client: redis.Redis = broker.client
         count = 0
-        for name in self.settings.worker_queues:
-            for queue in (name, f"{name}.DQ"):
-                held = client.smembers(recovery.acks_key(broker.broker_id, queue))
-                count += recovery.requeue(
-                    client,
-                    broker.broker_id,
-                    queue,
-                    [h.decode() if isinstance(h, bytes) else str(h) for h in held],
-                )
+        for queue in layout.with_delay_queues(self.settings.worker_queues):
+            held = client.smembers(layout.acks_key(broker.broker_id, queue))
+            count += recovery.requeue(
+                client, broker.broker_id, queue, [layout.text(h) for h in held]
+            )
         return count

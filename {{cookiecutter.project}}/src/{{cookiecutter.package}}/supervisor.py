@@ -23,7 +23,7 @@ from types import FrameType
 
 import redis
 
-from . import recovery
+from . import layout, recovery
 from .boards import progress_dir, read_board
 from .exitcodes import EX_FAILURE, EX_OK
 from .settings import PROJECT, VERSION, Settings
@@ -175,7 +175,7 @@ class Supervisor:
                     self.settings.worker_max_attempts,
                     running,
                 )
-                self.redis.zrem(recovery.HEARTBEATS, board.broker_id)
+                self.redis.zrem(layout.HEARTBEATS, board.broker_id)
             except redis.RedisError as error:
                 logger.warning("could not recover now; the heartbeat timeout will: %s", error)
         board_path.unlink(missing_ok=True)

@@ -37,6 +37,7 @@ from dramatiq.broker import MessageProxy
 from dramatiq.worker import Worker
 from prometheus_client import Counter, Gauge, Histogram
 
+from ..layout import canonical
 from ..lifecycle import Requeue
 from ..settings import DATABASE_ENABLED
 
@@ -138,10 +139,6 @@ def db_instruments() -> DbPoolInstruments:
                 ),
             )
         return _db_instruments
-
-
-def canonical(queue: str) -> str:
-    return queue.removesuffix(".DQ")
 
 
 class Metrics(Middleware):

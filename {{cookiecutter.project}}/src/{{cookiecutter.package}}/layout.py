@@ -1,0 +1,291 @@
+"""The broker's Redis layout: Dramatiq's key names, ours, every Lua script we run, decoding.
+
+The one module that knows how Redis is laid out; recovery, the dead-letter
+tooling, the backlog metrics, ``capacity`` and the drain call it instead of
+spelling keys. Dramatiq's own layout (``dramatiq/brokers/redis/dispatch.lua``),
+for a queue ``q`` and a worker (broker) id ``w``:
+
+* ``dramatiq:q``: list of redis message ids ready to run (the list KEDA watches);
+* ``dramatiq:q.msgs``: hash redis message id -> encoded message;
+* ``dramatiq:q.DQ`` and ``dramatiq:q.DQ.msgs``: the delay queue (retries with
+  backoff, ``delay=``), the same shape;
+* ``dramatiq:q.XQ`` (zset id -> time of death, ms) and ``dramatiq:q.XQ.msgs``:
+  dead letters, for ``q`` and its delay queue alike (there is no ``q.DQ.XQ``);
+* ``dramatiq:__acks__.w.q``: set of ids ``w`` fetched and has not acked yet
+  (one per queue and delay queue);
+* ``dramatiq:__heartbeats__``: zset worker id -> last heartbeat, ms.
+
+Keys of our own get their builders here too (:func:`idempotency_key`).
+
+Each Lua script is a constant stating its KEYS and ARGV; it is called through
+the typed function below it, so no caller assembles KEYS. A script that works
+on several queues states its record widths as :data:`BACKLOG_KEYS` and
+:data:`BACKLOG_FIELDS`; the Lua reads the width from ARGV.
+
+This module imports neither Dramatiq nor redis-py at run time: the CLI stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    import redis
+
+#: Dramatiq's key prefix; ``broker.build_broker`` passes it to the RedisBroker.
+NAMESPACE: Final = "dramatiq"
+#: Suffix of a queue's delay queue (``dramatiq.common.dq_name``).
+DELAY_SUFFIX: Final = ".DQ"
+#: Suffix of a queue's dead letters (``dramatiq.common.xq_name``).
+DEAD_SUFFIX: Final = ".XQ"
+#: Suffix of the hash that holds a list's message bodies.
+BODIES_SUFFIX: Final = ".msgs"
+#: Worker heartbeats: zset broker id -> ms since the epoch.
+HEARTBEATS: Final = f"{NAMESPACE}:__heartbeats__"
+#: Prefix of the idempotency keys (ours).
+IDEMPOTENCY_PREFIX: Final = "idempotency:"
+
+
+# -- names ------------------------------------------------------------------------------
+
+
+def canonical(queue: str) -> str:
+    """``q`` for the delay queue ``q.DQ`` (and for ``q``): the name metrics and pools use."""
+    return queue.removesuffix(DELAY_SUFFIX)
+
+
+def delay_queue(queue: str) -> str:
+    """``q.DQ`` for ``q`` (and for ``q.DQ``)."""
+    return canonical(queue) + DELAY_SUFFIX
+
+
+def with_delay_queues(queues: Iterable[str]) -> list[str]:
+    """``[q, q.DQ, ...]``: every queue a worker serving ``queues`` fetches from."""
+    return [name for queue in queues for name in (queue, delay_queue(queue))]
+
+
+def queue_key(queue: str) -> str:
+    """The list of ids ready to run on ``queue`` (a queue or a delay queue)."""
+    return f"{NAMESPACE}:{queue}"
+
+
+def bodies_key(queue: str) -> str:
+    """The hash of the message bodies of ``queue`` (a queue or a delay queue)."""
+    return queue_key(queue) + BODIES_SUFFIX
+
+
+def acks_key(broker_id: str, queue: str) -> str:
+    """The set of ids that worker ``broker_id`` fetched from ``queue`` and has not acked."""
+    return f"{NAMESPACE}:__acks__.{broker_id}.{queue}"
+
+
+def acks_pattern(broker_id: str) -> str:
+    """A SCAN pattern matching every acks set of ``broker_id``."""
+    return acks_key(broker_id, "*")
+
+
+def dead_letter_keys(queue: str) -> tuple[str, str]:
+    """The zset and the hash of the dead letters of ``queue`` (or of its delay queue)."""
+    zset = queue_key(canonical(queue)) + DEAD_SUFFIX
+    return zset, zset + BODIES_SUFFIX
+
+
+def idempotency_key(key: str) -> str:
+    """The Redis key that records the side effect ``key`` as done."""
+    return IDEMPOTENCY_PREFIX + key
+
+
+@dataclass(frozen=True)
+class QueueKeys:
+    """Every key of one queue ``q``: ready list and bodies, delay list and bodies, dead letters."""
+
+    ready: str
+    ready_bodies: str
+    delayed: str
+    delayed_bodies: str
+    dead: str
+    dead_bodies: str
+
+    @classmethod
+    def of(cls, queue: str) -> QueueKeys:
+        name, delayed = canonical(queue), delay_queue(queue)
+        dead, dead_bodies = dead_letter_keys(name)
+        return cls(
+            ready=queue_key(name),
+            ready_bodies=bodies_key(name),
+            delayed=queue_key(delayed),
+            delayed_bodies=bodies_key(delayed),
+            dead=dead,
+            dead_bodies=dead_bodies,
+        )
+
+
+# -- decoding ---------------------------------------------------------------------------
+
+
+def text(value: Any) -> str:
+    """A Redis reply (bytes or str) as text."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def raw_bytes(value: Any) -> bytes | None:
+    """A Redis reply (bytes, str or None) as bytes, None kept."""
+    return value.encode() if isinstance(value, str) else value
+
+
+def message_fields(body: Any) -> dict[str, Any] | None:
+    """A stored message body as a dict; None when it is missing, not JSON or not an object."""
+    if not body:
+        return None
+    try:
+        fields = json.loads(body)
+    except ValueError:
+        return None
+    return fields if isinstance(fields, dict) else None
+
+
+def now_ms() -> int:
+    """Milliseconds since the epoch: Dramatiq's clock for heartbeats and dead letters."""
+    return int(time.time() * 1000)
+
+
+# -- scripts ----------------------------------------------------------------------------
+
+#: Requeue a held message. Only the caller that removes the id from the acks set moves it.
+#: KEYS: acks set, bodies of the queue, the queue.  ARGV: redis id, new body or ''.
+REQUEUE: Final = """
+if redis.call('srem', KEYS[1], ARGV[1]) == 1 then
+  if redis.call('hexists', KEYS[2], ARGV[1]) == 1 then
+    if ARGV[2] ~= '' then redis.call('hset', KEYS[2], ARGV[1], ARGV[2]) end
+    redis.call('rpush', KEYS[3], ARGV[1])
+  end
+  return 1
+end
+return 0
+"""
+
+#: Dead-letter a held message: the same guard, then the zset and bodies, as Dramatiq's nack.
+#: KEYS: acks set, bodies of the queue, dead zset, dead bodies.  ARGV: id, body, ms.
+DEAD_LETTER: Final = """
+if redis.call('srem', KEYS[1], ARGV[1]) == 1 then
+  redis.call('zadd', KEYS[3], ARGV[3], ARGV[1])
+  redis.call('hset', KEYS[4], ARGV[1], ARGV[2])
+  redis.call('hdel', KEYS[2], ARGV[1])
+  return 1
+end
+return 0
+"""
+
+#: Replay a dead letter; the removal from the dead zset is the guard (exactly once).
+#: KEYS: dead zset, dead bodies, bodies of the queue, the queue.
+#: ARGV: old redis id, new redis id, new body.
+REPLAY: Final = """
+if redis.call('zrem', KEYS[1], ARGV[1]) == 1 then
+  redis.call('hdel', KEYS[2], ARGV[1])
+  redis.call('hset', KEYS[3], ARGV[2], ARGV[3])
+  redis.call('rpush', KEYS[4], ARGV[2])
+  return 1
+end
+return 0
+"""
+
+#: Delete a dead letter, with the same guard.  KEYS: dead zset, dead bodies.  ARGV: redis id.
+PURGE: Final = """
+if redis.call('zrem', KEYS[1], ARGV[1]) == 1 then
+  redis.call('hdel', KEYS[2], ARGV[1])
+  return 1
+end
+return 0
+"""
+
+#: What :data:`BACKLOG` returns per queue, in order (its record width is the length).
+BACKLOG_FIELDS: Final = ("depth", "head", "delayed", "delayed_head", "dead_letters")
+
+#: The backlog of several queues in one call (constant work per queue).
+#: KEYS: :func:`backlog_keys` of each queue, :data:`BACKLOG_KEYS` keys per queue.
+#: ARGV: ids tried at a list's head when one has no body; keys per queue.
+#: Returns per queue the :data:`BACKLOG_FIELDS`: llen, head body or false, delay
+#: llen, delay head body or false, dead-letter count.
+BACKLOG: Final = """
+local out = {}
+local probe = tonumber(ARGV[1])
+local width = tonumber(ARGV[2])
+local function head(list, bodies)
+  local ids = redis.call('lrange', list, 0, probe - 1)
+  for _, id in ipairs(ids) do
+    local body = redis.call('hget', bodies, id)
+    if body then return body end
+  end
+  return false
+end
+for i = 1, #KEYS, width do
+  table.insert(out, redis.call('llen', KEYS[i]))
+  table.insert(out, head(KEYS[i], KEYS[i + 1]))
+  table.insert(out, redis.call('llen', KEYS[i + 2]))
+  table.insert(out, head(KEYS[i + 2], KEYS[i + 3]))
+  table.insert(out, redis.call('zcard', KEYS[i + 4]))
+end
+return out
+"""
+
+
+def backlog_keys(queue: str) -> tuple[str, ...]:
+    """The keys :data:`BACKLOG` reads for ``queue``, in its order."""
+    keys = QueueKeys.of(queue)
+    return keys.ready, keys.ready_bodies, keys.delayed, keys.delayed_bodies, keys.dead
+
+
+#: Keys :data:`BACKLOG` takes per queue.
+BACKLOG_KEYS: Final = len(backlog_keys("q"))
+
+
+def requeue_held(
+    client: redis.Redis, broker_id: str, queue: str, redis_id: str, body: bytes = b""
+) -> bool:
+    """Put a message held by ``broker_id`` back at the tail of ``queue``, storing ``body``
+    first when given. False when it was no longer held (someone else moved it)."""
+    keys = (acks_key(broker_id, queue), bodies_key(queue), queue_key(queue))
+    return bool(client.eval(REQUEUE, len(keys), *keys, redis_id, body))
+
+
+def dead_letter_held(
+    client: redis.Redis, broker_id: str, queue: str, redis_id: str, body: bytes
+) -> bool:
+    """Move a message held by ``broker_id`` to the dead letters of ``queue``, stored as
+    ``body``. False when it was no longer held."""
+    keys = (acks_key(broker_id, queue), bodies_key(queue), *dead_letter_keys(queue))
+    return bool(client.eval(DEAD_LETTER, len(keys), *keys, redis_id, body, now_ms()))
+
+
+def replay_dead_letter(
+    client: redis.Redis, queue: str, redis_id: str, new_redis_id: str, body: bytes
+) -> bool:
+    """Move dead letter ``redis_id`` to the tail of ``queue`` as ``new_redis_id`` with
+    ``body``. False when it was already gone."""
+    keys = (*dead_letter_keys(queue), bodies_key(queue), queue_key(queue))
+    return bool(client.eval(REPLAY, len(keys), *keys, redis_id, new_redis_id, body))
+
+
+def purge_dead_letter(client: redis.Redis, queue: str, redis_id: str) -> bool:
+    """Delete dead letter ``redis_id`` of ``queue``. False when it was already gone."""
+    keys = dead_letter_keys(queue)
+    return bool(client.eval(PURGE, len(keys), *keys, redis_id))
+
+
+def read_backlog_records(
+    client: redis.Redis, queues: Sequence[str], head_probe: int
+) -> list[dict[str, Any]]:
+    """One :data:`BACKLOG` call; per queue a dict of the :data:`BACKLOG_FIELDS` (raw replies)."""
+    if not queues:
+        return []
+    keys = [key for queue in queues for key in backlog_keys(queue)]
+    raw: list[Any] = client.eval(BACKLOG, len(keys), *keys, head_probe, BACKLOG_KEYS)
+    width = len(BACKLOG_FIELDS)
+    return [
+        dict(zip(BACKLOG_FIELDS, raw[start : start + width], strict=True))
+        for start in range(0, len(raw), width)
+    ]
