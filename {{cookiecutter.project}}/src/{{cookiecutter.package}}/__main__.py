@@ -9,6 +9,8 @@ Run as ``python -m {{ cookiecutter.package }}`` or as the console script
     healthcheck ready                   exit 0 when Redis (and the database) answer
     dlq list|show|replay|purge          dead-letter tooling
     capacity                            throughput against concurrency
+    scheduler                           fire the schedules of pools.toml (leader-elected)
+    schedules [--json]                  each schedule: next fire times, last run
 
 Imports are local to each command: ``healthcheck live`` must stay fast and must
 not import Dramatiq or the actors.
@@ -76,6 +78,18 @@ def _ready(args: argparse.Namespace) -> int:
     return EX_FAILURE if problems else EX_OK
 
 
+def _scheduler(args: argparse.Namespace) -> int:
+    from .scheduler import run
+
+    return run()
+
+
+def _schedules(args: argparse.Namespace) -> int:
+    from .scheduler import list_schedules
+
+    return list_schedules(as_json=args.json, count=args.next)
+
+
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(
         prog="{{ cookiecutter.project }}",
@@ -103,6 +117,13 @@ def parser() -> argparse.ArgumentParser:
     probes.add_parser("ready", help="exit 1 when Redis or the DB does not answer").set_defaults(
         run=_ready
     )
+
+    scheduler = commands.add_parser("scheduler", help="fire the schedules of pools.toml")
+    scheduler.set_defaults(run=_scheduler)
+    listing = commands.add_parser("schedules", help="list schedules, next fire times, last runs")
+    listing.add_argument("--json", action="store_true", help="print JSON")
+    listing.add_argument("--next", type=int, default=3, metavar="N", help="fire times shown")
+    listing.set_defaults(run=_schedules)
 
     from .dlq import add_commands as add_dlq_commands
 

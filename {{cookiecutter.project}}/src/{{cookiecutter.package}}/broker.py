@@ -23,6 +23,7 @@ from .middleware import (
     Progress,
     Recovery,
 )
+from .middleware.schedule_lock import ScheduleLock
 {%- if cookiecutter.database == "postgres" %}
 from .middleware.database import DatabasePool
 {%- endif %}
@@ -31,10 +32,12 @@ from .settings import Settings, load_settings
 
 def middleware_stack(settings: Settings) -> list[Middleware]:
     """Every middleware, in order. ``before_*`` hooks run top-down, ``after_*`` bottom-up,
-    so Attempts refuses an exhausted message before anything starts, and Metrics sees the
+    so Attempts refuses an exhausted message before anything starts (ScheduleLock, next, skips
+    a scheduled run whose previous run still runs), and Metrics sees the
     final outcome that CrashAwareRetries and GracefulShutdown decided."""
     stack: list[Middleware] = [
         Attempts(settings.worker_max_attempts),
+        ScheduleLock(),
         Metrics(settings.worker_concurrency),
         Progress(),
         GracefulShutdown(),

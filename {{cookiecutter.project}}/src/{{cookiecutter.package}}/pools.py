@@ -16,6 +16,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from .schedules import Schedule, ScheduleName
+
 POOLS_FILE_ENV = "WORKER_POOLS_FILE"
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$")
 _CPU = re.compile(r"^[0-9]+(\.[0-9]+)?m?$")
@@ -123,6 +125,7 @@ class PoolsFile(_Strict):
 
     downstream: dict[Annotated[str, Field(pattern=_NAME)], Downstream] = {}
     pools: Annotated[dict[Annotated[str, Field(pattern=_NAME)], Pool], Field(min_length=1)]
+    schedules: dict[ScheduleName, Schedule] = {}
 
     @model_validator(mode="after")
     def _queues_and_uses(self) -> PoolsFile:

@@ -2,7 +2,7 @@
 
 Add a module here and its actors are served by the pool that owns their queue
 (pools.toml). Importing this package refuses to boot (exit 78) when an actor's
-queue belongs to no pool.
+queue belongs to no pool, or a schedule of pools.toml cannot run (:mod:`..schedules`).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import importlib
 import pkgutil
 
 from ..broker import broker
+from ..schedules import actor_problems
 from ..settings import pools, refuse
 
 
@@ -23,9 +24,15 @@ def discover() -> list[str]:
 
 
 def check_queues() -> None:
-    """Every actor's queue must belong to exactly one pool of pools.toml."""
+    """Every actor's queue must belong to exactly one pool of pools.toml, and every schedule
+    must name an actor whose queue a pool serves, with arguments that fit it."""
     declared = pools()
-    problems = [
+    problems = actor_problems(
+        declared.schedules,
+        {name: (actor.queue_name, actor.fn) for name, actor in broker.actors.items()},
+        declared.pool_of_queue,
+    )
+    problems += [
         f"actor {name!r} uses queue {actor.queue_name!r}, which no pool in pools.toml serves"
         for name, actor in broker.actors.items()
         if declared.pool_of_queue(actor.queue_name) is None

@@ -17,6 +17,8 @@ GracefulShutdown (their ``after_*`` hooks run before this one):
                  refused before running (over ``WORKER_MAX_ATTEMPTS``, or past its
                  age limit): it went to the dead letters.
 ``requeued``     stopped by a shutdown (``lifecycle.Requeue``); back in its queue.
+``skipped``      a scheduled run not started: the previous run of its schedule still
+                 holds the run lock (:mod:`.schedule_lock`).
 
 A message whose worker process crashed and that recovery dead-letters never
 reaches a handler and is not counted here (``queue_dead_letters`` shows it).
@@ -40,6 +42,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from ..layout import canonical
 from ..lifecycle import Requeue
 from ..settings import DATABASE_ENABLED
+from .schedule_lock import SKIPPED_OPTION
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +67,7 @@ DURATION_BUCKETS = (
     1800.0,
     3600.0,
 )
-OUTCOMES = ("success", "failure", "retry", "dead_letter", "requeued")
+OUTCOMES = ("success", "failure", "retry", "dead_letter", "requeued", "skipped")
 #: How often a worker process refreshes db_pool_in_use / db_pool_size.
 DB_POOL_INTERVAL_S = 1.0
 
@@ -206,7 +209,8 @@ class Metrics(Middleware):
         self._end(broker, message, self._outcome(broker, message, exception), ran=True)
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
-        self._end(broker, message, "dead_letter", ran=False)
+        outcome = "skipped" if message.options.get(SKIPPED_OPTION) else "dead_letter"
+        self._end(broker, message, outcome, ran=False)
 
     @staticmethod
     def _outcome(broker: Broker, message: MessageProxy, exception: BaseException | None) -> str:
@@ -242,7 +246,7 @@ class Metrics(Middleware):
                 timer = self._timers[queue, actor] = metrics.duration.labels(queue, actor)
             timer.observe(duration)
         logger.log(
-            logging.INFO if outcome in {"success", "requeued"} else logging.WARNING,
+            logging.INFO if outcome in {"success", "requeued", "skipped"} else logging.WARNING,
             "job %s",
             outcome,
             extra={

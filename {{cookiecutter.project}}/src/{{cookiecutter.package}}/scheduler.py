@@ -1,0 +1,550 @@
+"""The ``scheduler`` command: fires the schedules of pools.toml, one leader at a time.
+
+Several replicas may run. One holds the leader lock (``SET NX PX``, renewed every third
+of ``SCHEDULER_LEADER_TTL_MS``); the others try to take it every quarter of the TTL, so
+they take over within TTL + TTL/4 when the leader dies. SIGTERM lets the leader finish
+its round and release the lock, so a follower takes over at once.
+
+A tick is enqueued at most once, even with two leaders (one paused past its lease): the
+leader claims a tick and enqueues its message in one Lua script that also checks it
+still holds the leader lock and that the schedule's last handled tick (kept in Redis,
+so a restart resumes) is older. The message id is derived from schedule and tick.
+
+Each round, per schedule, the due ticks are those after the last handled one:
+
+* a tick at most ``grace`` late (the leader TTL plus one second, so a handover loses
+  nothing) fires: outcome ``fired``;
+* older ones (the scheduler was down): ``missed = "skip"`` counts them ``missed`` and
+  fires nothing for them; ``"catch_up"`` enqueues the latest ``catch_up_limit`` of them,
+  oldest first (``caught_up``) and counts the rest ``missed``;
+* a tick whose previous run still holds the run lock is not enqueued:
+  ``skipped_overlap`` (the worker's :class:`.middleware.ScheduleLock` checks again when a
+  run starts, for runs that were queued behind one another).
+
+Counts, last fired tick and last success live in Redis (one hash per schedule); the
+exporter publishes them on ``METRICS_PORT`` (:class:`ScheduleCollector`) beside /livez
+and /readyz, like the worker's. Liveness: the main loop ticks a progress board.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Annotated, Any, cast
+
+import redis
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from . import schedules as sched
+from .progress import DEFAULT_STALLED_AFTER_S, DEFAULT_STATE_DIR, ProgressBoard, progress_dir
+from .schedules import Schedule, leader_key, lock_key, state_key
+from .settings import PROJECT, VERSION, Settings, config_errors, refuse
+
+if TYPE_CHECKING:
+    import dramatiq
+    from prometheus_client.metrics_core import Metric
+
+logger = logging.getLogger(__name__)
+OUTCOMES = ("fired", "caught_up", "missed", "skipped_overlap")
+
+# KEYS: leader, state. ARGV: me. Returns 1 when ARGV[1] holds the leader lock.
+_RENEW = """
+if redis.call('get', KEYS[1]) == ARGV[1] then
+  return redis.call('pexpire', KEYS[1], ARGV[2])
+end
+return 0
+"""
+_RELEASE = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
+return 0
+"""
+# KEYS: leader, state, run lock, queue list, queue messages.
+# ARGV: me, tick, outcome, message id, body, now.
+_FIRE = """
+if redis.call('get', KEYS[1]) ~= ARGV[1] then return 'not_leader' end
+local last = tonumber(redis.call('hget', KEYS[2], 'tick'))
+if last and tonumber(ARGV[2]) <= last then return 'done' end
+redis.call('hset', KEYS[2], 'tick', ARGV[2])
+if redis.call('exists', KEYS[3]) == 1 then
+  redis.call('hincrby', KEYS[2], 'runs:skipped_overlap', 1)
+  return 'skipped_overlap'
+end
+redis.call('hset', KEYS[5], ARGV[4], ARGV[5])
+redis.call('rpush', KEYS[4], ARGV[4])
+redis.call('hincrby', KEYS[2], 'runs:' .. ARGV[3], 1)
+redis.call('hset', KEYS[2], 'fired', ARGV[2], 'fired_at', ARGV[6])
+return ARGV[3]
+"""
+# KEYS: leader, state. ARGV: me, handled through (tick), missed count.
+_MISS = """
+if redis.call('get', KEYS[1]) ~= ARGV[1] then return -1 end
+local last = tonumber(redis.call('hget', KEYS[2], 'tick'))
+if last and tonumber(ARGV[2]) <= last then return 0 end
+redis.call('hset', KEYS[2], 'tick', ARGV[2])
+redis.call('hincrby', KEYS[2], 'runs:missed', ARGV[3])
+return 1
+"""
+
+
+class SchedulerSettings(BaseSettings):
+    """The scheduler's environment (no ``WORKER_POOL``: it serves no pool).
+
+    Parameters (env variables): ``REDIS_URL``, ``METRICS_PORT`` (9191),
+    ``SCHEDULER_LEADER_TTL_MS`` (10000: a dead leader is replaced within it),
+    ``WORKER_STATE_DIR`` and ``HEALTH_STALLED_AFTER_S`` (liveness, as for the worker),
+    ``OTEL_SERVICE_NAME``, ``LOG_LEVEL``.
+    """
+
+    model_config = SettingsConfigDict(case_sensitive=False, extra="ignore", frozen=True)
+
+    redis_url: SecretStr = SecretStr("redis://localhost:6379/0")
+    metrics_port: Annotated[int, Field(ge=1024, le=65535)] = 9191
+    scheduler_leader_ttl_ms: Annotated[int, Field(ge=1_000, le=600_000)] = 10_000
+    worker_state_dir: Path = DEFAULT_STATE_DIR
+    health_stalled_after_s: Annotated[float, Field(gt=0, le=86_400)] = DEFAULT_STALLED_AFTER_S
+    otel_service_name: Annotated[str, Field(min_length=1, max_length=100)] = PROJECT
+    log_level: Annotated[str, Field(pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")] = "INFO"
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: SecretStr) -> SecretStr:
+        checked: SecretStr = Settings._redis_url(value)  # the worker's rule, one owner
+        return checked
+
+    @property
+    def uses_database(self) -> bool:
+        """The scheduler holds no database connection (readiness asks Redis only)."""
+        return False
+
+    @property
+    def ttl_s(self) -> float:
+        return self.scheduler_leader_ttl_ms / 1000
+
+    @property
+    def grace_s(self) -> float:
+        """How late a tick may fire and still count as on time: a handover's worst case."""
+        return self.ttl_s + 1.0
+
+
+def load_scheduler_settings() -> SchedulerSettings:
+    """Validated scheduler settings, or exit 78 with one line per bad variable."""
+    try:
+        return SchedulerSettings()
+    except ValidationError as error:
+        refuse(config_errors(error))
+
+
+def load_schedules() -> dict[str, Schedule]:
+    """The schedules of pools.toml (exit 78 when the file is bad)."""
+    from .settings import pools
+
+    return dict(pools().schedules)
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a schedule's messages go: its actor's name and queue."""
+
+    actor: str
+    queue: str
+
+
+def check_actors(schedules: Mapping[str, Schedule]) -> dict[str, Target]:
+    """Import the actors, which refuses to boot (exit 78) when a schedule cannot run
+    (``actors.check_queues``); return where each schedule's messages go."""
+    from . import actors  # noqa: F401  (declares every actor, checks the schedules)
+    from .broker import broker
+
+    return {
+        name: Target(s.actor, broker.actors[s.actor].queue_name) for name, s in schedules.items()
+    }
+
+
+class Scheduler:
+    """Fires due schedules while it holds the leader lock; waits for it otherwise.
+
+    Parameters:
+      settings: the scheduler's settings.
+      schedules: the schedules of pools.toml, validated.
+      targets: schedule -> its actor and queue (:func:`check_actors`).
+      broker: Dramatiq broker whose enqueue hooks run around each enqueue (None: none).
+      client: Redis client (default: one for ``REDIS_URL``).
+    """
+
+    def __init__(
+        self,
+        settings: SchedulerSettings,
+        schedules: Mapping[str, Schedule],
+        targets: Mapping[str, Target],
+        broker: dramatiq.Broker | None = None,
+        client: redis.Redis | None = None,
+    ) -> None:
+        self.settings = settings
+        self.schedules = dict(schedules)
+        self.targets = dict(targets)
+        self.broker = broker
+        self.client = client or redis.Redis.from_url(
+            settings.redis_url.get_secret_value(), socket_timeout=5, socket_connect_timeout=2
+        )
+        self.me = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.stopping = threading.Event()
+        self.leading = False
+        self._renewed = 0.0
+        self._renew = self.client.register_script(_RENEW)
+        self._release = self.client.register_script(_RELEASE)
+        self._fire = self.client.register_script(_FIRE)
+        self._miss = self.client.register_script(_MISS)
+
+    # -- process -------------------------------------------------------------------------------
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.stopping.set()
+
+    def run(self) -> int:
+        """Serve until SIGTERM/SIGINT; exit code 0 after a clean stop."""
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        folder = progress_dir(self.settings.worker_state_dir)
+        shutil.rmtree(folder, ignore_errors=True)  # boards of a previous run are stale
+        board = ProgressBoard(self.settings.worker_state_dir, 1, self.me)
+        from .metrics import Exporter
+
+        registry = CollectorRegistry()
+        registry.register(ScheduleCollector(self))
+        exporter = Exporter(cast(Settings, self.settings), registry)
+        threading.Thread(target=exporter.serve_forever, name="exporter", daemon=True).start()
+        logger.info(
+            "scheduler started",
+            extra={
+                "event": "start",
+                "version": VERSION,
+                "project": PROJECT,
+                "scheduler": self.me,
+                "schedules": sorted(self.schedules),
+                "config": {
+                    "SCHEDULER_LEADER_TTL_MS": self.settings.scheduler_leader_ttl_ms,
+                    "METRICS_PORT": self.settings.metrics_port,
+                },
+            },
+        )
+        while not self.stopping.is_set():
+            board.tick()
+            try:
+                wait = self.step(time.time())
+            except redis.RedisError as error:
+                logger.warning("redis error: %s", error, extra={"event": "redis_error"})
+                wait = min(1.0, self.settings.ttl_s / 4)
+                if self.leading and time.monotonic() - self._renewed > self.settings.ttl_s:
+                    self._step_down("leader lock not renewed within its TTL")
+            self.stopping.wait(wait)
+        if self.leading:
+            try:
+                self._release(keys=[leader_key()], args=[self.me])
+            except redis.RedisError as error:
+                logger.warning("could not release the leader lock: %s", error)
+            self.leading = False
+        exporter.shutdown()
+        board.close()
+        logger.info("scheduler stopped", extra={"event": "stop", "scheduler": self.me})
+        return 0
+
+    # -- leadership ----------------------------------------------------------------------------
+
+    def step(self, now: float) -> float:
+        """One round: keep or seek the lead, fire what is due; return seconds to wait."""
+        ttl_ms = self.settings.scheduler_leader_ttl_ms
+        renew_every = self.settings.ttl_s / 3
+        if self.leading:
+            if time.monotonic() - self._renewed >= renew_every:
+                if self._renew(keys=[leader_key()], args=[self.me, ttl_ms]):
+                    self._renewed = time.monotonic()
+                else:
+                    self._step_down("the leader lock is held by another scheduler")
+        elif self.client.set(leader_key(), self.me, nx=True, px=ttl_ms):
+            self.leading, self._renewed = True, time.monotonic()
+            logger.info("leading", extra={"event": "leading", "scheduler": self.me})
+        if not self.leading:
+            return max(0.05, self.settings.ttl_s / 4)
+        for name in self.schedules:
+            self.fire_due(name, now)
+        until_next = min(
+            (next(s.ticks_after(now)) for s in self.schedules.values()), default=math.inf
+        )
+        until_renew = self._renewed + renew_every - time.monotonic()
+        return max(0.005, min(until_next - time.time(), until_renew))
+
+    def _step_down(self, why: str) -> None:
+        self.leading = False
+        logger.warning("no longer leading: %s", why, extra={"event": "step_down"})
+
+    # -- firing --------------------------------------------------------------------------------
+
+    def fire_due(self, name: str, now: float) -> list[tuple[int, str]]:
+        """Handle the due ticks of schedule ``name``; return (tick, outcome) of each fired."""
+        schedule = self.schedules[name]
+        key = state_key(name)
+        raw = self.client.hget(key, "tick")
+        if raw is None:
+            # First sight of this schedule: ticks from now on, none from the past.
+            self.client.hsetnx(key, "since", math.floor(now))
+            self.client.hsetnx(key, "tick", math.floor(now))
+            return []
+        last = int(raw)
+        latest = schedule.latest_tick(now)
+        if latest <= last:
+            return []
+        on_time = now - self.settings.grace_s
+        if schedule.missed == "catch_up":
+            fire = schedule.ticks_before(now, last, schedule.catch_up_limit)
+        else:
+            fire = [latest] if latest >= on_time else []
+        through = fire[0] - 1 if fire else latest
+        missed = schedule.count_ticks(last, through + 1)
+        if missed and self._miss(keys=[leader_key(), key], args=[self.me, through, missed]) == 1:
+            logger.warning(
+                "schedule %s: %d missed tick(s)",
+                name,
+                missed,
+                extra={
+                    "event": "schedule_missed",
+                    "schedule": name,
+                    "missed": missed,
+                    "policy": schedule.missed,
+                    "through": _iso(through),
+                },
+            )
+        done = []
+        for tick in fire:
+            kind = "fired" if tick >= on_time else "caught_up"
+            outcome = self._enqueue(name, schedule, tick, kind)
+            if outcome == "not_leader":
+                self._step_down("the leader lock was lost while firing")
+                break
+            if outcome != "done":
+                done.append((tick, outcome))
+        return done
+
+    def _enqueue(self, name: str, schedule: Schedule, tick: int, outcome: str) -> str:
+        import dramatiq
+
+        target = self.targets[name]
+        message_id = sched.tick_message_id(name, tick)
+        message: dramatiq.Message[Any] = dramatiq.Message(
+            queue_name=target.queue,
+            actor_name=target.actor,
+            args=tuple(schedule.args),
+            kwargs=dict(schedule.kwargs),
+            options={
+                sched.OPTION_SCHEDULE: name,
+                sched.OPTION_TICK: tick,
+                sched.OPTION_LEASE_MS: schedule.lease_ms,
+                "redis_message_id": message_id,
+            },
+            message_id=message_id,
+            message_timestamp=int(time.time() * 1000),
+        )
+        if self.broker is not None:
+            self.broker.emit_before("enqueue", message, None)
+        queue = f"dramatiq:{target.queue}"
+        result = self._fire(
+            keys=[leader_key(), state_key(name), lock_key(name), queue, f"{queue}.msgs"],
+            args=[self.me, tick, outcome, message_id, message.encode(), time.time()],
+        )
+        result = result.decode() if isinstance(result, bytes) else str(result)
+        if result in ("fired", "caught_up") and self.broker is not None:
+            self.broker.emit_after("enqueue", message, None)
+        if result in ("fired", "caught_up", "skipped_overlap"):
+            logger.log(
+                logging.WARNING if result == "skipped_overlap" else logging.INFO,
+                "schedule %s: %s",
+                name,
+                result,
+                extra={
+                    "event": "schedule_" + result,
+                    "schedule": name,
+                    "tick": _iso(tick),
+                    "job_id": message_id,
+                    "actor": target.actor,
+                    "queue": target.queue,
+                },
+            )
+        return result
+
+
+def _iso(tick: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(tick))
+
+
+@dataclass(frozen=True)
+class ScheduleState:
+    """What Redis knows of one schedule."""
+
+    tick: int | None
+    fired: int | None
+    fired_at: float | None
+    success_at: float | None
+    since: int | None
+    runs: dict[str, int]
+    running: str | None
+
+
+def read_states(client: redis.Redis, names: Iterable[str]) -> dict[str, ScheduleState]:
+    """The Redis state of each schedule, with one round trip."""
+    names = list(names)
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        pipe.hgetall(state_key(name))
+        pipe.get(lock_key(name))
+    replies = pipe.execute()
+    states = {}
+    for index, name in enumerate(names):
+        raw = {k.decode(): v.decode() for k, v in replies[2 * index].items()}
+        holder = replies[2 * index + 1]
+
+        def number(field: str, raw: dict[str, str] = raw) -> float | None:
+            return float(raw[field]) if field in raw else None
+
+        tick, fired, since = number("tick"), number("fired"), number("since")
+        states[name] = ScheduleState(
+            tick=None if tick is None else int(tick),
+            fired=None if fired is None else int(fired),
+            fired_at=number("fired_at"),
+            success_at=number("success_at"),
+            since=None if since is None else int(since),
+            runs={o: int(raw.get(f"runs:{o}", 0)) for o in OUTCOMES},
+            running=holder.decode() if holder else None,
+        )
+    return states
+
+
+class ScheduleCollector(Collector):
+    """The schedules' series, read from Redis at each scrape (every replica shows the same
+    values but ``scheduler_leader``; aggregate with ``max``):
+
+    ``schedule_runs_total{schedule,outcome}``: ticks by outcome (fired, caught_up, missed,
+    skipped_overlap; the worker adds the overlaps it finds when a run starts).
+    ``schedule_last_success_timestamp_seconds{schedule}``: when a run last succeeded (0: never).
+    ``schedule_due_timestamp_seconds{schedule}``: the latest tick at least ``max_runtime_s``
+    old: a run that started at or after it should have succeeded by now (absent before the
+    first such tick). Late when it exceeds the last success.
+    ``scheduler_leader``: 1 on the replica that leads, else 0.
+    """
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+
+    def collect(self) -> Iterable[Metric]:
+        leader = GaugeMetricFamily("scheduler_leader", "1 on the scheduler replica that leads.")
+        leader.add_metric([], 1.0 if self.scheduler.leading else 0.0)
+        try:
+            states = read_states(self.scheduler.client, self.scheduler.schedules)
+        except redis.RedisError:
+            return [leader]
+        runs = CounterMetricFamily(
+            "schedule_runs", "Ticks of each schedule, by outcome.", labels=["schedule", "outcome"]
+        )
+        success = GaugeMetricFamily(
+            "schedule_last_success_timestamp_seconds",
+            "When a run of the schedule last succeeded (0: never).",
+            labels=["schedule"],
+        )
+        due = GaugeMetricFamily(
+            "schedule_due_timestamp_seconds",
+            "The latest tick whose run should have succeeded by now (max_runtime_s ago).",
+            labels=["schedule"],
+        )
+        now = time.time()
+        for name, state in states.items():
+            for outcome in OUTCOMES:
+                runs.add_metric([name, outcome], state.runs[outcome])
+            success.add_metric([name], state.success_at or 0.0)
+            schedule = self.scheduler.schedules[name]
+            tick = schedule.latest_tick(now - schedule.max_runtime_s)
+            if state.since is not None and tick >= state.since:
+                due.add_metric([name], float(tick))
+        return [runs, success, due, leader]
+
+
+def run() -> int:
+    """The ``scheduler`` command."""
+    from . import logs
+
+    settings = load_scheduler_settings()
+    logs.configure(settings.otel_service_name, settings.log_level)
+    schedules = load_schedules()
+    targets = check_actors(schedules)
+    from .broker import broker
+
+    return Scheduler(settings, schedules, targets, broker).run()
+
+
+def list_schedules(as_json: bool = False, count: int = 3) -> int:
+    """The ``schedules`` command: each schedule, its next fire times and its last run."""
+    import json
+
+    settings = load_scheduler_settings()
+    schedules = load_schedules()
+    now = time.time()
+    client = redis.Redis.from_url(
+        settings.redis_url.get_secret_value(), socket_timeout=2, socket_connect_timeout=2
+    )
+    problem = None
+    try:
+        states = read_states(client, schedules)
+    except redis.RedisError as error:
+        states, problem = {}, f"redis: {error}"
+    finally:
+        client.close()
+    rows: list[dict[str, Any]] = []
+    lines: list[str] = []
+    for name, schedule in schedules.items():
+        state = states.get(name)
+        upcoming = [t.isoformat() for t in schedule.next_ticks(now, count)]
+        fired = _iso(state.fired) if state and state.fired else None
+        success = _iso(state.success_at) if state and state.success_at else None
+        running = bool(state and state.running)
+        rows.append(
+            {
+                "schedule": name,
+                "actor": schedule.actor,
+                "cron": schedule.cron,
+                "timezone": schedule.timezone,
+                "missed": schedule.missed,
+                "next": upcoming,
+                "last_fired": fired,
+                "last_success": success,
+                "running": running,
+                "runs": state.runs if state else None,
+            }
+        )
+        lines += [
+            f"{name}: {schedule.actor} at {schedule.cron!r} {schedule.timezone}, "
+            f"missed={schedule.missed}",
+            f"  next:         {', '.join(upcoming)}",
+            f"  last fired:   {fired or 'never'}{' (running)' if running else ''}",
+            f"  last success: {success or 'never'}",
+        ]
+        if state:
+            lines.append("  runs:         " + ", ".join(f"{k}={v}" for k, v in state.runs.items()))
+    if as_json:
+        print(json.dumps({"schedules": rows, "problem": problem}, indent=2))
+    else:
+        print("\n".join(lines or ["no schedules in pools.toml"]))
+        if problem:
+            print(f"last runs unknown: {problem}")
+    return 1 if problem else 0
