@@ -31,6 +31,11 @@ CONTRACT = {
     "queue_depth",
     "queue_oldest_message_seconds",
     "queue_dead_letters",
+    # schedules (DESIGN 2.7), exported by the scheduler
+    "schedule_runs_total",
+    "schedule_last_success_timestamp_seconds",
+    "schedule_due_timestamp_seconds",
+    "scheduler_leader",
 }
 DATABASE_ONLY = {"db_pool_in_use", "db_pool_size"}
 _DEFINITION = re.compile(
@@ -109,6 +114,9 @@ def test_alert_rules_parse_and_name_only_exported_metrics() -> None:
         "worker_inflight_jobs",
         "worker_concurrency",
         "jobs_processed_total",
+        "schedule_last_success_timestamp_seconds",
+        "schedule_due_timestamp_seconds",
+        "scheduler_leader",
     }
     if DATABASE_ENABLED:
         expected |= DATABASE_ONLY
@@ -122,6 +130,8 @@ def test_the_alerts_cover_the_issue() -> None:
         "WorkerDeadLettersGrowing",
         "WorkerFetchBottleneck",
         "WorkerNoProgress",
+        "ScheduleLate",
+        "SchedulerNoLeader",
     } <= names
     assert ("WorkerDbPoolSaturated" in names) == DATABASE_ENABLED
 

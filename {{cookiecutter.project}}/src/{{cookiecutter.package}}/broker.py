@@ -23,10 +23,10 @@ from .middleware import (
     Progress,
     Recovery,
 )
-from .middleware.schedule_lock import ScheduleLock
 {%- if cookiecutter.database == "postgres" %}
 from .middleware.database import DatabasePool
 {%- endif %}
+from .middleware.schedule_lock import ScheduleLock
 from .settings import Settings, load_settings
 
 

@@ -51,7 +51,8 @@ from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from . import schedules as sched
-from .progress import DEFAULT_STALLED_AFTER_S, DEFAULT_STATE_DIR, ProgressBoard, progress_dir
+from .boards import DEFAULT_STALLED_AFTER_S, DEFAULT_STATE_DIR, ProgressBoard, progress_dir
+from .exitcodes import EX_FAILURE, EX_OK
 from .schedules import Schedule, leader_key, lock_key, state_key
 from .settings import PROJECT, VERSION, Settings, config_errors, refuse
 
@@ -222,7 +223,7 @@ class Scheduler:
         folder = progress_dir(self.settings.worker_state_dir)
         shutil.rmtree(folder, ignore_errors=True)  # boards of a previous run are stale
         board = ProgressBoard(self.settings.worker_state_dir, 1, self.me)
-        from .metrics import Exporter
+        from .exporter import Exporter
 
         registry = CollectorRegistry()
         registry.register(ScheduleCollector(self))
@@ -261,7 +262,7 @@ class Scheduler:
         exporter.shutdown()
         board.close()
         logger.info("scheduler stopped", extra={"event": "stop", "scheduler": self.me})
-        return 0
+        return EX_OK
 
     # -- leadership ----------------------------------------------------------------------------
 
@@ -547,4 +548,4 @@ def list_schedules(as_json: bool = False, count: int = 3) -> int:
         print("\n".join(lines or ["no schedules in pools.toml"]))
         if problem:
             print(f"last runs unknown: {problem}")
-    return 1 if problem else 0
+    return EX_FAILURE if problem else EX_OK

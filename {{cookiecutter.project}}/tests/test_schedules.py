@@ -1,0 +1,178 @@
+"""Schedules: the pools.toml model, tick arithmetic, and one scheduler round on a fake clock
+against the test session's real Redis (the real-process tests live in the template repo)."""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+import redis
+
+from {{ cookiecutter.package }}.pools import PoolsFileError, load_pools
+from {{ cookiecutter.package }}.scheduler import Scheduler, SchedulerSettings, Target, read_states
+from {{ cookiecutter.package }}.schedules import Schedule, actor_problems, leader_key
+
+ROOT = Path(__file__).resolve().parents[1]
+T0 = 1_800_000_000  # a whole minute (2027-01-15T08:00:00Z)
+
+
+def schedule(**fields: object) -> Schedule:
+    return Schedule.model_validate(
+        {"actor": "job", "cron": "* * * * * *", "missed": "skip", **fields}
+    )
+
+
+def test_the_default_pools_file_ships_a_valid_example_schedule() -> None:
+    schedules = load_pools(ROOT / "pools.toml").schedules
+    assert schedules, "the bake ships one example schedule"
+    for item in schedules.values():
+        assert item.missed in {"skip", "catch_up"}
+
+
+@pytest.mark.parametrize(
+    ("table", "key"),
+    [
+        ('actor = "a"\ncron = "61 * * * *"\nmissed = "skip"', "cron"),
+        ('actor = "a"\ncron = "* * * *"\nmissed = "skip"', "cron"),
+        ('actor = "a"\ncron = "0 6 31 2 *"\nmissed = "skip"', "cron"),
+        ('actor = "a"\ncron = "* * * * *"', "missed"),
+        ('actor = "a"\ncron = "* * * * *"\nmissed = "never"', "missed"),
+        ('actor = "a"\ncron = "* * * * *"\nmissed = "skip"\ntimezone = "Nowhere/City"', "timezone"),
+        ('actor = "a"\ncron = "* * * * *"\nmissed = "skip"\nmax_runtime_s = 0', "max_runtime_s"),
+        ('actor = "a"\ncron = "* * * * *"\nmissed = "skip"\nsurprise = 1', "surprise"),
+        ('actor = "a"\ncron = "* * * * *"\nmissed = "skip"\nargs = [1979-05-27]', "schedules.x"),
+    ],
+)
+def test_a_bad_schedule_is_refused_naming_the_schedule_and_key(
+    tmp_path: Path, table: str, key: str
+) -> None:
+    text = (ROOT / "pools.toml").read_text().split("\n# [schedules.<name>]")[0]
+    path = tmp_path / "pools.toml"
+    path.write_text(f"{text}\n\n[schedules.x]\n{table}\n")
+    with pytest.raises(PoolsFileError) as error:
+        load_pools(path)
+    lines = str(error.value).splitlines()
+    assert len(lines) == 1 and "schedules.x" in lines[0] and key in lines[0], lines
+
+
+def test_actor_problems_name_the_schedule_and_key() -> None:
+    def job(report: str, rows: int = 1) -> None: ...
+
+    actors = {"job": ("reports", job), "stray": ("nowhere", job)}
+    served = {"reports": "bulk"}.get
+    problems = actor_problems(
+        {
+            "ok": schedule(args=["r"]),
+            "unknown": schedule(actor="nope"),
+            "orphan": schedule(actor="stray", args=["r"]),
+            "misfit": schedule(kwargs={"colour": "red"}),
+        },
+        actors,
+        served,
+    )
+    assert [line.split(":")[0] for line in problems] == [
+        "schedules.unknown.actor",
+        "schedules.orphan.actor",
+        "schedules.misfit.args",
+    ]
+
+
+def test_six_fields_put_seconds_first_and_time_zones_follow_daylight_saving() -> None:
+    assert [t - T0 for t in schedule(cron="*/15 * * * * *").ticks_before(T0 + 59, T0 - 1, 10)] == [
+        0,
+        15,
+        30,
+        45,
+    ]
+    paris = schedule(cron="30 6 * * *", timezone="Europe/Paris")
+    winter, summer = paris.next_ticks(datetime(2027, 3, 27, tzinfo=UTC).timestamp(), 2)
+    assert (winter.hour, winter.minute, summer.hour, summer.minute) == (6, 30, 6, 30)
+    assert winter.utcoffset() != summer.utcoffset()
+
+
+def test_latest_tick_and_counts() -> None:
+    every = schedule()
+    assert every.latest_tick(T0 + 0.9) == T0
+    assert every.count_ticks(T0, T0 + 5) == 4
+    assert every.ticks_before(T0 + 10, T0 + 5, 3) == [T0 + 8, T0 + 9, T0 + 10]
+
+
+@pytest.fixture
+def client(redis_url: str) -> Iterator[redis.Redis]:
+    connection = redis.Redis.from_url(redis_url)
+    yield connection
+    connection.close()
+
+
+def round_at(
+    client: redis.Redis, item: Schedule, times: list[float]
+) -> tuple[list[list[tuple[int, str]]], Scheduler]:
+    """Scheduler rounds of schedule ``s`` at the given instants (the scheduler leads)."""
+    settings = SchedulerSettings(scheduler_leader_ttl_ms=2000)
+    scheduler = Scheduler(settings, {"s": item}, {"s": Target("job", "q")}, client=client)
+    client.set(leader_key(), scheduler.me)
+    return [scheduler.fire_due("s", now) for now in times], scheduler
+
+
+def test_skip_fires_only_the_latest_tick_after_downtime(client: redis.Redis) -> None:
+    rounds, _ = round_at(client, schedule(), [T0 + 0.1, T0 + 1.1, T0 + 20.2])
+    assert rounds == [[], [(T0 + 1, "fired")], [(T0 + 20, "fired")]]
+    state = read_states(client, ["s"])["s"]
+    assert state.runs["missed"] == 18 and state.runs["fired"] == 2
+    assert client.llen("dramatiq:q") == 2
+
+
+def test_skip_fires_nothing_when_even_the_latest_tick_is_too_late(client: redis.Redis) -> None:
+    hourly = schedule(cron="0 * * * *")
+    rounds, _ = round_at(client, hourly, [T0 - 1, T0 + 600])
+    assert rounds == [[], []]
+    assert read_states(client, ["s"])["s"].runs["missed"] == 1
+
+
+def test_catch_up_enqueues_the_latest_limit_ticks_oldest_first(client: redis.Redis) -> None:
+    rounds, _ = round_at(
+        client, schedule(missed="catch_up", catch_up_limit=4), [T0 + 0.1, T0 + 10.5]
+    )
+    assert rounds[1] == [
+        (T0 + 7, "caught_up"),
+        (T0 + 8, "fired"),
+        (T0 + 9, "fired"),
+        (T0 + 10, "fired"),
+    ]
+    runs = read_states(client, ["s"])["s"].runs
+    assert runs["missed"] == 6 and runs["caught_up"] == 1
+
+
+def test_a_tick_is_claimed_once_and_never_without_the_leader_lock(client: redis.Redis) -> None:
+    _, first = round_at(client, schedule(), [T0 + 0.1, T0 + 1.1])
+    second = Scheduler(first.settings, first.schedules, first.targets, client=client)
+    assert second.fire_due("s", T0 + 2.05) == []  # not the leader: the script refuses
+    client.set(leader_key(), second.me)
+    assert first.fire_due("s", T0 + 2.1) == []  # the old leader, fenced off
+    assert second.fire_due("s", T0 + 2.2) == [(T0 + 2, "fired")]
+    assert second.fire_due("s", T0 + 2.3) == []  # claimed: never twice
+    assert client.llen("dramatiq:q") == 2
+
+
+def test_a_tick_is_not_enqueued_while_the_previous_run_holds_its_lock(
+    client: redis.Redis,
+) -> None:
+    client.set("dramatiq:schedules:s:lock", "previous-run")
+    rounds, _ = round_at(client, schedule(), [T0 + 0.1, T0 + 1.1])
+    assert rounds[1] == [(T0 + 1, "skipped_overlap")]
+    assert client.llen("dramatiq:q") == 0
+    assert read_states(client, ["s"])["s"].runs["skipped_overlap"] == 1
+
+
+def test_example_toml_in_the_module_docstring_is_valid() -> None:
+    from {{ cookiecutter.package }} import schedules
+
+    doc = schedules.__doc__ or ""
+    block = "\n".join(
+        line.strip()
+        for line in doc.split("[schedules.nightly_report]")[1].split("\n\n")[0].splitlines()
+    )
+    Schedule.model_validate(tomllib.loads(block))
