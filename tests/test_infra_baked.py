@@ -31,6 +31,15 @@ CONTEXTS = {
 Objects = list[dict[str, Any]]
 
 
+def workers(objects: Objects) -> Objects:
+    """The pools' Deployments (the scheduler's is not a pool)."""
+    return [
+        d
+        for d in of_kind(objects, "Deployment")
+        if d["metadata"]["labels"].get("app.kubernetes.io/component") == "worker"
+    ]
+
+
 def make_manifests(project: Path, stack: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["make", "-s", "manifests", f"STACK={stack}", f"PYTHON={PYTHON}"],
@@ -75,9 +84,18 @@ def test_policies_hold(rendered: Any, context: str, stack: str) -> None:
         assert restricted_problems(deployment) == []
     assert cpu_trigger_problems(objects) == []
     assert isolation_problems(objects) == []
-    assert (
-        len(of_kind(objects, "Deployment")) == len(of_kind(objects, "ScaledObject")) == len(pools)
-    )
+    assert len(workers(objects)) == len(of_kind(objects, "ScaledObject")) == len(pools)
+    # The scheduler: its own Deployment (schedules in pools.toml), 2 replicas, no scaler.
+    (scheduler,) = [d for d in of_kind(objects, "Deployment") if d not in workers(objects)]
+    assert scheduler["metadata"]["name"] == f"{project.name}-scheduler"
+    assert scheduler["spec"]["replicas"] == 2
+    assert scheduler["spec"]["template"]["spec"]["containers"][0]["command"] == [
+        project.name,
+        "scheduler",
+    ]
+    assert "WORKER_POOL" not in _env(scheduler) and "DATABASE_URL" not in _env(scheduler)
+    targets = {s["spec"]["scaleTargetRef"]["name"] for s in of_kind(objects, "ScaledObject")}
+    assert scheduler["metadata"]["name"] not in targets
     sandbox_ns = f"{project.name}-sandbox"
     if context == "default":
         assert sandbox_problems(objects, sandbox_ns) == []
@@ -113,7 +131,7 @@ def test_capacity_inequality_holds_in_the_rendered_objects(
         for s in of_kind(objects, "ScaledObject")
     }
     used = dict.fromkeys(budgets, 0)
-    for deployment in of_kind(objects, "Deployment"):
+    for deployment in workers(objects):
         env = _env(deployment)
         uses = pools_toml["pools"][env["WORKER_POOL"]].get("uses", [])
         replicas = max_replicas[deployment["metadata"]["name"]]

@@ -156,11 +156,10 @@ class Cluster:
 
     def env(self, **extra: str) -> dict[str, str]:
         assert self.pools is not None
-        # WORKER_POOL: the actors' broker still reads the worker settings (a pool without a
-        # database keeps the scheduler's environment to REDIS_URL and the pools file).
+        # No WORKER_POOL: the scheduler's environment is what its Deployment sets.
         return project_env(
             self.project, REDIS_URL=self.redis_url, WORKER_POOLS_FILE=str(self.pools),
-            SCHEDULER_LEADER_TTL_MS=str(TTL_MS), WORKER_POOL="interactive", **extra)
+            SCHEDULER_LEADER_TTL_MS=str(TTL_MS), **extra)
 
     def scheduler(self) -> Scheduler:
         scheduler = Scheduler(self.project, self.env(), self.directory / f"s{len(self.started)}")
@@ -378,10 +377,11 @@ def test_a_bad_schedule_refuses_to_boot_naming_the_schedule_and_key(
     cluster.use(f"\n[schedules.{name}]\n{table}\n")
     commands = ["scheduler"] + (["schedules", "worker"] if name in MODEL_ERRORS else [])
     for command in commands:
+        pool = {"WORKER_POOL": "interactive"} if command == "worker" else {}
         result = subprocess.run(
             [PYTHON, "-m", package_of(cluster.project), command], cwd=cluster.project,
-            env=cluster.env(METRICS_PORT=str(free_port())), capture_output=True, text=True,
-            timeout=60)
+            env=cluster.env(METRICS_PORT=str(free_port()), **pool), capture_output=True,
+            text=True, timeout=60)
         assert result.returncode == 78, (command, result.stdout, result.stderr)
         lines = [line for line in result.stderr.splitlines() if f"schedules.{name}.{key}" in line]
         assert len(lines) == 1, (command, result.stderr)

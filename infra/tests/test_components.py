@@ -16,6 +16,7 @@ from worker_infra import (
     PoolSpec,
     SandboxPool,
     SandboxPoolArgs,
+    SchedulerSpec,
     ServiceSpec,
     WorkerPool,
     WorkerPoolArgs,
@@ -307,3 +308,55 @@ def test_strict_validation_rejects_unknown_fields() -> None:
     deployment["spec"]["template"]["spec"]["containers"][0]["livenessProbes"] = {}
     with pytest.raises(Exception, match="livenessProbes"):
         validate_strict(deployment)
+
+
+def test_scheduler_renders_two_restricted_replicas_without_a_scaler(service: ServiceSpec) -> None:
+    spec = dataclasses.replace(service, scheduler=SchedulerSpec(schedules=("nightly",)))
+    objects = run(lambda: WorkerService("orders-worker", spec))
+    (scheduler,) = [
+        d for d in of_kind(objects, "Deployment") if d["metadata"]["name"].endswith("-scheduler")
+    ]
+    assert scheduler["spec"]["replicas"] == 2
+    assert scheduler["metadata"]["labels"]["app.kubernetes.io/component"] == "scheduler"
+    targets = {s["spec"]["scaleTargetRef"]["name"] for s in of_kind(objects, "ScaledObject")}
+    assert scheduler["metadata"]["name"] not in targets
+    assert restricted_problems(scheduler) == []
+    assert isolation_problems(objects) == []
+    pod = scheduler["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["command"] == ["orders-worker", "scheduler"]
+    assert container["resources"] == {
+        "limits": {"memory": "192Mi"},
+        "requests": {"cpu": "50m", "memory": "192Mi"},
+    }
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    env = env_of(scheduler)
+    assert env["SCHEDULER_LEADER_TTL_MS"] == "10000"
+    assert env["REDIS_URL"]["secretKeyRef"]["name"] == "orders-worker-broker"
+    assert "WORKER_POOL" not in env and "DATABASE_URL" not in env
+    pdbs = [
+        p
+        for p in of_kind(objects, "PodDisruptionBudget")
+        if p["metadata"]["name"] == (scheduler["metadata"]["name"])
+    ]
+    assert pdbs and pdbs[0]["spec"]["selector"] == scheduler["spec"]["selector"]
+    workers = [d for d in of_kind(objects, "Deployment") if d is not scheduler]
+    for worker in workers:  # no pool's selector picks the scheduler's pods
+        selector = worker["spec"]["selector"]["matchLabels"]
+        labels = scheduler["spec"]["template"]["metadata"]["labels"]
+        assert not selector.items() <= labels.items()
+    for obj in objects:
+        validate_strict(obj)
+
+
+def test_no_schedules_no_scheduler_and_bad_numbers_are_refused(service: ServiceSpec) -> None:
+    objects = run(
+        lambda: WorkerService("svc", dataclasses.replace(service, scheduler=SchedulerSpec()))
+    )
+    assert not [d for d in of_kind(objects, "Deployment") if "scheduler" in d["metadata"]["name"]]
+    mocks = RecordingMocks()
+    pulumi.runtime.set_mocks(mocks, project="p", stack="s", preview=False)
+    bad = SchedulerSpec(schedules=("x",), leader_ttl_ms=60_000, stalled_after_s=30)
+    with pytest.raises(GuardError, match="stalled_after_s"):
+        WorkerService("svc", dataclasses.replace(service, scheduler=bad))
+    assert mocks.resources == []

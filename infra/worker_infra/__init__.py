@@ -4,6 +4,7 @@
 - :class:`WorkerPool`: Deployment, token-less ServiceAccount, PodDisruptionBudget.
 - :class:`BacklogScaler`: KEDA ScaledObject on backlog depth and age (+ TriggerAuthentication).
 - :class:`SandboxPool`: a WorkerPool in its own locked-down namespace.
+- :class:`SchedulerDeployment`: the leader-elected replicas of ``<project> scheduler``.
 - :mod:`.capacity`, :mod:`.guards`: the pure arithmetic of the guards.
 - :mod:`.render`: offline rendering through Pulumi's mocks.
 """
@@ -23,6 +24,7 @@ from .guards import (
 from .pool import WorkerPool, WorkerPoolArgs
 from .sandbox import SandboxPool, SandboxPoolArgs
 from .scaler import BacklogScaler, BacklogScalerArgs
+from .scheduler import SchedulerArgs, SchedulerDeployment, SchedulerSpec
 from .service import WorkerService
 
 __all__ = [
@@ -36,6 +38,9 @@ __all__ = [
     "SandboxPoolArgs",
     "SandboxSpec",
     "ScalingSpec",
+    "SchedulerArgs",
+    "SchedulerDeployment",
+    "SchedulerSpec",
     "ServiceSpec",
     "Share",
     "Usage",

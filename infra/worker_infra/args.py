@@ -8,9 +8,12 @@ into the frozen dataclasses below.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import pulumi
+
+if TYPE_CHECKING:
+    from .scheduler import SchedulerSpec
 
 PerProcess = Literal["db_pool_size", "concurrency"]
 
@@ -200,6 +203,7 @@ class ServiceSpec:
       metrics_port: port of /metrics, /livez, /readyz (default 9191).
       create_namespace: create and label the namespace (default True).
       env: extra plain environment variables for every pool.
+      scheduler: the scheduler Deployment (:mod:`.scheduler`); None or no schedules: none.
     """
 
     project: str
@@ -216,3 +220,4 @@ class ServiceSpec:
     metrics_port: int = 9191
     create_namespace: bool = True
     env: dict[str, str] = field(default_factory=dict)
+    scheduler: SchedulerSpec | None = None

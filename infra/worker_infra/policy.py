@@ -117,9 +117,14 @@ def cpu_trigger_problems(objects: Iterable[Obj]) -> list[str]:
 
 
 def isolation_problems(objects: Sequence[Obj]) -> list[str]:
-    """Per pool exactly one Deployment and one ScaledObject; no queue served by two pools."""
+    """Per pool exactly one Deployment and one ScaledObject; no queue served by two pools.
+    The scheduler's Deployment is no pool: it has no scaler and serves no queue."""
     problems = []
-    deployments = of_kind(objects, "Deployment")
+    deployments = [
+        d
+        for d in of_kind(objects, "Deployment")
+        if d["metadata"].get("labels", {}).get("app.kubernetes.io/component") != "scheduler"
+    ]
     scaled = of_kind(objects, "ScaledObject")
     targets = [(s["metadata"]["namespace"], s["spec"]["scaleTargetRef"]["name"]) for s in scaled]
     owner: dict[str, str] = {}

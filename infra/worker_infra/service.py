@@ -10,6 +10,7 @@ from .guards import ServicePlan, plan
 from .pool import DATABASE_URL_KEY, WorkerPool, WorkerPoolArgs
 from .sandbox import RESTRICTED_LABELS, SandboxPool, SandboxPoolArgs, broker_secret
 from .scaler import BacklogScaler, BacklogScalerArgs
+from .scheduler import SchedulerArgs, SchedulerDeployment
 
 
 class WorkerService(pulumi.ComponentResource):
@@ -28,6 +29,9 @@ class WorkerService(pulumi.ComponentResource):
         self.plan: ServicePlan = plan(
             spec.pools, spec.downstream, spec.grace_margin_s, spec.memory_base
         )
+        scheduler = spec.scheduler if spec.scheduler and spec.scheduler.schedules else None
+        if scheduler is not None:
+            scheduler.check()
         super().__init__("worker-infra:index:WorkerService", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         labels = {"app.kubernetes.io/name": spec.project}
@@ -44,7 +48,7 @@ class WorkerService(pulumi.ComponentResource):
         ordinary = [p for p in self.plan.pools if not p.pool.sandbox]
         broker_name = f"{spec.project}-broker"
         broker: pulumi.Resource | None = None
-        if ordinary:
+        if ordinary or scheduler is not None:
             broker = broker_secret(
                 f"{name}-broker", broker_name, spec.namespace, spec.broker, labels, ns_opts
             )
@@ -121,6 +125,21 @@ class WorkerService(pulumi.ComponentResource):
                 opts=pulumi.ResourceOptions(parent=self, depends_on=depends),
             )
             self.pools[pool.name] = worker
+        self.scheduler: SchedulerDeployment | None = None
+        if scheduler is not None:
+            self.scheduler = SchedulerDeployment(
+                f"{name}-scheduler",
+                SchedulerArgs(
+                    spec=scheduler,
+                    project=spec.project,
+                    image=spec.image,
+                    namespace=spec.namespace,
+                    broker_secret=broker_name,
+                    metrics_port=spec.metrics_port,
+                    env=spec.env,
+                ),
+                opts=pulumi.ResourceOptions(parent=self, depends_on=depends),
+            )
         self.register_outputs(
             {
                 "pools": sorted(self.pools),

@@ -9,6 +9,7 @@ parser. The stack file (``Pulumi.<stack>.yaml``) may override numbers per enviro
   redis:        {host, port, db, tls, namespace, podSelector}
   redisPassword, databaseUrl: secrets (``pulumi config set --secret``)
   sandbox:      {namespace, runtimeClass, runtimeHandler}
+  scheduler:    {replicas, leaderTtlMs, cpu, memory}   (rendered when pools.toml has schedules)
 
 Every guard of worker_infra runs before anything is created; a refused stack fails
 ``pulumi preview`` (and ``make manifests``) with the pools and numbers named.
@@ -16,7 +17,7 @@ Every guard of worker_infra runs before anything is created; a refused stack fai
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -30,6 +31,7 @@ from worker_infra import (
     PoolSpec,
     SandboxSpec,
     ScalingSpec,
+    SchedulerSpec,
     ServiceSpec,
     WorkerService,
 )
@@ -42,17 +44,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def pools_module() -> ModuleType:
-    """The service's pools.py, loaded by path (the package's __init__ needs the runtime deps)."""
-    name = f"_{PACKAGE}_pools"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "src" / PACKAGE / "pools.py")
-    if spec is None or spec.loader is None:
-        raise GuardError(f"cannot load {ROOT / 'src' / PACKAGE / 'pools.py'}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    """The service's pools.py (and the schedules.py it imports), from src/. The package's
+    __init__ imports nothing, so only pydantic and croniter are needed here."""
+    src = str(ROOT / "src")
+    if src not in sys.path:
+        sys.path.insert(0, src)
+    return importlib.import_module(f"{PACKAGE}.pools")
 
 
 def _merge(base: dict[str, Any], overrides: dict[str, Any], table: str) -> None:
@@ -123,10 +120,24 @@ def specs(pools_file: Any) -> tuple[tuple[PoolSpec, ...], tuple[DownstreamSpec, 
     return pools, downstream
 
 
+def scheduler_spec(pools_file: Any, config: pulumi.Config) -> SchedulerSpec:
+    """The scheduler Deployment: pools.toml's schedule names, the stack's numbers."""
+    overrides: dict[str, Any] = config.get_object("scheduler") or {}
+    defaults = SchedulerSpec()
+    return SchedulerSpec(
+        schedules=tuple(pools_file.schedules),
+        replicas=int(overrides.get("replicas", defaults.replicas)),
+        leader_ttl_ms=int(overrides.get("leaderTtlMs", defaults.leader_ttl_ms)),
+        cpu=str(overrides.get("cpu", defaults.cpu)),
+        memory=str(overrides.get("memory", defaults.memory)),
+    )
+
+
 def main() -> None:
     """Build the stack: one WorkerService holding every pool of pools.toml."""
     config = pulumi.Config()
-    pools, downstream = specs(load_stack_pools(config))
+    pools_file = load_stack_pools(config)
+    pools, downstream = specs(pools_file)
     redis: dict[str, Any] = config.get_object("redis") or {}
     sandbox: dict[str, Any] = config.get_object("sandbox") or {}
     broker = BrokerSpec(
@@ -167,6 +178,7 @@ def main() -> None:
             grace_margin_s=15 if margin is None else margin,
             memory_base=config.get("memoryBase") or "96Mi",
             env={str(k): str(v) for k, v in (config.get_object("env") or {}).items()},
+            scheduler=scheduler_spec(pools_file, config),
         ),
     )
     pulumi.export("pools", sorted(service.pools))

@@ -11,9 +11,21 @@ from pathlib import Path
 import pytest
 import redis
 
-from {{ cookiecutter.package }}.pools import PoolsFileError, load_pools
-from {{ cookiecutter.package }}.scheduler import Scheduler, SchedulerSettings, Target, read_states
-from {{ cookiecutter.package }}.schedules import Schedule, actor_problems, leader_key
+from {{ cookiecutter.package }}.pools import (
+    PoolsFileError,
+    load_pools,
+)
+from {{ cookiecutter.package }}.scheduler import (
+    Scheduler,
+    SchedulerSettings,
+    Target,
+    read_states,
+)
+from {{ cookiecutter.package }}.schedules import (
+    Schedule,
+    actor_problems,
+    leader_key,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 T0 = 1_800_000_000  # a whole minute (2027-01-15T08:00:00Z)

@@ -165,9 +165,25 @@ class Target:
     queue: str
 
 
+def lend_worker_pool() -> None:
+    """The actors' broker module reads the worker settings, which need ``WORKER_POOL``
+    (a producer needs only REDIS_URL once DESIGN 2.6 lands). Unless it is set, lend it the
+    first pool whose settings need no database: the scheduler consumes from no queue and
+    opens no database connection, it only needs the actors' names and queues."""
+    from .settings import DATABASE_RESOURCE, pools
+
+    if os.environ.get("WORKER_POOL"):
+        return
+    for name, pool in pools().pools.items():
+        if DATABASE_RESOURCE not in pool.uses:
+            os.environ["WORKER_POOL"] = name
+            return
+
+
 def check_actors(schedules: Mapping[str, Schedule]) -> dict[str, Target]:
     """Import the actors, which refuses to boot (exit 78) when a schedule cannot run
     (``actors.check_queues``); return where each schedule's messages go."""
+    lend_worker_pool()
     from . import actors  # noqa: F401  (declares every actor, checks the schedules)
     from .broker import broker
 
