@@ -274,17 +274,23 @@ def test_the_worker_skips_a_run_while_the_previous_one_holds_the_renewed_lock(
     """Two runs queued back to back (as after a slow worker start): the second starts while
     the first, longer than the lock's 1 s lease, still holds it (renewed): skipped, counted."""
     cluster.use(every_second(seconds=2.5))
-    broker_client = cluster.client
+    client = cluster.client
     worker = cluster.worker()
-    for tick in (1, 2):
+
+    def enqueue(tick: int) -> None:
         message: dramatiq.Message[Any] = dramatiq.Message(
             queue_name="notifications", actor_name="sched_job", args=(2.5,), kwargs={},
             options={"schedule": "every_second", "schedule_tick": tick,
                      "schedule_lease_ms": 1000, "redis_message_id": f"r{tick}"},
             message_id=f"m{tick}")
-        broker_client.hset("dramatiq:notifications.msgs", f"r{tick}", message.encode())
-        broker_client.rpush("dramatiq:notifications", f"r{tick}")
-        time.sleep(1.5)
+        client.hset("dramatiq:notifications.msgs", f"r{tick}", message.encode())
+        client.rpush("dramatiq:notifications", f"r{tick}")
+
+    enqueue(1)
+    (_, started), = wait_for(lambda: cluster.runs("start"), 30, "the first run to start")
+    # Past the 1 s lease: only renewal keeps the lock held now.
+    wait_for(lambda: time.time() >= started + 1.6, 5, "1.6 s into the first run")
+    enqueue(2)
     wait_for(lambda: cluster.runs("end"), 20, "the first run to end")
     time.sleep(0.5)
     assert [tick for tick, _ in cluster.runs("start")] == [1]
