@@ -11,10 +11,10 @@ from typing import TypeVar
 import dramatiq
 import redis
 from dramatiq import Middleware
-from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import AgeLimit, Callbacks, CurrentMessage, Pipelines, TimeLimit
 
 from . import layout
+from .consumer import SettlingRedisBroker
 from .middleware import (
     Attempts,
     CrashAwareRetries,
@@ -60,11 +60,13 @@ def middleware_stack(settings: Settings) -> list[Middleware]:
     return stack
 
 
-def build_broker(settings: Settings) -> RedisBroker:
+def build_broker(settings: Settings) -> SettlingRedisBroker:
     """A RedisBroker for ``REDIS_URL`` (``redis://``, ``rediss://`` for TLS, ``unix://``).
 
-    Dramatiq's random maintenance is off (``maintenance_chance=0``): the Recovery
-    middleware recovers lost messages deterministically and counts them.
+    Its consumers dead-letter malformed messages and store each delivery's outcome with
+    its ack (:mod:`.consumer`). Dramatiq's random maintenance is off
+    (``maintenance_chance=0``): the Recovery middleware recovers lost messages
+    deterministically and counts them.
     """
     client = redis.Redis.from_url(
         settings.redis_url.get_secret_value(),
@@ -72,7 +74,7 @@ def build_broker(settings: Settings) -> RedisBroker:
         socket_connect_timeout=5,
         health_check_interval=30,
     )
-    return RedisBroker(
+    return SettlingRedisBroker(
         client=client,
         namespace=layout.NAMESPACE,
         middleware=middleware_stack(settings),

@@ -148,6 +148,78 @@ def message_fields(body: Any) -> dict[str, Any] | None:
     return fields if isinstance(fields, dict) else None
 
 
+#: The fields of a Dramatiq message and the JSON types each must have.
+MESSAGE_FIELDS: Final[dict[str, tuple[tuple[type, ...], str]]] = {
+    "queue_name": ((str,), "a string"),
+    "actor_name": ((str,), "a string"),
+    "args": ((list,), "a list"),
+    "kwargs": ((dict,), "an object"),
+    "options": ((dict,), "an object"),
+    "message_id": ((str,), "a string"),
+    "message_timestamp": ((int, float), "a number"),
+}
+#: Counters in a message's options that must be integers when present.
+COUNTED_OPTIONS: Final = ("retries", "crashes")
+
+
+def malformation(body: bytes, queue: str) -> tuple[str | None, Any]:
+    """Why ``body``, fetched from ``queue``, is not a Dramatiq message it can run, or None.
+
+    Returns (problem, parsed JSON or None). Checks the JSON object, each field and
+    its type, the counters of its options, and that its ``queue_name`` is ``queue``
+    (a message naming another queue would be acked on the wrong one). The Redis id
+    and the actor are the caller's to check.
+    """
+    try:
+        fields = json.loads(body)
+    except ValueError as error:
+        return f"body is not JSON ({error})", None
+    if not isinstance(fields, dict):
+        return f"body is a JSON {_json_type(fields)}, must be an object", fields
+    for name, (kinds, expected) in MESSAGE_FIELDS.items():
+        if name not in fields:
+            return f"no {name}", fields
+        value = fields[name]
+        if not isinstance(value, kinds) or isinstance(value, bool):
+            return f"{name} is {_shown(value)}, must be {expected}", fields
+    extra = sorted(set(fields) - set(MESSAGE_FIELDS))
+    if extra:
+        return f"unexpected fields {', '.join(extra)}", fields
+    for counter in COUNTED_OPTIONS:
+        value = fields["options"].get(counter, 0)
+        if not isinstance(value, int) or isinstance(value, bool):
+            return f"options.{counter} is {_shown(value)}, must be an integer", fields
+    if fields["queue_name"] != queue:
+        return f"queue_name {fields['queue_name']!r} is not its queue {queue!r}", fields
+    return None, fields
+
+
+def malformed_record(body: bytes, queue: str, reason: str, fields: Any) -> bytes:
+    """What the dead letters keep of a body that is not a Dramatiq message: a record with
+    the reason, whatever ``actor_name`` and ``message_id`` could be read, and the body as
+    text in ``options.malformed_body``. ``dlq replay`` refuses it (not a message)."""
+    known = fields if isinstance(fields, dict) else {}
+    record = {
+        "queue_name": canonical(queue),
+        "actor_name": str(known.get("actor_name") or "-"),
+        "message_id": str(known.get("message_id") or "-"),
+        "options": {
+            "dead_letter_reason": reason,
+            "malformed_body": body.decode("utf-8", "backslashreplace"),
+        },
+    }
+    return json.dumps(record).encode()
+
+
+def _json_type(value: Any) -> str:
+    names = {list: "list", str: "string", int: "number", float: "number", bool: "boolean"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)
+
+
+def _shown(value: Any) -> str:
+    return json.dumps(value)[:40]
+
+
 def now_ms() -> int:
     """Milliseconds since the epoch: Dramatiq's clock for heartbeats and dead letters."""
     return int(time.time() * 1000)
@@ -201,6 +273,73 @@ if redis.call('zrem', KEYS[1], ARGV[1]) == 1 then
 end
 return 0
 """
+
+#: Fetch up to ARGV[1] messages with their ids (Dramatiq's fetch returns bodies only, so a
+#: body that does not decode could not be dead-lettered by id), and heartbeat.
+#: KEYS: the queue, its bodies, this worker's acks set, heartbeats.
+#: ARGV: how many, broker id, ms.  Returns [id1, body1, id2, body2, ...] (false: no body).
+FETCH: Final = """
+redis.call('zadd', KEYS[4], ARGV[3], ARGV[2])
+local out = {}
+for i = 1, tonumber(ARGV[1]) do
+  local id = redis.call('lpop', KEYS[1])
+  if not id then break end
+  redis.call('sadd', KEYS[3], id)
+  out[#out + 1] = id
+  out[#out + 1] = redis.call('hget', KEYS[2], id)
+end
+return out
+"""
+
+#: Settle a delivery: its ack and its outcome (a retry copy stored, a requeue, a dead
+#: letter) in one step, or nothing. The removal from the acks set is the guard.
+#: KEYS: acks set, bodies of the queue, target list, target bodies, dead zset, dead bodies,
+#: heartbeats.  ARGV: kind (ack, retry, requeue, dead_letter), redis id, body (retry copy,
+#: dead letter; '' keeps the stored one), target id (retry copy), ms, broker id.
+SETTLE: Final = """
+if redis.call('srem', KEYS[1], ARGV[2]) == 0 then return 0 end
+local kind = ARGV[1]
+if kind == 'ack' then
+  redis.call('hdel', KEYS[2], ARGV[2])
+elseif kind == 'retry' then
+  redis.call('hdel', KEYS[2], ARGV[2])
+  redis.call('hset', KEYS[4], ARGV[4], ARGV[3])
+  redis.call('rpush', KEYS[3], ARGV[4])
+elseif kind == 'requeue' then
+  if redis.call('hexists', KEYS[2], ARGV[2]) == 1 then
+    redis.call('rpush', KEYS[3], ARGV[2])
+  end
+elseif kind == 'dead_letter' then
+  local body = ARGV[3]
+  if body == '' then body = redis.call('hget', KEYS[2], ARGV[2]) end
+  if body then
+    redis.call('zadd', KEYS[5], ARGV[5], ARGV[2])
+    redis.call('hset', KEYS[6], ARGV[2], body)
+  end
+  redis.call('hdel', KEYS[2], ARGV[2])
+end
+redis.call('zadd', KEYS[7], ARGV[5], ARGV[6])
+return 1
+"""
+
+
+def fetch_keys(broker_id: str, queue: str) -> list[str]:
+    """The KEYS of :data:`FETCH` for ``broker_id`` fetching from ``queue``."""
+    return [queue_key(queue), bodies_key(queue), acks_key(broker_id, queue), HEARTBEATS]
+
+
+def settle_keys(broker_id: str, queue: str, target: str) -> list[str]:
+    """The KEYS of :data:`SETTLE` for a delivery held on ``queue``; ``target`` is the queue
+    of a retry copy or requeue (``queue`` itself for a requeue)."""
+    return [
+        acks_key(broker_id, queue),
+        bodies_key(queue),
+        queue_key(target),
+        bodies_key(target),
+        *dead_letter_keys(queue),
+        HEARTBEATS,
+    ]
+
 
 #: What :data:`BACKLOG` returns per queue, in order (its record width is the length).
 BACKLOG_FIELDS: Final = ("depth", "head", "delayed", "delayed_head", "dead_letters")

@@ -66,7 +66,19 @@ def dead_letter(
 
 
 def dead_letter_delivery(broker: Broker, message: MessageProxy, reason: str) -> bool:
-    """Dead-letter the message this worker is processing (it is held in this worker's acks)."""
+    """Dead-letter the message this worker is processing (it is held in this worker's acks).
+
+    With our broker the dead letter is the delivery's settlement, stored with its
+    nack (so it is not lost while Redis is down); with another RedisBroker it is
+    stored now.
+    """
+    from .consumer import Settlement, settle_with, settles
+
+    if settles(broker):
+        message.fail()
+        body = message._message.copy(options={"dead_letter_reason": reason}).encode()
+        settle_with(message, Settlement("dead_letter", body))
+        return True
     redis_broker = cast(RedisBroker, broker)
     return dead_letter(
         redis_broker.client, redis_broker.broker_id, message.queue_name, message._message, reason
@@ -112,23 +124,69 @@ def recover_worker(
             if body is None or not crashed:
                 requeued += layout.requeue_held(client, broker_id, queue, redis_id)
                 continue
-            message = Message.decode(body)
-            message = message.copy(options={"crashes": int(message.options.get("crashes", 0)) + 1})
-            if deliveries(message) >= max_attempts:
-                reason = (
-                    f"its worker process died during {message.options['crashes']} of "
-                    f"{deliveries(message)} deliveries (WORKER_MAX_ATTEMPTS={max_attempts})"
+            try:
+                moved, died = _recover_crashed(
+                    client, broker_id, queue, redis_id, body, max_attempts
                 )
-                dead += int(dead_letter(client, broker_id, queue, message, reason))
-            else:
-                body = message.encode()
-                requeued += layout.requeue_held(client, broker_id, queue, redis_id, body)
+            except redis.RedisError:
+                raise
+            except Exception:  # one bad message never stops the recovery of the others
+                logger.exception(
+                    "could not recover a message", extra={"queue": queue, "redis_id": redis_id}
+                )
+                continue
+            requeued, dead = requeued + moved, dead + died
     if requeued or dead:
         logger.warning(
             "recovered the messages of a dead worker",
             extra={"broker_id": broker_id, "requeued": requeued, "dead_lettered": dead},
         )
     return requeued, dead
+
+
+def _recover_crashed(
+    client: redis.Redis, broker_id: str, queue: str, redis_id: str, body: bytes, max_attempts: int
+) -> tuple[int, int]:
+    """Count a crash against one held message: requeue it, or dead-letter it when its
+    attempts are used up or it is not a Dramatiq message. Returns (requeued, dead)."""
+    from .consumer import dead_letter_body, inspect
+
+    problem, message, fields = inspect(body, queue, redis_id, None)
+    if message is None or (problem is not None and "redis_message_id" not in problem):
+        reason = f"malformed message: {problem}"
+        stored = dead_letter_body(body, queue, reason, message, fields)
+        return 0, int(_dead_letter_raw(client, broker_id, queue, redis_id, stored, reason))
+    message = message.copy(
+        options={
+            "crashes": int(message.options.get("crashes", 0)) + 1,
+            "redis_message_id": redis_id,
+        }
+    )
+    if deliveries(message) >= max_attempts:
+        reason = (
+            f"its worker process died during {message.options['crashes']} of "
+            f"{deliveries(message)} deliveries (WORKER_MAX_ATTEMPTS={max_attempts})"
+        )
+        return 0, int(dead_letter(client, broker_id, queue, message, reason))
+    return int(layout.requeue_held(client, broker_id, queue, redis_id, message.encode())), 0
+
+
+def _dead_letter_raw(
+    client: redis.Redis, broker_id: str, queue: str, redis_id: str, body: bytes, reason: str
+) -> bool:
+    """Move the held ``redis_id`` to the dead letters with ``body`` (any bytes)."""
+    moved = layout.dead_letter_held(client, broker_id, queue, redis_id, body)
+    if moved:
+        logger.warning(
+            "dead-lettered message",
+            extra={
+                "redis_id": redis_id,
+                "queue": layout.canonical(queue),
+                "outcome": "dead_letter",
+                "reason": reason,
+            },
+        )
+    return moved
 
 
 def recover_dead_workers(

@@ -144,6 +144,10 @@ def db_instruments() -> DbPoolInstruments:
         return _db_instruments
 
 
+#: Attribute of a MessageProxy holding (outcome, duration) between the handler's end and its ack.
+_ENDED = "_metrics_ended"
+
+
 class Metrics(Middleware):
     """Records job outcomes, durations and the in-flight count; logs each job's end.
 
@@ -175,7 +179,10 @@ class Metrics(Middleware):
 
     def _watch_db_pool(self) -> None:
         while True:
-            self.update_db_pool()
+            try:
+                self.update_db_pool()
+            except Exception:  # a background thread never dies: one line, then go on
+                logger.exception("database pool metrics failed")
             if self._stop.wait(DB_POOL_INTERVAL_S):
                 return
 
@@ -227,24 +234,33 @@ class Metrics(Middleware):
         return "dead_letter"
 
     def _end(self, broker: Broker, message: MessageProxy, outcome: str, *, ran: bool) -> None:
+        """The handler is done: time it now, count and log its outcome once it is settled."""
         started: float | None = getattr(self._local, "started", None)
         self._local.started = None
-        metrics = instruments()
         duration = 0.0
         if started is not None:
-            metrics.inflight.dec()
+            instruments().inflight.dec()
             duration = time.perf_counter() - started
+            if ran:
+                queue, actor = canonical(message.queue_name), message.actor_name
+                timer = self._timers.get((queue, actor))
+                if timer is None:
+                    timer = self._timers[queue, actor] = instruments().duration.labels(queue, actor)
+                timer.observe(duration)
+        setattr(message, _ENDED, (outcome, duration))
+
+    # -- once the outcome is stored (Dramatiq's ack or nack succeeded) ------------------------
+
+    def after_ack(self, broker: Broker, message: MessageProxy) -> None:
+        """Count and log the job's outcome now that Redis holds it: a retry is counted only
+        once its copy is stored, so a retry lost to an outage would never be counted."""
+        ended: tuple[str, float] | None = getattr(message, _ENDED, None)
+        if ended is None:  # not a handled job (e.g. a delayed message moved to its queue)
+            return
+        delattr(message, _ENDED)
+        outcome, duration = ended
         queue, actor = canonical(message.queue_name), message.actor_name
-        key = (queue, actor, outcome)
-        counter = self._children.get(key)
-        if counter is None:
-            counter = self._children[key] = metrics.processed.labels(queue, actor, outcome)
-        counter.inc()
-        if ran and started is not None:
-            timer = self._timers.get((queue, actor))
-            if timer is None:
-                timer = self._timers[queue, actor] = metrics.duration.labels(queue, actor)
-            timer.observe(duration)
+        self.count(queue, actor, outcome)
         logger.log(
             logging.INFO if outcome in {"success", "requeued", "skipped"} else logging.WARNING,
             "job %s",
@@ -259,3 +275,13 @@ class Metrics(Middleware):
                 "retries": message.options.get("retries", 0),
             },
         )
+
+    after_nack = after_ack
+
+    def count(self, queue: str, actor: str, outcome: str) -> None:
+        """Add one to ``jobs_processed_total{queue,actor,outcome}`` (O(1), no I/O)."""
+        key = (queue, actor, outcome)
+        counter = self._children.get(key)
+        if counter is None:
+            counter = self._children[key] = instruments().processed.labels(queue, actor, outcome)
+        counter.inc()

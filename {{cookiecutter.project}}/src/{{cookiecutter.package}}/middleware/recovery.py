@@ -63,4 +63,6 @@ class Recovery(Middleware):
                 self.run_once(broker)
             except redis.RedisError as error:
                 logger.warning("recovery pass failed: %s", error)
+            except Exception:  # a background thread never dies: one JSON line, then go on
+                logger.exception("recovery pass failed unexpectedly")
             self._stopped.wait(self.interval_s)

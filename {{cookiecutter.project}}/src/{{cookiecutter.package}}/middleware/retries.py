@@ -1,25 +1,48 @@
-"""CrashAwareRetries: Dramatiq's retries with backoff, made shutdown- and crash-aware."""
+"""CrashAwareRetries: Dramatiq's retries with backoff, made shutdown- and crash-aware, and safe
+while Redis is down: the retry copy is stored together with the ack, never before or without it."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import dramatiq.middleware
-from dramatiq import Broker
+from dramatiq import Broker, Message
 from dramatiq.broker import MessageProxy
+from dramatiq.common import current_millis, dq_name
 
+from ..consumer import Settlement, settle_with, settles
 from ..lifecycle import Requeue
 from ..recovery import dead_letter_delivery
 
 
+class _Capture:
+    """Stands in for the broker in Dramatiq's Retries hook: keeps the retry copy it sends."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.sent: tuple[Message[Any], int | None] | None = None
+
+    def get_actor(self, actor_name: str) -> Any:
+        return self.broker.get_actor(actor_name)
+
+    def enqueue(self, message: Message[Any], *, delay: int | None = None) -> Message[Any]:
+        self.sent = (message, delay)
+        return message
+
+
 class CrashAwareRetries(dramatiq.middleware.Retries):
-    """Dramatiq's :class:`~dramatiq.middleware.Retries`, with three changes.
+    """Dramatiq's :class:`~dramatiq.middleware.Retries`, with four changes.
 
     * A :class:`~..lifecycle.Requeue` (shutdown) is not a failure: no retry is
       counted and no delayed copy is enqueued; the shutdown middleware requeues it.
     * Deliveries lost to crashes (``options["crashes"]``) use up the same budget,
       so ``max_retries + 1`` is the total number of deliveries.
     * An exhausted message is dead-lettered with the exception as its reason.
+    * The retry copy is not enqueued from this hook (where Dramatiq swallows a Redis
+      error and then acks the original: the retry was lost). It becomes the
+      delivery's settlement (:mod:`..consumer`), stored in one Lua call with the ack;
+      while Redis is down the message stays held and the settlement is retried.
 
     Parameters:
       max_retries: ``WORKER_MAX_ATTEMPTS - 1``; an actor's own ``max_retries`` may lower it.
@@ -39,7 +62,32 @@ class CrashAwareRetries(dramatiq.middleware.Retries):
         actor = broker.get_actor(message.actor_name)
         budget = min(actor.options.get("max_retries", self.max_retries), self.max_retries)
         message.options["max_retries"] = max(0, budget - int(message.options.get("crashes", 0)))
-        super().after_process_message(broker, message, result=result, exception=exception)  # type: ignore[no-untyped-call]
+        if not settles(broker):
+            super().after_process_message(broker, message, result=result, exception=exception)  # type: ignore[no-untyped-call]
+        else:
+            capture = _Capture(broker)
+            super().after_process_message(capture, message, result=result, exception=exception)  # type: ignore[no-untyped-call]
+            if capture.sent is not None:
+                settle_with(message, self._retry(broker, *capture.sent))
         if message.failed:
             reason = f"{type(exception).__name__}: {exception}"[:500]
             dead_letter_delivery(broker, message, reason)
+
+    @staticmethod
+    def _retry(broker: Broker, message: Message[Any], delay: int | None) -> Settlement:
+        """The retry copy as Dramatiq's ``RedisBroker.enqueue`` would build it."""
+        queue = message.queue_name
+        options: dict[str, Any] = {"redis_message_id": str(uuid.uuid4())}
+        if delay is not None:
+            queue = dq_name(queue)
+            options["eta"] = current_millis() + delay
+        copy = message.copy(queue_name=queue, options=options)
+        broker.emit_before("enqueue", copy, delay)
+        return Settlement(
+            "retry",
+            copy.encode(),
+            target_queue=queue,
+            target_id=options["redis_message_id"],
+            sent=copy,
+            delay=delay,
+        )

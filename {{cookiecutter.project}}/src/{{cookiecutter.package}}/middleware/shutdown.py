@@ -9,6 +9,7 @@ from dramatiq import Broker, Middleware
 from dramatiq.broker import MessageProxy
 from dramatiq.middleware.threading import raise_thread_exception
 
+from ..consumer import Settlement, settle_with, settles
 from ..lifecycle import Requeue
 
 
@@ -46,7 +47,10 @@ class GracefulShutdown(Middleware):
         with self._lock:
             self._in_flight.pop(threading.get_ident(), None)
             if isinstance(exception, Requeue):
-                broker.do_requeue(message.queue_name, message.options["redis_message_id"])  # type: ignore[attr-defined]
+                if settles(broker):  # requeued with its ack, even if Redis is down now
+                    settle_with(message, Settlement("requeue"))
+                else:
+                    broker.do_requeue(message.queue_name, message.options["redis_message_id"])  # type: ignore[attr-defined]
                 self.requeued += 1
             else:
                 self.finished += 1

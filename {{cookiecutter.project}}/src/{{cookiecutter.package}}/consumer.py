@@ -1,0 +1,339 @@
+"""Our Redis consumer: nothing fetched is stranded, no delivery ends before its outcome is stored.
+
+Dramatiq's ``_RedisConsumer`` fetches bodies without their Redis ids and decodes them
+in the consumer thread: one body that is not a Dramatiq message (not JSON, a JSON
+list, no ``actor_name``, ``options: null``, no ``redis_message_id``) raises there and
+leaves itself and the good messages fetched with it in the acks set, counted nowhere.
+Its Retries enqueue the retry copy from a middleware hook, where a Redis error is
+logged and swallowed, and the original is acked later: a retry is lost when Redis is
+down at that moment. :class:`SettlingRedisBroker` and :class:`SettlingConsumer` fix both:
+
+* The fetch returns each Redis id with its body, and every body is checked
+  (:func:`inspect`) before it is handed on. A malformed message is dead-lettered
+  at once, by id, with the reason in ``options.dead_letter_reason`` (``dlq list``
+  shows it), counted as ``jobs_processed_total{outcome="dead_letter"}`` and logged; the
+  messages fetched with it are handed on as usual.
+* A delivery ends with one :class:`Settlement`, stored in one Lua call with the ack:
+  the retry copy is stored on the delay queue, the message requeued or dead-lettered
+  *together with* its removal from the acks set, or not at all. While Redis does not
+  answer the settlement is retried (Dramatiq retries ``post_process_message`` every
+  5 s) and the message stays held: if the process dies meanwhile, it is redelivered.
+  Middleware asks for a settlement with :func:`settle_with`.
+* A consumer outlives the restarts of its consumer thread (one per queue), so its
+  count of held messages stays right after an outage; the delay queue's consumer
+  hands back what its thread dropped from memory on a connection error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Container, Iterable
+from typing import Any, Literal
+
+import redis
+from dramatiq import Message
+from dramatiq.broker import MessageProxy
+from dramatiq.brokers.redis import RedisBroker, _RedisConsumer
+from dramatiq.common import compute_backoff
+from dramatiq.errors import ConnectionClosed
+
+from . import layout
+
+logger = logging.getLogger(__name__)
+
+#: The ``actor`` label of a malformed message whose actor is not declared here (bounded).
+UNKNOWN_ACTOR = "unknown"
+
+
+@dataclasses.dataclass(frozen=True)
+class Settlement:
+    """How a delivery ends, stored atomically with its ack.
+
+    Parameters:
+      kind: ``ack`` (done), ``retry`` (store ``body`` as ``target_id`` on
+        ``target_queue``, the delay queue), ``requeue`` (back to the tail of its
+        queue) or ``dead_letter`` (``body``, or the stored body when empty).
+      body: the body to store (retry, dead letter).
+      target_queue: the queue of the retry copy.
+      target_id: the Redis id of the retry copy.
+      sent: the retry copy, for the ``after_enqueue`` hooks once it is stored.
+      delay: the retry's delay in ms, for the same hooks.
+    """
+
+    kind: Literal["ack", "retry", "requeue", "dead_letter"]
+    body: bytes = b""
+    target_queue: str = ""
+    target_id: str = ""
+    sent: Message[Any] | None = None
+    delay: int | None = None
+
+
+ACK = Settlement("ack")
+_ATTRIBUTE = "_settlement"
+
+
+def settle_with(message: MessageProxy, settlement: Settlement) -> None:
+    """Make ``settlement`` the end of ``message``'s delivery (stored when it is acked)."""
+    setattr(message, _ATTRIBUTE, settlement)
+
+
+def settlement_of(message: MessageProxy) -> Settlement | None:
+    """The settlement middleware asked for, if any."""
+    found: Settlement | None = getattr(message, _ATTRIBUTE, None)
+    return found
+
+
+def settles(broker: Any) -> bool:
+    """True when ``broker`` stores settlements (else middleware falls back to Dramatiq's way)."""
+    return isinstance(broker, SettlingRedisBroker)
+
+
+def inspect(
+    body: bytes, queue: str, redis_id: str, actors: Container[str] | None
+) -> tuple[str | None, Message[Any] | None, Any]:
+    """Check a fetched body; return (problem, message, parsed JSON).
+
+    ``problem`` is None when the body is a Dramatiq message this worker can run from
+    ``queue`` under ``redis_id`` (see :func:`.layout.malformation`); then ``message`` is
+    it. Otherwise ``message`` is set only when the body decodes (an unknown actor, a
+    wrong or missing ``options.redis_message_id``).
+
+    Parameters:
+      actors: the declared actor names (None: not checked, e.g. in the supervisor).
+    """
+    problem, fields = layout.malformation(body, queue)
+    if problem is not None:
+        return problem, None, fields
+    message: Message[Any] = Message(**{**fields, "args": tuple(fields["args"])})
+    stored_id = message.options.get("redis_message_id")
+    if stored_id is None:
+        return "no options.redis_message_id", message, fields
+    if stored_id != redis_id:
+        return f"options.redis_message_id {stored_id!r} is not its id {redis_id!r}", message, fields
+    if actors is not None and message.actor_name not in actors:
+        return f"unknown actor {message.actor_name!r} (none declared here)", message, fields
+    return None, message, fields
+
+
+def dead_letter_body(
+    body: bytes, queue: str, reason: str, message: Message[Any] | None, fields: Any
+) -> bytes:
+    """What the dead letters keep of a malformed message: a message that decodes keeps its
+    body with the reason in its options (a replay can send it once its actor exists); any
+    other body is kept as :func:`.layout.malformed_record` (``dlq replay`` refuses it)."""
+    if message is not None:
+        return message.copy(options={"dead_letter_reason": reason}).encode()
+    return layout.malformed_record(body, queue, reason, fields)
+
+
+class SettlingConsumer(_RedisConsumer):
+    """Consumes one queue for a :class:`SettlingRedisBroker` (created by its ``consume``).
+
+    Parameters:
+      broker: the broker.
+      queue_name: the queue (``q`` or its delay queue ``q.DQ``).
+      prefetch: the most messages held at once (fetched and not yet settled).
+      timeout: the longest pause (ms) between fetches of an empty queue.
+    """
+
+    broker: SettlingRedisBroker
+
+    def __init__(
+        self, broker: SettlingRedisBroker, queue_name: str, prefetch: int, timeout: int
+    ) -> None:
+        super().__init__(broker, queue_name, prefetch, timeout)  # type: ignore[no-untyped-call]
+        self.message_cache: list[tuple[str, bytes | None]] = []
+        self.held: set[str] = set()
+        self.delayed = queue_name.endswith(".DQ")
+        self._orphaned = False
+        self._fetch_keys = layout.fetch_keys(broker.broker_id, queue_name)
+
+    @property
+    def outstanding_message_count(self) -> int:
+        return len(self.held) + len(self.message_cache)
+
+    # -- fetching (the consumer thread) ------------------------------------------------------
+
+    def __next__(self) -> MessageProxy | None:
+        try:
+            if self._orphaned:
+                self._hand_back_orphans()
+            while True:
+                if self.message_cache:
+                    redis_id, body = self.message_cache[0]
+                    message = self._admit(redis_id, body)
+                    self.message_cache.pop(0)
+                    self.misses = 0
+                    if message is not None:
+                        self.held.add(redis_id)
+                        return MessageProxy(message)
+                    continue
+                if self.outstanding_message_count < self.prefetch:
+                    self.message_cache = self._fetch(self.prefetch - self.outstanding_message_count)
+                    if self.message_cache:
+                        continue
+                self.misses, backoff_ms = compute_backoff(self.misses, max_backoff=self.timeout)
+                time.sleep(backoff_ms / 1000)
+                return None
+        except redis.RedisError as error:
+            raise ConnectionClosed(error) from None
+
+    def _fetch(self, count: int) -> list[tuple[str, bytes | None]]:
+        raw = self.broker.fetch_script(
+            keys=self._fetch_keys, args=[count, self.broker.broker_id, layout.now_ms()]
+        )
+        return [(layout.text(raw[i]), raw[i + 1]) for i in range(0, len(raw), 2)]
+
+    def _admit(self, redis_id: str, body: bytes | None) -> Message[Any] | None:
+        """The message to hand on, or None when it was malformed (then dead-lettered)."""
+        if body is None:
+            # Queued without a body (deleted meanwhile): nothing to run; stop holding it.
+            self.broker.settle(self.queue_name, redis_id, ACK)
+            logger.warning(
+                "dropped a queued id without a body",
+                extra={"queue": layout.canonical(self.queue_name), "redis_id": redis_id},
+            )
+            return None
+        problem, message, fields = inspect(body, self.queue_name, redis_id, self.broker.actors)
+        if problem is None:
+            return message
+        reason = f"malformed message: {problem}"
+        stored = dead_letter_body(body, self.queue_name, reason, message, fields)
+        self.broker.settle(self.queue_name, redis_id, Settlement("dead_letter", stored))
+        known = fields if isinstance(fields, dict) else {}
+        self.broker.rejected(
+            self.queue_name,
+            redis_id,
+            _str_or_none(known.get("message_id")),
+            _str_or_none(known.get("actor_name")),
+            reason,
+        )
+        return None
+
+    def _hand_back_orphans(self) -> None:
+        """After a restart of the delay queue's thread, requeue what it dropped from memory.
+
+        Dramatiq's consumer thread forgets its in-memory delay queue on a connection
+        error; every delayed message this consumer still holds is then held by nobody.
+        """
+        self._orphaned = False
+        if self.delayed and self.held:
+            orphans = list(self.held)
+            for redis_id in orphans:
+                self.broker.settle(self.queue_name, redis_id, Settlement("requeue"))
+                self.held.discard(redis_id)
+            logger.warning(
+                "handed back delayed messages after a consumer restart",
+                extra={"queue": self.queue_name, "requeued": len(orphans)},
+            )
+
+    # -- settling (worker threads) -------------------------------------------------------------
+
+    def ack(self, message: MessageProxy) -> None:
+        self._settle(message, settlement_of(message) or ACK)
+
+    def nack(self, message: MessageProxy) -> None:
+        self._settle(message, settlement_of(message) or Settlement("dead_letter"))
+
+    def _settle(self, message: MessageProxy, settlement: Settlement) -> None:
+        redis_id = message.options["redis_message_id"]
+        try:
+            self.broker.settle(self.queue_name, redis_id, settlement)
+        except redis.RedisError as error:
+            # Still held: Dramatiq retries the settlement until Redis answers.
+            raise ConnectionClosed(error) from None
+        except BaseException:
+            self.held.discard(redis_id)
+            raise
+        self.held.discard(redis_id)
+        if settlement.sent is not None:
+            self.broker.emit_after("enqueue", settlement.sent, settlement.delay)
+
+    def requeue(self, messages: Iterable[MessageProxy]) -> None:
+        redis_ids = [message.options["redis_message_id"] for message in messages]
+        try:
+            for redis_id in redis_ids:
+                self.broker.settle(self.queue_name, redis_id, Settlement("requeue"))
+                self.held.discard(redis_id)
+        except redis.RedisError as error:
+            raise ConnectionClosed(error) from None
+
+    def close(self) -> None:
+        """Called when the consumer thread restarts or stops; it may have lost its delay queue."""
+        self._orphaned = True
+
+
+class SettlingRedisBroker(RedisBroker):
+    """A :class:`~dramatiq.brokers.redis.RedisBroker` whose consumers settle deliveries
+    atomically and never strand a malformed message (see the module docstring).
+
+    Takes RedisBroker's parameters. ``consume`` returns one consumer per queue for the
+    life of the broker, so a consumer thread that restarts keeps its count of held messages.
+    """
+
+    def __init__(self, **parameters: Any) -> None:
+        super().__init__(**parameters)  # type: ignore[no-untyped-call]
+        self.fetch_script = self.client.register_script(layout.FETCH)
+        self.settle_script = self.client.register_script(layout.SETTLE)
+        self._consumers: dict[str, SettlingConsumer] = {}
+        self._consumers_lock = threading.Lock()
+
+    def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 5000) -> SettlingConsumer:
+        with self._consumers_lock:
+            consumer = self._consumers.get(queue_name)
+            if consumer is None:
+                consumer = SettlingConsumer(self, queue_name, prefetch, timeout)
+                self._consumers[queue_name] = consumer
+            consumer.prefetch, consumer.timeout = prefetch, timeout
+            return consumer
+
+    def settle(self, queue: str, redis_id: str, settlement: Settlement) -> bool:
+        """Store ``settlement`` of the delivery ``redis_id`` held on ``queue``; False when
+        this worker no longer held it (someone else recovered it)."""
+        done = self.settle_script(
+            keys=layout.settle_keys(self.broker_id, queue, settlement.target_queue or queue),
+            args=[
+                settlement.kind,
+                redis_id,
+                settlement.body,
+                settlement.target_id,
+                layout.now_ms(),
+                self.broker_id,
+            ],
+        )
+        return bool(done)
+
+    def rejected(
+        self,
+        queue: str,
+        redis_id: str,
+        job_id: str | None,
+        actor: str | None,
+        reason: str,
+    ) -> None:
+        """Count and log a malformed message that was dead-lettered without running."""
+        from .middleware.metrics import Metrics
+
+        label = actor if actor is not None and actor in self.actors else UNKNOWN_ACTOR
+        for middleware in self.middleware:
+            if isinstance(middleware, Metrics):
+                middleware.count(layout.canonical(queue), label, "dead_letter")
+        logger.warning(
+            "job dead_letter",
+            extra={
+                "event": "job_end",
+                "job_id": job_id or "-",
+                "redis_id": redis_id,
+                "queue": layout.canonical(queue),
+                "actor": actor or "-",
+                "outcome": "dead_letter",
+                "reason": reason,
+            },
+        )
+
+
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
