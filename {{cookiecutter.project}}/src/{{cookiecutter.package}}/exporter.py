@@ -196,6 +196,11 @@ class Exporter(ThreadingHTTPServer):
         self.settings = settings
         self.registry = registry
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A request that fails unexpectedly is one JSON log line (not a raw traceback on
+        stderr); the server goes on serving."""
+        logger.exception("metrics request failed", extra={"client": str(client_address)})
+
 
 class _Handler(BaseHTTPRequestHandler):
     server: Exporter

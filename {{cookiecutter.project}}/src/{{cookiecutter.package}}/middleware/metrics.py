@@ -20,7 +20,14 @@ GracefulShutdown (their ``after_*`` hooks run before this one):
 ``skipped``      a scheduled run not started: the previous run of its schedule still
                  holds the run lock (:mod:`.schedule_lock`).
 
-A message whose worker process crashed and that recovery dead-letters never
+An outcome is counted (and the job's line logged) once Redis holds it, after
+Dramatiq's ack or nack succeeded (``after_ack``/``after_nack``): while Redis is
+down a failed job's retry is not stored, so it is not counted either.
+
+A malformed message (not a Dramatiq message, an unknown actor, no Redis id) is
+dead-lettered by the consumer before any handler sees it and counted here as
+``dead_letter`` (``actor`` is ``unknown`` when it names no declared actor). A
+message whose worker process crashed and that recovery dead-letters never
 reaches a handler and is not counted here (``queue_dead_letters`` shows it).
 ``job_duration_seconds`` observes every run of a handler (not refused messages).
 """
