@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from {{ cookiecutter.package }}.layout import scheduler_leader_key as leader_key
 from {{ cookiecutter.package }}.pools import (
     PoolsFileError,
     load_pools,
@@ -24,7 +25,6 @@ from {{ cookiecutter.package }}.scheduler import (
 from {{ cookiecutter.package }}.schedules import (
     Schedule,
     actor_problems,
-    leader_key,
 )
 
 ROOT = Path(__file__).resolve().parents[1]

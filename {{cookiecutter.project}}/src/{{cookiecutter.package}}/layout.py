@@ -15,7 +15,8 @@ for a queue ``q`` and a worker (broker) id ``w``:
   (one per queue and delay queue);
 * ``dramatiq:__heartbeats__``: zset worker id -> last heartbeat, ms.
 
-Keys of our own get their builders here too (:func:`idempotency_key`).
+Keys of our own get their builders here too (:func:`idempotency_key`, the schedules'
+leader lock, state hashes and run locks).
 
 Each Lua script is a constant stating its KEYS and ARGV; it is called through
 the typed function below it, so no caller assembles KEYS. A script that works
@@ -428,3 +429,143 @@ def read_backlog_records(
         dict(zip(BACKLOG_FIELDS, raw[start : start + width], strict=True))
         for start in range(0, len(raw), width)
     ]
+
+
+# -- schedules (ours; see scheduler.py and middleware/schedule_lock.py) -----------------
+
+
+def scheduler_leader_key() -> str:
+    """The scheduler's leader lock (holder: the leading replica's id; ``SET NX PX``)."""
+    return f"{NAMESPACE}:scheduler:leader"
+
+
+def schedule_state_key(schedule: str) -> str:
+    """Hash of one schedule: ``tick`` (handled through, epoch s), ``fired``, ``fired_at``,
+    ``success_at``, ``since`` (first seen) and the ``runs:<outcome>`` counts."""
+    return f"{NAMESPACE}:schedules:{schedule}"
+
+
+def schedule_lock_key(schedule: str) -> str:
+    """The run lock of ``schedule``: the running message's id, with the run's lease."""
+    return f"{NAMESPACE}:schedules:{schedule}:lock"
+
+
+#: Extend a lock held by ARGV[1].  KEYS: the lock.  ARGV: holder, lease ms.  1 when held.
+RENEW_LOCK: Final = """
+if redis.call('get', KEYS[1]) == ARGV[1] then
+  return redis.call('pexpire', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+#: Delete a lock held by ARGV[1].  KEYS: the lock.  ARGV: holder.  1 when it was held.
+RELEASE_LOCK: Final = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
+return 0
+"""
+
+#: Claim a schedule's tick and enqueue its message, atomically: only while ARGV[1] holds
+#: the leader lock, only when the tick is newer than the last handled one, and only when no
+#: run holds the run lock (then the tick counts as ``skipped_overlap``).
+#: KEYS: leader lock, state hash, run lock, the queue, its bodies.
+#: ARGV: leader id, tick, outcome (``fired`` | ``caught_up``), redis id, body, now (s).
+#: Returns the outcome, ``skipped_overlap``, ``done`` (claimed before) or ``not_leader``.
+FIRE_TICK: Final = """
+if redis.call('get', KEYS[1]) ~= ARGV[1] then return 'not_leader' end
+local last = tonumber(redis.call('hget', KEYS[2], 'tick'))
+if last and tonumber(ARGV[2]) <= last then return 'done' end
+redis.call('hset', KEYS[2], 'tick', ARGV[2])
+if redis.call('exists', KEYS[3]) == 1 then
+  redis.call('hincrby', KEYS[2], 'runs:skipped_overlap', 1)
+  return 'skipped_overlap'
+end
+redis.call('hset', KEYS[5], ARGV[4], ARGV[5])
+redis.call('rpush', KEYS[4], ARGV[4])
+redis.call('hincrby', KEYS[2], 'runs:' .. ARGV[3], 1)
+redis.call('hset', KEYS[2], 'fired', ARGV[2], 'fired_at', ARGV[6])
+return ARGV[3]
+"""
+
+#: Count ticks as missed and mark them handled, with FIRE_TICK's leader and order checks.
+#: KEYS: leader lock, state hash.  ARGV: leader id, handled through (tick), count.
+#: Returns 1 when counted, 0 when handled before, -1 when not the leader.
+MISS_TICKS: Final = """
+if redis.call('get', KEYS[1]) ~= ARGV[1] then return -1 end
+local last = tonumber(redis.call('hget', KEYS[2], 'tick'))
+if last and tonumber(ARGV[2]) <= last then return 0 end
+redis.call('hset', KEYS[2], 'tick', ARGV[2])
+redis.call('hincrby', KEYS[2], 'runs:missed', ARGV[3])
+return 1
+"""
+
+#: Take a run lock for ARGV[1], or keep it when ARGV[1] holds it (a redelivery after a
+#: crash); else count the overlap.  KEYS: run lock, state hash.  ARGV: message id, lease ms.
+#: Returns 1 when taken, 0 when another run holds it.
+ACQUIRE_RUN: Final = """
+local holder = redis.call('get', KEYS[1])
+if holder == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
+if holder then
+  redis.call('hincrby', KEYS[2], 'runs:skipped_overlap', 1)
+  return 0
+end
+redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
+
+#: End a run: record its success time (unless ARGV[2] is empty), release the lock if held.
+#: KEYS: run lock, state hash.  ARGV: message id, success time (s) or ''.
+END_RUN: Final = """
+if ARGV[2] ~= '' then redis.call('hset', KEYS[2], 'success_at', ARGV[2]) end
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
+return 0
+"""
+
+
+def renew_lock(client: redis.Redis, key: str, holder: str, lease_ms: int) -> bool:
+    """Extend lock ``key`` by ``lease_ms`` if ``holder`` holds it; False when it does not."""
+    return bool(client.eval(RENEW_LOCK, 1, key, holder, lease_ms))
+
+
+def release_lock(client: redis.Redis, key: str, holder: str) -> bool:
+    """Delete lock ``key`` if ``holder`` holds it."""
+    return bool(client.eval(RELEASE_LOCK, 1, key, holder))
+
+
+def fire_tick(
+    client: redis.Redis,
+    leader: str,
+    schedule: str,
+    queue: str,
+    tick: int,
+    outcome: str,
+    redis_id: str,
+    body: bytes,
+) -> str:
+    """:data:`FIRE_TICK` for ``schedule``'s ``tick`` onto ``queue``; returns its verdict."""
+    keys = (
+        scheduler_leader_key(),
+        schedule_state_key(schedule),
+        schedule_lock_key(schedule),
+        queue_key(queue),
+        bodies_key(queue),
+    )
+    args = (leader, tick, outcome, redis_id, body, time.time())
+    return text(client.eval(FIRE_TICK, len(keys), *keys, *args))
+
+
+def miss_ticks(client: redis.Redis, leader: str, schedule: str, through: int, count: int) -> int:
+    """:data:`MISS_TICKS`: 1 counted, 0 handled before, -1 not the leader."""
+    keys = (scheduler_leader_key(), schedule_state_key(schedule))
+    return int(client.eval(MISS_TICKS, len(keys), *keys, leader, through, count))
+
+
+def acquire_run(client: redis.Redis, schedule: str, message_id: str, lease_ms: int) -> bool:
+    """:data:`ACQUIRE_RUN`: True when the run of ``message_id`` may start."""
+    keys = (schedule_lock_key(schedule), schedule_state_key(schedule))
+    return bool(client.eval(ACQUIRE_RUN, len(keys), *keys, message_id, lease_ms))
+
+
+def end_run(client: redis.Redis, schedule: str, message_id: str, succeeded: bool) -> None:
+    """:data:`END_RUN`: record a success, release the run lock."""
+    keys = (schedule_lock_key(schedule), schedule_state_key(schedule))
+    client.eval(END_RUN, len(keys), *keys, message_id, repr(time.time()) if succeeded else "")

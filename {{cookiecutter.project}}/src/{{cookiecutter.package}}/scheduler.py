@@ -53,7 +53,16 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from . import schedules as sched
 from .boards import DEFAULT_STALLED_AFTER_S, DEFAULT_STATE_DIR, ProgressBoard, progress_dir
 from .exitcodes import EX_FAILURE, EX_OK
-from .schedules import Schedule, leader_key, lock_key, state_key
+from .layout import (
+    fire_tick,
+    miss_ticks,
+    release_lock,
+    renew_lock,
+    schedule_lock_key,
+    schedule_state_key,
+    scheduler_leader_key,
+)
+from .schedules import Schedule
 from .settings import PROJECT, VERSION, Settings, config_errors, refuse
 
 if TYPE_CHECKING:
@@ -62,44 +71,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 OUTCOMES = ("fired", "caught_up", "missed", "skipped_overlap")
-
-# KEYS: leader, state. ARGV: me. Returns 1 when ARGV[1] holds the leader lock.
-_RENEW = """
-if redis.call('get', KEYS[1]) == ARGV[1] then
-  return redis.call('pexpire', KEYS[1], ARGV[2])
-end
-return 0
-"""
-_RELEASE = """
-if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
-return 0
-"""
-# KEYS: leader, state, run lock, queue list, queue messages.
-# ARGV: me, tick, outcome, message id, body, now.
-_FIRE = """
-if redis.call('get', KEYS[1]) ~= ARGV[1] then return 'not_leader' end
-local last = tonumber(redis.call('hget', KEYS[2], 'tick'))
-if last and tonumber(ARGV[2]) <= last then return 'done' end
-redis.call('hset', KEYS[2], 'tick', ARGV[2])
-if redis.call('exists', KEYS[3]) == 1 then
-  redis.call('hincrby', KEYS[2], 'runs:skipped_overlap', 1)
-  return 'skipped_overlap'
-end
-redis.call('hset', KEYS[5], ARGV[4], ARGV[5])
-redis.call('rpush', KEYS[4], ARGV[4])
-redis.call('hincrby', KEYS[2], 'runs:' .. ARGV[3], 1)
-redis.call('hset', KEYS[2], 'fired', ARGV[2], 'fired_at', ARGV[6])
-return ARGV[3]
-"""
-# KEYS: leader, state. ARGV: me, handled through (tick), missed count.
-_MISS = """
-if redis.call('get', KEYS[1]) ~= ARGV[1] then return -1 end
-local last = tonumber(redis.call('hget', KEYS[2], 'tick'))
-if last and tonumber(ARGV[2]) <= last then return 0 end
-redis.call('hset', KEYS[2], 'tick', ARGV[2])
-redis.call('hincrby', KEYS[2], 'runs:missed', ARGV[3])
-return 1
-"""
 
 
 class SchedulerSettings(BaseSettings):
@@ -222,10 +193,6 @@ class Scheduler:
         self.stopping = threading.Event()
         self.leading = False
         self._renewed = 0.0
-        self._renew = self.client.register_script(_RENEW)
-        self._release = self.client.register_script(_RELEASE)
-        self._fire = self.client.register_script(_FIRE)
-        self._miss = self.client.register_script(_MISS)
 
     # -- process -------------------------------------------------------------------------------
 
@@ -271,7 +238,7 @@ class Scheduler:
             self.stopping.wait(wait)
         if self.leading:
             try:
-                self._release(keys=[leader_key()], args=[self.me])
+                release_lock(self.client, scheduler_leader_key(), self.me)
             except redis.RedisError as error:
                 logger.warning("could not release the leader lock: %s", error)
             self.leading = False
@@ -288,11 +255,11 @@ class Scheduler:
         renew_every = self.settings.ttl_s / 3
         if self.leading:
             if time.monotonic() - self._renewed >= renew_every:
-                if self._renew(keys=[leader_key()], args=[self.me, ttl_ms]):
+                if renew_lock(self.client, scheduler_leader_key(), self.me, ttl_ms):
                     self._renewed = time.monotonic()
                 else:
                     self._step_down("the leader lock is held by another scheduler")
-        elif self.client.set(leader_key(), self.me, nx=True, px=ttl_ms):
+        elif self.client.set(scheduler_leader_key(), self.me, nx=True, px=ttl_ms):
             self.leading, self._renewed = True, time.monotonic()
             logger.info("leading", extra={"event": "leading", "scheduler": self.me})
         if not self.leading:
@@ -314,7 +281,7 @@ class Scheduler:
     def fire_due(self, name: str, now: float) -> list[tuple[int, str]]:
         """Handle the due ticks of schedule ``name``; return (tick, outcome) of each fired."""
         schedule = self.schedules[name]
-        key = state_key(name)
+        key = schedule_state_key(name)
         raw = self.client.hget(key, "tick")
         if raw is None:
             # First sight of this schedule: ticks from now on, none from the past.
@@ -332,7 +299,7 @@ class Scheduler:
             fire = [latest] if latest >= on_time else []
         through = fire[0] - 1 if fire else latest
         missed = schedule.count_ticks(last, through + 1)
-        if missed and self._miss(keys=[leader_key(), key], args=[self.me, through, missed]) == 1:
+        if missed and miss_ticks(self.client, self.me, name, through, missed) == 1:
             logger.warning(
                 "schedule %s: %d missed tick(s)",
                 name,
@@ -377,12 +344,9 @@ class Scheduler:
         )
         if self.broker is not None:
             self.broker.emit_before("enqueue", message, None)
-        queue = f"dramatiq:{target.queue}"
-        result = self._fire(
-            keys=[leader_key(), state_key(name), lock_key(name), queue, f"{queue}.msgs"],
-            args=[self.me, tick, outcome, message_id, message.encode(), time.time()],
+        result = fire_tick(
+            self.client, self.me, name, target.queue, tick, outcome, message_id, message.encode()
         )
-        result = result.decode() if isinstance(result, bytes) else str(result)
         if result in ("fired", "caught_up") and self.broker is not None:
             self.broker.emit_after("enqueue", message, None)
         if result in ("fired", "caught_up", "skipped_overlap"):
@@ -425,8 +389,8 @@ def read_states(client: redis.Redis, names: Iterable[str]) -> dict[str, Schedule
     names = list(names)
     pipe = client.pipeline(transaction=False)
     for name in names:
-        pipe.hgetall(state_key(name))
-        pipe.get(lock_key(name))
+        pipe.hgetall(schedule_state_key(name))
+        pipe.get(schedule_lock_key(name))
     replies = pipe.execute()
     states = {}
     for index, name in enumerate(names):

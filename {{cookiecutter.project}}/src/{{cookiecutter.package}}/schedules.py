@@ -155,22 +155,6 @@ class Schedule(BaseModel):
         return [datetime.fromtimestamp(next(ticks), self.zone) for _ in range(count)]
 
 
-def leader_key(namespace: str = "dramatiq") -> str:
-    """The scheduler's leader lock (holder: the leading replica's id)."""
-    return f"{namespace}:scheduler:leader"
-
-
-def state_key(schedule: str, namespace: str = "dramatiq") -> str:
-    """Hash of one schedule: ``tick`` (handled through), ``fired``, ``fired_at``,
-    ``success_at``, ``since`` (first seen), ``runs:<outcome>`` counts."""
-    return f"{namespace}:schedules:{schedule}"
-
-
-def lock_key(schedule: str, namespace: str = "dramatiq") -> str:
-    """The run lock of ``schedule``: held by the running message's id while a run lasts."""
-    return f"{namespace}:schedules:{schedule}:lock"
-
-
 def tick_message_id(schedule: str, tick: int) -> str:
     """The message id of ``schedule``'s run at ``tick``: the same on every replica."""
     return str(uuid.uuid5(TICK_NAMESPACE, f"{schedule}@{tick}"))

@@ -27,31 +27,12 @@ from dramatiq import Broker, Middleware
 from dramatiq.broker import MessageProxy
 from dramatiq.middleware import SkipMessage
 
-from ..schedules import OPTION_LEASE_MS, OPTION_SCHEDULE, OPTION_TICK, lock_key, state_key
+from ..layout import acquire_run, end_run, renew_lock, schedule_lock_key, text
+from ..schedules import OPTION_LEASE_MS, OPTION_SCHEDULE, OPTION_TICK
 
 logger = logging.getLogger(__name__)
 #: Marks a message this middleware skipped (read by Metrics for its outcome).
 SKIPPED_OPTION = "skipped_overlap"
-
-# KEYS: lock. ARGV: holder, lease ms. 1 when taken (or already held by the same holder).
-_ACQUIRE = """
-local holder = redis.call('get', KEYS[1])
-if holder == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
-if holder then return 0 end
-redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return 1
-"""
-_RENEW = """
-if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
-return 0
-"""
-# KEYS: lock, state. ARGV: holder, success time or '' (failure).
-_RELEASE = """
-if ARGV[2] ~= '' then redis.call('hset', KEYS[2], 'success_at', ARGV[2]) end
-if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
-return 0
-"""
-_SKIPPED = "return redis.call('hincrby', KEYS[1], 'runs:skipped_overlap', 1)"
 
 
 class ScheduleLock(Middleware):
@@ -63,7 +44,7 @@ class ScheduleLock(Middleware):
 
     def __init__(self, renew_floor_s: float = 0.1) -> None:
         self.renew_floor_s = renew_floor_s
-        self._held: dict[str, tuple[str, int]] = {}  # message id -> (lock key, lease ms)
+        self._held: dict[str, tuple[str, int]] = {}  # message id -> (schedule, lease ms)
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -79,9 +60,8 @@ class ScheduleLock(Middleware):
             return
         lease_ms = int(message.options.get(OPTION_LEASE_MS, 3_600_000))
         client = self._client(broker)
-        key = lock_key(str(name))
-        if not client.eval(_ACQUIRE, 1, key, message.message_id, lease_ms):
-            client.eval(_SKIPPED, 1, state_key(str(name)))
+        key = schedule_lock_key(str(name))
+        if not acquire_run(client, str(name), message.message_id, lease_ms):
             message.options[SKIPPED_OPTION] = True
             logger.warning(
                 "schedule %s: previous run still holds the lock; run skipped",
@@ -91,12 +71,12 @@ class ScheduleLock(Middleware):
                     "schedule": name,
                     "tick": message.options.get(OPTION_TICK),
                     "job_id": message.message_id,
-                    "holder": _text(client.get(key)),
+                    "holder": text(client.get(key)),
                 },
             )
             raise SkipMessage(f"schedule {name}: previous run still running")
         with self._lock:
-            self._held[message.message_id] = (key, lease_ms)
+            self._held[message.message_id] = (str(name), lease_ms)
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._renew_forever, args=(client,), name="schedule-lock", daemon=True
@@ -118,16 +98,9 @@ class ScheduleLock(Middleware):
             return
         succeeded = exception is None and not message.failed
         try:
-            self._client(broker).eval(
-                _RELEASE,
-                2,
-                held[0],
-                state_key(str(message.options[OPTION_SCHEDULE])),
-                message.message_id,
-                repr(time.time()) if succeeded else "",
-            )
+            end_run(self._client(broker), held[0], message.message_id, succeeded)
         except redis.RedisError as error:
-            logger.warning("could not release %s (it lapses with its lease): %s", held[0], error)
+            logger.warning("could not end the run of %s (its lock lapses): %s", held[0], error)
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
         self.after_process_message(broker, message, exception=SkipMessage())
@@ -153,11 +126,10 @@ class ScheduleLock(Middleware):
         lapsed &= set(held)
         if not held:
             return None
-        for message_id, (key, lease_ms) in held.items():
+        for message_id, (schedule, lease_ms) in held.items():
+            key = schedule_lock_key(schedule)
             try:
-                if not client.eval(_RENEW, 1, key, message_id, lease_ms) and (
-                    message_id not in lapsed
-                ):
+                if not renew_lock(client, key, message_id, lease_ms) and message_id not in lapsed:
                     lapsed.add(message_id)
                     logger.error(
                         "run lock %s lapsed while its run goes on: another run may start",
@@ -167,7 +139,3 @@ class ScheduleLock(Middleware):
             except redis.RedisError as error:
                 logger.warning("could not renew %s: %s", key, error)
         return max(self.renew_floor_s, min(lease for _, lease in held.values()) / 3000)
-
-
-def _text(value: Any) -> str | None:
-    return value.decode() if isinstance(value, bytes) else value
