@@ -424,7 +424,21 @@ args = [0]
 """)
     scheduler = cluster.scheduler()
     wait_for(lambda: int(cluster.state().get("runs:fired", 0)) >= 1, 30, "a fired tick")
-    scheduler.stop()
+    # The worker's conventions: /livez, /readyz and `healthcheck live` on its own state dir.
+    for path in ("/livez", "/readyz"):
+        url = f"http://127.0.0.1:{scheduler.port}{path}"
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            assert reply.status == 200, path
+    live = subprocess.run(
+        [PYTHON, "-m", package_of(cluster.project), "healthcheck", "live"], cwd=cluster.project,
+        env=scheduler.env, capture_output=True, text=True, timeout=60)
+    assert live.returncode == 0, live.stderr
+    busy = Scheduler(cluster.project, cluster.env(), cluster.directory / "busy")
+    busy.port, busy.env["METRICS_PORT"] = scheduler.port, str(scheduler.port)
+    cluster.started.append(busy.start())
+    assert busy.process is not None and busy.process.wait(timeout=60) == 78
+    assert f"METRICS_PORT={scheduler.port}" in busy.log_path.read_text()
+    assert scheduler.stop() == 0
     result = subprocess.run(
         [PYTHON, "-m", package_of(cluster.project), "schedules", "--json"], cwd=cluster.project,
         env=cluster.env(), capture_output=True, text=True, timeout=60)

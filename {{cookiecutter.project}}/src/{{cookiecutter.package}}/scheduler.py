@@ -210,7 +210,11 @@ class Scheduler:
 
         registry = CollectorRegistry()
         registry.register(ScheduleCollector(self))
-        exporter = Exporter(cast(Settings, self.settings), registry)
+        try:
+            exporter = Exporter(cast(Settings, self.settings), registry)
+        except OSError as error:
+            board.close()
+            refuse([f"METRICS_PORT={self.settings.metrics_port}: cannot listen: {error.strerror}"])
         threading.Thread(target=exporter.serve_forever, name="exporter", daemon=True).start()
         logger.info(
             "scheduler started",
