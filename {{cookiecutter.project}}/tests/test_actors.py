@@ -44,16 +44,16 @@ def test_notification_is_sent_once_per_id(app: ModuleType) -> None:
         worker.join()
     finally:
         worker.stop()
-    assert broker.client.exists("idempotency:notification:n-1")
+    assert broker.client.get("idempotency:notification:n-1") == b"done"
 
 
 def test_payment_is_captured_once_and_rejects_bad_amounts(app: ModuleType) -> None:
     from {{ cookiecutter.package }}.actors.payments import capture_payment
-    from {{ cookiecutter.package }}.idempotency import already_done
+    from {{ cookiecutter.package }}.idempotency import is_done
 
     capture_payment.fn("p-1", 500)
     capture_payment.fn("p-1", 500)
-    assert already_done("payment:p-1")
+    assert is_done("payment:p-1")
     with pytest.raises(ValueError, match="must be positive"):
         capture_payment.fn("p-2", 0)
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import uuid
+from typing import Any
 
 import pytest
 
-from {{ cookiecutter.package }} import db
+from {{ cookiecutter.package }} import db, idempotency
 from {{ cookiecutter.package }}.settings import Settings
 
 DATABASE_URL = os.environ.get("DATABASE_URL", "postgresql://localhost:5432/postgres")
@@ -27,3 +29,37 @@ def test_pool_opens_with_db_pool_size_and_closes(monkeypatch: pytest.MonkeyPatch
         db.close_pool()
     with pytest.raises(RuntimeError, match="not open"):
         db.pool()
+
+
+def test_once_in_transaction_commits_the_key_with_the_writes_or_neither(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("WORKER_POOL", "interactive")
+    monkeypatch.setenv("DATABASE_URL", DATABASE_URL)
+    db.open_pool(Settings())  # type: ignore[call-arg]
+    table, key = f"effects_{uuid.uuid4().hex[:8]}", f"k-{uuid.uuid4()}"
+    try:
+        with db.connection() as conn:
+            conn.execute(f"create table {table} (key text)")
+
+        def effect(conn: Any) -> None:
+            conn.execute(f"insert into {table} values (%s)", (key,))  # noqa: S608
+
+        def failing(conn: Any) -> None:
+            effect(conn)
+            raise RuntimeError("boom")
+
+        with pytest.raises(RuntimeError, match="boom"):
+            idempotency.once_in_transaction(key, failing)
+        assert idempotency.once_in_transaction(key, effect)
+        assert not idempotency.once_in_transaction(key, effect)
+        with db.connection() as conn:
+            assert conn.execute(f"select count(*) from {table}").fetchone() == (1,)  # noqa: S608
+            assert conn.execute(
+                "select count(*) from idempotency_keys where key = %s", (key,)
+            ).fetchone() == (1,)
+    finally:
+        with db.connection() as conn:
+            conn.execute(f"drop table if exists {table}")
+            conn.execute("delete from idempotency_keys where key = %s", (key,))
+        db.close_pool()

@@ -29,17 +29,22 @@ from .exitcodes import EX_FAILURE, EX_OK
 
 def _worker(args: argparse.Namespace) -> int:
     from . import logs
-    from .settings import load_settings
+    from .settings import ConfigRefused, load_settings
 
-    settings = load_settings()
-    logs.configure(settings.otel_service_name, settings.log_level)
-    if args.process:
-        from .runtime import WorkerProcess
+    try:
+        settings = load_settings()
+        logs.configure(settings.otel_service_name, settings.log_level)
+        if args.process:
+            from .runtime import WorkerProcess
 
-        return WorkerProcess(settings).run()
-    from .supervisor import Supervisor
+            return WorkerProcess(settings).run()
+        from .supervisor import Supervisor
 
-    return Supervisor(settings).run()
+        return Supervisor(settings).run()
+    except ConfigRefused as refused:
+        if args.boot_report:  # a worker process tells its supervisor why it cannot boot
+            Path(args.boot_report).write_text("".join(f"{line}\n" for line in refused.lines))
+        raise
 
 
 def _config(args: argparse.Namespace) -> int:
@@ -100,6 +105,7 @@ def parser() -> argparse.ArgumentParser:
 
     worker = commands.add_parser("worker", help="run the pool")
     worker.add_argument("--process", action="store_true", help=argparse.SUPPRESS)
+    worker.add_argument("--boot-report", metavar="PATH", help=argparse.SUPPRESS)
     worker.set_defaults(run=_worker)
 
     commands.add_parser("config", help="print the effective config").set_defaults(run=_config)

@@ -20,7 +20,9 @@ EX_USAGE: Final = 2
 #: repeats the value as ``SETUP_FAILED``; a test checks that the two agree.
 EX_SOFTWARE: Final = 70
 #: Bad configuration (sysexits ``EX_CONFIG``): a bad variable or pools.toml, an actor on
-#: a queue no pool serves. One line per problem on stderr, no traceback.
+#: a queue no pool serves, an actor module that does not import, a busy ``METRICS_PORT``.
+#: One line per problem on stderr, no traceback. The supervisor exits with it too when a
+#: worker process exits with it (a restart would fail the same way).
 EX_CONFIG: Final = 78
 #: Interrupted by Ctrl-C (128 + SIGINT, the shell's convention), e.g. ``capacity``.
 EX_INTERRUPTED: Final = 130

@@ -252,12 +252,18 @@ def start_exporter(settings: Settings) -> Exporter:
     """Serve /metrics, /livez and /readyz on ``METRICS_PORT`` from a daemon thread.
 
     Called once per container, by the supervisor, after it set and emptied
-    ``PROMETHEUS_MULTIPROC_DIR`` (files of a previous run are stale).
+    ``PROMETHEUS_MULTIPROC_DIR`` (files of a previous run are stale). A port that
+    cannot be bound (already in use) refuses to boot: one line, exit 78.
     """
     client = redis.Redis.from_url(
         settings.redis_url.get_secret_value(), socket_timeout=2, socket_connect_timeout=2
     )
-    exporter = Exporter(settings, build_registry(client, settings.worker_queues))
+    try:
+        exporter = Exporter(settings, build_registry(client, settings.worker_queues))
+    except OSError as error:  # e.g. the port is taken: a restart would fail the same way
+        from .settings import refuse
+
+        refuse([f"METRICS_PORT={settings.metrics_port}: cannot listen: {error.strerror or error}"])
     thread = threading.Thread(target=exporter.serve_forever, name="metrics-exporter", daemon=True)
     thread.start()
     logger.info("metrics exporter listening", extra={"port": settings.metrics_port})

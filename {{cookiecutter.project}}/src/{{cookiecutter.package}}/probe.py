@@ -1,18 +1,26 @@
 """Liveness and readiness.
 
-Liveness reads only the local progress boards (no Redis, no database, no
-Dramatiq import): it fails when a worker process died, when a process's main
-loop is frozen, or when a handler holds a job and made no progress (job start or
-``checkpoint()``) for longer than ``HEALTH_STALLED_AFTER_S``. An idle worker, or
-one whose Redis or database is down, stays live: restarting it would not help.
+Liveness reads only local files (no Redis, no database, no Dramatiq import):
+the progress boards of the worker processes and the supervisor's status. It
+fails when a worker process died, when a process's main loop is frozen, when a
+handler holds a job and made no progress (job start or ``checkpoint()``) for
+longer than ``HEALTH_STALLED_AFTER_S``, or when fewer worker processes than
+``WORKER_PROCESSES`` have been live for longer than that (they crash at boot, or
+keep dying). An idle worker, or one whose Redis or database is down, stays live:
+restarting it would not help.
 
-Readiness asks Redis (and the database) to answer within a short timeout.
+Readiness: every worker process of the container is up (no grace period: a pod
+whose processes cannot start must not count as available during a rollout), and
+Redis (and the database) answer within a short timeout.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
+import os
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,6 +30,55 @@ if TYPE_CHECKING:
     from .settings import Settings
 
 READY_TIMEOUT_S = 2.0
+SUPERVISOR_STATUS = "supervisor.json"
+
+
+@dataclass(frozen=True)
+class SupervisorStatus:
+    """What the supervisor last said about its worker processes.
+
+    Parameters:
+      pid: the supervisor's pid (a status left by a dead supervisor is ignored).
+      expected: ``WORKER_PROCESSES``.
+      live: worker processes running with their progress board written (booted).
+      short_since: ``time.monotonic()`` since when fewer than ``expected`` are live; None
+        when all are.
+    """
+
+    pid: int
+    expected: int
+    live: int
+    short_since: float | None
+
+
+def write_supervisor_status(state_dir: Path, status: SupervisorStatus) -> None:
+    """Replace the status file atomically (a probe never reads half of it)."""
+    path = state_dir / SUPERVISOR_STATUS
+    partial = path.with_suffix(f".{os.getpid()}.tmp")
+    partial.write_text(json.dumps(asdict(status)))
+    partial.replace(path)
+
+
+def read_supervisor_status(state_dir: Path) -> SupervisorStatus | None:
+    """The status of this container's running supervisor, or None (none, or it died)."""
+    try:
+        status = SupervisorStatus(**json.loads((state_dir / SUPERVISOR_STATUS).read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+    return status if process_alive(status.pid) else None
+
+
+def missing_processes(state_dir: Path, now: float, grace_s: float) -> str | None:
+    """A problem when fewer worker processes than expected have been live for over
+    ``grace_s`` seconds (0: at once); None otherwise."""
+    status = read_supervisor_status(state_dir)
+    if status is None or status.short_since is None or now - status.short_since <= grace_s:
+        return None
+    return (
+        f"{status.live} of {status.expected} worker processes live for "
+        f"{now - status.short_since:.1f} s (limit {grace_s:g} s; see the worker's log for "
+        "why they do not start or keep dying)"
+    )
 
 
 def process_alive(pid: int) -> bool:
@@ -39,6 +96,8 @@ def liveness_problems(
     """Why this container is not live; empty when it is."""
     now = time.monotonic() if now is None else now
     problems = []
+    if missing := missing_processes(state_dir, now, stalled_after_s):
+        problems.append(missing)
     for board in read_boards(state_dir):
         if not process_alive(board.pid):
             problems.append(f"worker process {board.pid} has died")
@@ -63,6 +122,8 @@ def readiness_problems(settings: Settings, timeout_s: float = READY_TIMEOUT_S) -
     import redis
 
     problems = []
+    if missing := missing_processes(settings.worker_state_dir, time.monotonic(), 0.0):
+        problems.append(missing)
     client = redis.Redis.from_url(
         settings.redis_url.get_secret_value(),
         socket_timeout=timeout_s,

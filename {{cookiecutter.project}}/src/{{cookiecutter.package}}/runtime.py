@@ -16,7 +16,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from types import FrameType
 
 import dramatiq
@@ -62,6 +62,21 @@ def _join(
         pending = [thread for thread in pending if thread.is_alive()]
         board.tick()
     return not pending
+
+
+def _unless_redis_down(step: Callable[[], int], what: str) -> int:
+    """Run a drain step that talks to Redis; while Redis is unreachable, log one line and
+    go on: the messages stay in this worker's acks sets, and another worker recovers them
+    once this worker's heartbeat is older than ``WORKER_HEARTBEAT_TIMEOUT_MS``."""
+    try:
+        return step()
+    except redis.RedisError as error:
+        logger.warning(
+            f"drain: could not {what} held messages, Redis is unreachable; they are recovered "
+            "after WORKER_HEARTBEAT_TIMEOUT_MS",
+            extra={"error": f"{type(error).__name__}: {error}"},
+        )
+        return 0
 
 
 class WorkerProcess:
@@ -125,13 +140,13 @@ class WorkerProcess:
         for thread in worker.workers:
             thread.stop()
         _join(worker.consumers.values(), started + 2.0, self.hurry, board)
-        handed_back = self._requeue_prefetched(worker)
+        handed_back = _unless_redis_down(lambda: self._requeue_prefetched(worker), "hand back")
 
         interrupted = 0
         if not _join(worker.workers, deadline, self.hurry, board):
             interrupted = shutdown.interrupt()
             _join(worker.workers, time.monotonic() + INTERRUPT_GRACE_S, threading.Event(), board)
-        swept = self._sweep(broker)
+        swept = _unless_redis_down(lambda: self._sweep(broker), "requeue")
         broker.emit_after("worker_shutdown", worker)
         broker.close()
         board.close()

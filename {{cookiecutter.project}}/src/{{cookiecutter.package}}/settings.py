@@ -262,11 +262,20 @@ def load_settings() -> Settings:
         refuse(config_errors(error))
 
 
+class ConfigRefused(SystemExit):
+    """Exit with EX_CONFIG (no traceback, like ``sys.exit``), keeping the problems: a worker
+    process hands them to its supervisor, which exits 78 with them instead of retrying."""
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__(EX_CONFIG)
+        self.lines = lines
+
+
 def refuse(lines: list[str]) -> NoReturn:
     """Print the configuration problems and exit with EX_CONFIG."""
     for line in lines:
-        print(f"config error: {line}", file=sys.stderr)
-    sys.exit(EX_CONFIG)
+        print(f"config error: {line}", file=sys.stderr, flush=True)
+    raise ConfigRefused(lines)
 
 
 def pools() -> PoolsFile:

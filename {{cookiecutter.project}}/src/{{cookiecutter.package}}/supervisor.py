@@ -2,15 +2,30 @@
 
 The supervisor (PID 1's child in the container, or PID 1 itself) starts each
 worker process with ``python -m <package> worker --process``, serves /metrics,
-/livez and /readyz on ``METRICS_PORT``, and forwards SIGTERM/SIGINT. A worker
-process that dies outside a shutdown (segfault, ``os._exit``, OOM kill) is
-replaced at once; the messages it held are recovered immediately, the one it
-was running counted as a crash (see :mod:`.recovery`). Exit code 0 after a
-clean drain of every process.
+/livez and /readyz on ``METRICS_PORT``, and forwards SIGTERM/SIGINT.
+
+Each worker process slot is in one :class:`ChildState`:
+
+* a process that dies outside a shutdown (segfault, ``os._exit``, OOM kill) has
+  the messages it held recovered at once (the one it was running counted as a
+  crash, see :mod:`.recovery`) and is replaced after a back-off that doubles from
+  0.2 s to at most 30 s, and starts again from 0.2 s once a process ran a minute;
+* a process that exits ``EX_CONFIG`` (78) cannot boot (a bad setting, an actor
+  module that does not import, an actor on a queue no pool serves): replacing it
+  would fail the same way forever, so the supervisor logs the child's one-line
+  reason, drains the other processes and exits 78 itself;
+* during a shutdown nothing is replaced.
+
+The supervisor also records, in ``<WORKER_STATE_DIR>/supervisor.json``, how many
+worker processes run and since when fewer than ``WORKER_PROCESSES`` do: liveness
+fails when that lasts longer than ``HEALTH_STALLED_AFTER_S``, readiness at once
+(:mod:`.probe`). Exit code 0 after a clean drain of every process, 1 when a
+process did not drain, 78 when one could not boot.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import os
 import shutil
@@ -19,37 +34,76 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import FrameType
 
 import redis
 
-from . import layout, recovery
+from . import layout, probe, recovery
 from .boards import progress_dir, read_board
-from .exitcodes import EX_FAILURE, EX_OK
+from .exitcodes import EX_CONFIG, EX_FAILURE, EX_OK
 from .settings import PROJECT, VERSION, Settings
 
 logger = logging.getLogger(__name__)
+#: First and longest pause before a crashed worker process is replaced.
 RESTART_BACKOFF_S = (0.2, 30.0)
+#: A process that ran this long before dying restarts after the first pause again.
 STABLE_AFTER_S = 60.0
+#: Seconds between two looks at the children.
+WATCH_INTERVAL_S = 0.1
+#: A second signal closer than this to the first is the same event (e.g. TERM to the group).
+SIGNAL_DEBOUNCE_S = 1.0
+
+
+class ChildState(enum.Enum):
+    """Where a worker process slot is in its life."""
+
+    #: Its process was started and has not been seen to exit.
+    RUNNING = "running"
+    #: Its process died outside a shutdown; its messages were recovered; it restarts later.
+    WAITING = "waiting"
+    #: Its process exited during the shutdown (drained, or its messages were recovered).
+    STOPPED = "stopped"
+    #: Its process exited EX_CONFIG: it cannot boot, and would not on a restart either.
+    FAILED = "failed"
+
+
+def next_backoff(backoff: float, ran_for_s: float) -> tuple[float, float]:
+    """The pause before replacing a process that died after ``ran_for_s`` seconds, and the
+    pause after that: doubling from ``RESTART_BACKOFF_S[0]`` up to ``RESTART_BACKOFF_S[1]``,
+    back to the first after a process ran ``STABLE_AFTER_S``."""
+    first, cap = RESTART_BACKOFF_S
+    pause = first if ran_for_s > STABLE_AFTER_S else backoff
+    return pause, min(pause * 2, cap)
 
 
 @dataclass
 class Child:
-    """One worker process slot: its process and its restart history."""
+    """One worker process slot: its process, its state and its restart history."""
 
     index: int
     process: subprocess.Popen[bytes]
+    report: Path
+    state: ChildState = ChildState.RUNNING
     started: float = field(default_factory=time.monotonic)
     backoff: float = RESTART_BACKOFF_S[0]
-    restart_at: float | None = None
-    buried: bool = False
+    restart_at: float = 0.0
 
     def clean_exit(self) -> bool:
         """The slot ended without losing work: its process drained (exit 0), was stopped
-        by our SIGTERM before it could install its handler (it held nothing yet), or it
-        died earlier and was already buried while waiting for its replacement."""
-        code = self.process.returncode
-        return code in (0, -signal.SIGTERM) or (self.buried and self.restart_at is not None)
+        by our SIGTERM before it could install its handler (it held nothing yet), or it had
+        died earlier and its messages were recovered while it waited for its replacement."""
+        if self.state is ChildState.WAITING:
+            return True
+        return self.process.returncode in (0, -signal.SIGTERM)
+
+    def boot_failure(self) -> str:
+        """The one-line reason the process gave for refusing to boot."""
+        try:
+            lines = self.report.read_text().splitlines()
+        except OSError:
+            lines = []
+        return "; ".join(lines) or f"exit code {EX_CONFIG} without a reason"
 
 
 class Supervisor:
@@ -63,9 +117,12 @@ class Supervisor:
         self.settings = settings
         self.children: list[Child] = []
         self.stopping = False
-        self._signals = 0
+        self.failure: str | None = None
         self._last_signal = 0.0
+        self._short_since: float | None = time.monotonic()
+        self._live = -1
         self.metrics_dir = settings.worker_state_dir / "metrics"
+        self.reports_dir = settings.worker_state_dir / "boot"
         self.redis = redis.Redis.from_url(
             settings.redis_url.get_secret_value(), socket_timeout=5, socket_connect_timeout=2
         )
@@ -78,9 +135,7 @@ class Supervisor:
         exporter.start_exporter(self.settings)
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
-        self.children = [
-            Child(index, self._spawn()) for index in range(self.settings.worker_processes)
-        ]
+        self.children = [self._start(index) for index in range(self.settings.worker_processes)]
         logger.info(
             "worker started",
             extra={
@@ -93,16 +148,20 @@ class Supervisor:
         )
         while not self._all_exited():
             self._watch()
-            time.sleep(0.1)
+            time.sleep(WATCH_INTERVAL_S)
         self._watch()  # recover the messages of a child that died in the last round
         codes = [child.process.returncode for child in self.children]
-        code = EX_OK if all(child.clean_exit() for child in self.children) else EX_FAILURE
+        if self.failure is not None:
+            code = EX_CONFIG
+        else:
+            code = EX_OK if all(child.clean_exit() for child in self.children) else EX_FAILURE
         logger.info(
             "worker stopped",
             extra={
                 "event": "stop",
                 "version": VERSION,
                 "pool": self.settings.worker_pool,
+                "exit_code": code,
                 "exit_codes": codes,
                 "config": self.settings.masked(),
             },
@@ -110,58 +169,111 @@ class Supervisor:
         return code
 
     def _prepare_state_dir(self) -> None:
-        """Start from empty progress and metrics folders (files of a previous run are stale)."""
-        for folder in (progress_dir(self.settings.worker_state_dir), self.metrics_dir):
+        """Start from empty progress, metrics and boot folders (files of a previous run are
+        stale), and say at once that no worker process runs yet."""
+        for folder in (
+            progress_dir(self.settings.worker_state_dir),
+            self.metrics_dir,
+            self.reports_dir,
+        ):
             shutil.rmtree(folder, ignore_errors=True)
             folder.mkdir(parents=True)
+        self._record_live()
 
-    def _spawn(self) -> subprocess.Popen[bytes]:
+    def _start(self, index: int) -> Child:
+        report = self.reports_dir / f"{index}.txt"
+        return Child(index, self._spawn(report), report)
+
+    def _spawn(self, report: Path) -> subprocess.Popen[bytes]:
         package = __name__.rpartition(".")[0]
-        return subprocess.Popen([sys.executable, "-m", package, "worker", "--process"])
+        report.unlink(missing_ok=True)
+        return subprocess.Popen(
+            [sys.executable, "-m", package, "worker", "--process", "--boot-report", str(report)]
+        )
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         now = time.monotonic()
         first = not self.stopping
-        self.stopping = True
-        if first or now - self._last_signal >= 1.0:
+        if first or now - self._last_signal >= SIGNAL_DEBOUNCE_S:
             self._last_signal = now
-            for child in self.children:
-                if child.process.poll() is None:
-                    child.process.send_signal(signal.SIGTERM)
+            self._stop_children()
+
+    def _stop_children(self) -> None:
+        """Stop replacing processes and ask every running one to drain."""
+        self.stopping = True
+        for child in self.children:
+            if child.process.poll() is None:
+                child.process.send_signal(signal.SIGTERM)
 
     def _all_exited(self) -> bool:
         return self.stopping and all(child.process.poll() is not None for child in self.children)
 
     def _watch(self) -> None:
-        """Replace children that died outside a shutdown, recovering their messages first.
-
-        During a shutdown nothing is replaced, but a child that dies without draining
-        (killed, crashed mid-drain) still has its messages recovered at once.
-        """
+        """Move each slot along its states; record how many processes are live."""
         now = time.monotonic()
         for child in self.children:
-            if child.restart_at is not None:
+            if child.state is ChildState.WAITING:
                 if now >= child.restart_at and not self.stopping:
-                    child.process, child.started, child.restart_at = self._spawn(), now, None
-                    child.buried = False
+                    child.process = self._spawn(child.report)
+                    child.state, child.started = ChildState.RUNNING, now
                 continue
             code = child.process.poll()
-            if code is None or child.buried:
+            if child.state is not ChildState.RUNNING or code is None:
                 continue
-            if self.stopping:
+            if code == EX_CONFIG:
+                self._refuse(child)
+            elif self.stopping:
+                child.state = ChildState.STOPPED
                 if not child.clean_exit():
-                    self._bury(child.process.pid, code)
-                child.buried = True
-                continue
-            self._bury(child.process.pid, code)
-            child.buried = True
-            if now - child.started > STABLE_AFTER_S:
-                child.backoff = RESTART_BACKOFF_S[0]
-            child.restart_at = now + child.backoff
-            child.backoff = min(child.backoff * 2, RESTART_BACKOFF_S[1])
+                    self._bury(child, code)
+            else:
+                pause, child.backoff = next_backoff(child.backoff, now - child.started)
+                child.state, child.restart_at = ChildState.WAITING, now + pause
+                self._bury(child, code, restart_in_s=pause)
+        self._record_live()
 
-    def _bury(self, pid: int, code: int) -> None:
-        """Recover a dead child's messages and forget its progress board and metrics."""
+    def _refuse(self, child: Child) -> None:
+        """A process cannot boot: stop the others and exit EX_CONFIG with its reason."""
+        child.state = ChildState.FAILED
+        self._bury(child, EX_CONFIG)
+        if self.failure is None:
+            self.failure = child.boot_failure()
+            logger.error(
+                "a worker process cannot boot; stopping",
+                extra={"event": "boot_failed", "reason": self.failure, "exit_code": EX_CONFIG},
+            )
+            print(f"config error: {self.failure}", file=sys.stderr, flush=True)
+        self._stop_children()
+
+    def _record_live(self) -> None:
+        """Tell the probes how many worker processes are live (booted, board written)."""
+        boards = progress_dir(self.settings.worker_state_dir)
+        live = sum(
+            1
+            for child in self.children
+            if child.state is ChildState.RUNNING
+            and child.process.poll() is None
+            and (boards / f"{child.process.pid}.bin").exists()
+        )
+        expected = self.settings.worker_processes
+        if live >= expected:
+            self._short_since = None
+        elif self._short_since is None:
+            self._short_since = time.monotonic()
+        if live != self._live:
+            self._live = live
+            probe.write_supervisor_status(
+                self.settings.worker_state_dir,
+                probe.SupervisorStatus(os.getpid(), expected, live, self._short_since),
+            )
+
+    def _bury(self, child: Child, code: int, restart_in_s: float | None = None) -> None:
+        """Recover a dead child's messages and forget its progress board and metrics.
+
+        Parameters:
+          restart_in_s: when it is replaced, after how long (None: it is not).
+        """
+        pid = child.process.pid
         board_path = progress_dir(self.settings.worker_state_dir) / f"{pid}.bin"
         board = read_board(board_path)
         requeued = dead = 0
@@ -182,7 +294,17 @@ class Supervisor:
         from prometheus_client import multiprocess
 
         multiprocess.mark_process_dead(pid, str(self.metrics_dir))
+        if code == EX_CONFIG:
+            return
         logger.error(
-            "worker process died; replacing it",
-            extra={"pid": pid, "exit_code": code, "requeued": requeued, "dead_lettered": dead},
+            "worker process died" + ("" if restart_in_s is None else "; replacing it"),
+            extra={
+                "event": "process_died",
+                "slot": child.index,
+                "pid": pid,
+                "exit_code": code,
+                "restart_in_s": restart_in_s,
+                "requeued": requeued,
+                "dead_lettered": dead,
+            },
         )

@@ -16,11 +16,28 @@ from ..settings import pools, refuse
 
 
 def discover() -> list[str]:
-    """Import every module of this package; return their names."""
+    """Import every module of this package; return their names.
+
+    A module that cannot be imported (a syntax error, a missing dependency, an error at
+    import time) refuses to boot with exit 78 and one line naming it: a restart would
+    fail the same way.
+    """
     names = [info.name for info in pkgutil.iter_modules(__path__) if not info.name.startswith("_")]
     for name in names:
-        importlib.import_module(f"{__name__}.{name}")
+        try:
+            importlib.import_module(f"{__name__}.{name}")
+        except Exception as error:  # any error at import: the code itself is broken
+            refuse([f"actor module {__name__}.{name} cannot be imported: {_one_line(error)}"])
     return names
+
+
+def _one_line(error: Exception) -> str:
+    """``error`` in one line, with the file and line of a syntax error."""
+    if isinstance(error, SyntaxError):
+        where = f"{error.filename}, line {error.lineno}"
+        return f"SyntaxError: {error.msg} ({where})"
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def check_queues() -> None:
