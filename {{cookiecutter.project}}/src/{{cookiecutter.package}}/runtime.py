@@ -68,15 +68,16 @@ def _unless_redis_down(step: Callable[[], int], what: str) -> int:
     """Run a drain step that talks to Redis; while Redis is unreachable, log one line and
     go on: the messages stay in this worker's acks sets, and another worker recovers them
     once this worker's heartbeat is older than ``WORKER_HEARTBEAT_TIMEOUT_MS``."""
+    moved = 0
     try:
-        return step()
+        moved = step()
     except redis.RedisError as error:
         logger.warning(
             f"drain: could not {what} held messages, Redis is unreachable; they are recovered "
             "after WORKER_HEARTBEAT_TIMEOUT_MS",
             extra={"error": f"{type(error).__name__}: {error}"},
         )
-        return 0
+    return moved
 
 
 class WorkerProcess:
