@@ -50,14 +50,14 @@ from typing import Any
 {% endif %}import redis
 import redis.client
 
+from . import layout
+
 #: How long a lease outlives a silent holder (a worker that died while holding it).
 LEASE_S = 10.0
 #: How long a done key is kept, so a late redelivery still finds it (7 days).
 KEEP_S = 7 * 86_400
 #: Pause between two looks at a lease another delivery holds.
 POLL_S = 0.05
-PREFIX = "idempotency:"
-LEASE_PREFIX = "idempotency-lease:"
 DONE = b"done"
 {%- if cookiecutter.database == "postgres" %}
 #: The table of done keys. The worker creates it when it opens its pool; own it in your
@@ -101,14 +101,8 @@ class LeaseLostError(RuntimeError):
     the side effect were discarded."""
 
 
-def done_key(key: str) -> str:
-    """The Redis key that says ``key``'s side effect is done (or who runs it)."""
-    return PREFIX + key
-
-
-def lease_key(key: str) -> str:
-    """The Redis key of the lease on ``key``."""
-    return LEASE_PREFIX + key
+done_key = layout.idempotency_key
+lease_key = layout.idempotency_lease_key
 
 
 def _broker_client() -> redis.Redis:

@@ -15,8 +15,8 @@ for a queue ``q`` and a worker (broker) id ``w``:
   (one per queue and delay queue);
 * ``dramatiq:__heartbeats__``: zset worker id -> last heartbeat, ms.
 
-Keys of our own get their builders here too (:func:`idempotency_key`, the schedules'
-leader lock, state hashes and run locks).
+Keys of our own get their builders here too (:func:`idempotency_key`,
+:func:`idempotency_lease_key`, the schedules' leader lock, state hashes and run locks).
 
 Each Lua script is a constant stating its KEYS and ARGV; it is called through
 the typed function below it, so no caller assembles KEYS. A script that works
@@ -47,8 +47,10 @@ DEAD_SUFFIX: Final = ".XQ"
 BODIES_SUFFIX: Final = ".msgs"
 #: Worker heartbeats: zset broker id -> ms since the epoch.
 HEARTBEATS: Final = f"{NAMESPACE}:__heartbeats__"
-#: Prefix of the idempotency keys (ours).
+#: Prefix of the idempotency keys (ours): "done", or the token of the delivery running it.
 IDEMPOTENCY_PREFIX: Final = "idempotency:"
+#: Prefix of the idempotency leases (ours): the token of the delivery running the side effect.
+IDEMPOTENCY_LEASE_PREFIX: Final = "idempotency-lease:"
 
 
 # -- names ------------------------------------------------------------------------------
@@ -98,6 +100,11 @@ def dead_letter_keys(queue: str) -> tuple[str, str]:
 def idempotency_key(key: str) -> str:
     """The Redis key that records the side effect ``key`` as done."""
     return IDEMPOTENCY_PREFIX + key
+
+
+def idempotency_lease_key(key: str) -> str:
+    """The Redis key of the lease on the side effect ``key`` (short TTL, renewed)."""
+    return IDEMPOTENCY_LEASE_PREFIX + key
 
 
 @dataclass(frozen=True)
