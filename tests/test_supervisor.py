@@ -124,7 +124,10 @@ def test_crash_loop_backs_off_and_fails_liveness_until_processes_boot(
         return [r for r in log_records(worker)
                 if r.get("event") == "process_died" and r.get("slot") == slot]
 
-    wait_for(lambda: len(deaths(0)) >= 5, 30, "five crashes of slot 0")
+    try:
+        wait_for(lambda: len(deaths(0)) >= 5 and len(deaths(1)) >= 5, 40, "five crashes a slot")
+    except AssertionError as error:
+        raise AssertionError(f"{error}\n{worker.log()[-4000:]}") from None
     assert worker.process is not None and worker.process.poll() is None, "it keeps trying"
     for slot in (0, 1):
         crashes = deaths(slot)[:5]
