@@ -174,6 +174,9 @@ class SandboxSpec:
       quota_pods, quota_cpu, quota_memory: ResourceQuota of the namespace; None derives
         them from the pool (max replicas, + 1 for a rollout surge).
       dns_namespace, dns_selector: where cluster DNS runs (default kube-system / k8s-app=kube-dns).
+      broker_user, broker_password: the sandbox pool's own Redis ACL user (see
+        :mod:`worker_infra.acl`): its pods and scaler log in as it, and the component
+        exports the ACL rule to install on the broker. None: the shared credential.
     """
 
     namespace: str | None = None
@@ -184,6 +187,8 @@ class SandboxSpec:
     quota_memory: str | None = None
     dns_namespace: str = "kube-system"
     dns_selector: dict[str, str] = field(default_factory=lambda: {"k8s-app": "kube-dns"})
+    broker_user: str | None = None
+    broker_password: pulumi.Input[str] | None = None
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_kubernetes as k8s
 
+from .acl import acl_broker_url, acl_rule
 from .args import BrokerSpec, PoolSpec, SandboxSpec, ScalingSpec
 from .guards import memory_bytes, mib
 from .pool import BROKER_PASSWORD_KEY, BROKER_URL_KEY, WorkerPool, WorkerPoolArgs
@@ -39,6 +40,35 @@ def broker_secret(
     data: dict[str, pulumi.Input[str]] = {BROKER_URL_KEY: broker.url()}
     if broker.password is not None:
         data[BROKER_PASSWORD_KEY] = pulumi.Output.secret(broker.password)
+    return k8s.core.v1.Secret(
+        name,
+        metadata=k8s.meta.v1.ObjectMetaArgs(name=secret_name, namespace=namespace, labels=labels),
+        type="Opaque",
+        string_data=data,
+        opts=opts,
+    )
+
+
+BROKER_USERNAME_KEY = "redis-username"
+
+
+def acl_broker_secret(
+    name: str,
+    secret_name: str,
+    namespace: pulumi.Input[str],
+    broker: BrokerSpec,
+    sandbox: SandboxSpec,
+    labels: dict[str, str],
+    opts: pulumi.ResourceOptions,
+) -> k8s.core.v1.Secret:
+    """The sandbox's own broker credentials (its ACL user): ``redis-url``,
+    ``redis-username``, ``redis-password``; never the shared password."""
+    assert sandbox.broker_user and sandbox.broker_password is not None
+    data: dict[str, pulumi.Input[str]] = {
+        BROKER_URL_KEY: acl_broker_url(broker, sandbox.broker_user, sandbox.broker_password),
+        BROKER_USERNAME_KEY: sandbox.broker_user,
+        BROKER_PASSWORD_KEY: pulumi.Output.secret(sandbox.broker_password),
+    }
     return k8s.core.v1.Secret(
         name,
         metadata=k8s.meta.v1.ObjectMetaArgs(name=secret_name, namespace=namespace, labels=labels),
@@ -112,7 +142,20 @@ class SandboxPool(pulumi.ComponentResource):
                 opts=child,
             )
         secret_name = f"{args.project}-broker"
-        secret = broker_secret(f"{name}-broker", secret_name, ns, args.broker, labels, after_ns)
+        #: The ACL rule to install on the broker (a secret Output), None without an ACL user.
+        self.broker_acl: pulumi.Output[str] | None = None
+        username_key: str | None = None
+        if sb.broker_user and sb.broker_password is not None:
+            secret = acl_broker_secret(
+                f"{name}-broker", secret_name, ns, args.broker, sb, labels, after_ns
+            )
+            user, queues = sb.broker_user, pool.queues
+            self.broker_acl = pulumi.Output.secret(sb.broker_password).apply(
+                lambda password: acl_rule(user, password, queues)
+            )
+            username_key = BROKER_USERNAME_KEY
+        else:
+            secret = broker_secret(f"{name}-broker", secret_name, ns, args.broker, labels, after_ns)
         k8s.networking.v1.NetworkPolicy(
             f"{name}-default-deny",
             metadata=meta("default-deny"),
@@ -221,7 +264,8 @@ class SandboxPool(pulumi.ComponentResource):
                 broker=args.broker,
                 broker_secret=secret_name,
                 scaling=args.scaling,
+                broker_username_key=username_key,
             ),
             opts=after_ns,
         )
-        self.register_outputs({"namespace": ns})
+        self.register_outputs({"namespace": ns, "broker_acl": self.broker_acl})

@@ -63,6 +63,7 @@ class BacklogScalerArgs:
         ``processes x concurrency``.
       broker: the broker (address, db, TLS, whether there is a password).
       broker_secret: Secret holding ``redis-password`` for the TriggerAuthentication.
+      broker_username_key: key of that Secret holding a Redis ACL user name, if any.
       scaling: polling, cooldown, slow scale-down and fallback settings.
       fallback_replicas: replicas while metrics fail; None means ``max(min_replicas, 1)``.
     """
@@ -80,6 +81,7 @@ class BacklogScalerArgs:
     broker_secret: str
     scaling: ScalingSpec = field(default_factory=ScalingSpec)
     fallback_replicas: int | None = None
+    broker_username_key: str | None = None
 
 
 class BacklogScaler(pulumi.ComponentResource):
@@ -112,7 +114,18 @@ class BacklogScaler(pulumi.ComponentResource):
                             "parameter": "password",
                             "name": args.broker_secret,
                             "key": BROKER_PASSWORD_KEY,
-                        }
+                        },
+                        *(
+                            [
+                                {
+                                    "parameter": "username",
+                                    "name": args.broker_secret,
+                                    "key": args.broker_username_key,
+                                }
+                            ]
+                            if args.broker_username_key
+                            else []
+                        ),
                     ]
                 },
                 opts=child,

@@ -8,7 +8,10 @@ parser. The stack file (``Pulumi.<stack>.yaml``) may override numbers per enviro
   imageTag, image, namespace, prometheusServer, graceMarginS, memoryBase, env
   redis:        {host, port, db, tls, namespace, podSelector}
   redisPassword, databaseUrl: secrets (``pulumi config set --secret``)
-  sandbox:      {namespace, runtimeClass, runtimeHandler}
+  sandbox:      {namespace, runtimeClass, runtimeHandler, brokerUser}
+  sandboxRedisPassword: secret of the sandbox pool's own Redis ACL user (required with a
+                sandbox pool); the stack output ``sandboxBrokerAcl`` is the rule to install
+                on the broker (``ACL SETUSER`` or an aclfile line)
   scheduler:    {replicas, leaderTtlMs, cpu, memory}   (rendered when pools.toml has schedules)
 
 Every guard of worker_infra runs before anything is created; a refused stack fails
@@ -29,6 +32,7 @@ from worker_infra import (
     DownstreamSpec,
     GuardError,
     PoolSpec,
+    SandboxPool,
     SandboxSpec,
     ScalingSpec,
     SchedulerSpec,
@@ -174,6 +178,12 @@ def main() -> None:
                 namespace=sandbox.get("namespace"),
                 runtime_class=sandbox.get("runtimeClass"),
                 runtime_handler=sandbox.get("runtimeHandler"),
+                broker_user=str(sandbox.get("brokerUser", f"{PROJECT}-sandbox")),
+                broker_password=(
+                    config.require_secret("sandboxRedisPassword")
+                    if any(p.sandbox for p in pools)
+                    else None
+                ),
             ),
             grace_margin_s=15 if margin is None else margin,
             memory_base=config.get("memoryBase") or "96Mi",
@@ -182,6 +192,9 @@ def main() -> None:
         ),
     )
     pulumi.export("pools", sorted(service.pools))
+    for pool in service.pools.values():
+        if isinstance(pool, SandboxPool) and pool.broker_acl is not None:
+            pulumi.export("sandboxBrokerAcl", pool.broker_acl)
     pulumi.export("capacity", [str(usage) for usage in service.plan.capacity])
 
 

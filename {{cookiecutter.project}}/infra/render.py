@@ -20,7 +20,7 @@ from worker_infra.render import read_stack, render, to_yaml
 INFRA = Path(__file__).resolve().parent
 ROOT = INFRA.parent
 #: Secrets the program requires; `pulumi config set --secret` stores them in the stack file.
-SECRETS = ("redisPassword", "databaseUrl")
+SECRETS = ("redisPassword", "databaseUrl", "sandboxRedisPassword")
 
 
 def main(argv: list[str] | None = None) -> int:

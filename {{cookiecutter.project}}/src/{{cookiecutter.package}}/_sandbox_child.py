@@ -3,19 +3,23 @@
 It runs as ``python -I -S _sandbox_child.py <config>`` (standard library only, never
 imported by the worker), confines itself and then runs the customer's snippet:
 
-1. reads the payload (JSON) from stdin and keeps a private copy of stdout for the
-   result; the snippet's own ``print`` output goes to stderr;
-2. enters a new network namespace when the kernel lets it (``netns``);
+1. reads its seccomp program (built by the worker, :mod:`._sandbox_seccomp`) and the
+   payload (JSON) from stdin, and keeps a private copy of stdout for the result; the
+   snippet's own ``print`` output goes to stderr;
+2. enters new network, IPC and mount namespaces where it can (``netns``, ``ipcns``,
+   ``private-mounts``: an empty tmpfs over /tmp, /var/tmp, /dev/shm), as root or inside a
+   new user namespace with a uid of its own (``userns``, ``own-uid``);
 3. sets ``no_new_privs`` and applies Landlock where the kernel has it: writes only
    under the private working directory, reads only from the Python installation,
    system libraries and the working directory (``landlock-fs``), no TCP bind or
    connect (``landlock-net``), no signals to processes outside the sandbox
    (``landlock-signal``);
-4. drops every capability (``no-caps``, matters only when started as root);
-5. sets the resource limits (``rlimits``);
-6. installs a seccomp filter: no sockets (``seccomp-net``); no fork, no signals to
-   other processes, no ptrace, io_uring, namespaces, mounts or new sessions
-   (``seccomp-proc``);
+4. as root, drops to uid = gid = ``ID_BASE + pid`` with no groups (``own-uid``); drops
+   every capability (``no-caps``);
+5. sets the resource limits (``rlimits``), ``RLIMIT_NPROC`` = ``max_threads`` where the
+   uid is its own;
+6. loads the seccomp allowlist: everything not listed fails with ``EPERM``
+   (``seccomp-allowlist``);
 7. writes one JSON line ``{"layers": [...]}`` to the result channel, runs
    ``main(payload)`` from the snippet and writes one JSON line with the outcome.
 
@@ -50,6 +54,11 @@ _SECCOMP_MODE_FILTER = 2
 _CLONE_NEWUSER = 0x10000000
 _CLONE_NEWNET = 0x40000000
 _CLONE_NEWIPC = 0x08000000
+_CLONE_NEWNS = 0x00020000
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND, _MS_REC, _MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
+#: Shared writable places that get a private, empty tmpfs in the snippet's mount namespace:
+#: what it leaves there (without Landlock) dies with the namespace at the end of the run.
+_PRIVATE_MOUNTS = ("/tmp", "/var/tmp", "/dev/shm")  # noqa: S108
 #: A root worker runs the snippet as uid = gid = ``ID_BASE + pid``: an identity of its own
 #: (no file, process or IPC object on the host has it), so ``RLIMIT_NPROC`` counts
 #: exactly the snippet's threads and nothing of the worker's.
@@ -130,26 +139,31 @@ def _write_proc(name: str, text: str) -> None:
         handle.write(text)
 
 
-def _own_namespaces(workdir: str, off: set[str]) -> tuple[list[str], int | None]:
+def _own_namespaces(
+    workdir: str, limits: dict[str, Any], off: set[str]
+) -> tuple[list[str], int | None]:
     """New network and IPC namespaces, and an identity of the snippet's own.
 
     Returns the layers and, for a root worker, the uid/gid to drop to (after Landlock);
     ``None`` when the snippet keeps the worker's uid (no user namespaces: the restricted
     pod), or when it already has its own uid inside a new user namespace.
     """
-    if os.geteuid() == 0:  # root outside a pod: CAP_SYS_ADMIN creates both namespaces
+    if os.geteuid() == 0:  # root outside a pod: CAP_SYS_ADMIN creates the namespaces
         layers = []
         if "netns" not in off and _libc.unshare(_CLONE_NEWNET) == 0:
             layers.append("netns")
         if _libc.unshare(_CLONE_NEWIPC) == 0:
             layers.append("ipcns")
+        if _libc.unshare(_CLONE_NEWNS) == 0:
+            layers += _private_mounts(workdir, limits)
         ident = ID_BASE + os.getpid()
         os.chown(workdir, ident, ident)
         return layers, ident
     if "userns" in off:
         return [], None
     uid, gid = os.geteuid(), os.getegid()
-    flags = _CLONE_NEWUSER | _CLONE_NEWIPC | (0 if "netns" in off else _CLONE_NEWNET)
+    flags = _CLONE_NEWUSER | _CLONE_NEWIPC | _CLONE_NEWNS
+    flags |= 0 if "netns" in off else _CLONE_NEWNET
     if _libc.unshare(flags) != 0:
         return [], None  # typical for a restricted pod: RuntimeDefault seccomp refuses it
     try:  # map our own ids to NAMESPACE_ID, or files can no longer be created (EOVERFLOW)
@@ -158,7 +172,34 @@ def _own_namespaces(workdir: str, off: set[str]) -> tuple[list[str], int | None]
         _write_proc("gid_map", f"{NAMESPACE_ID} {gid} 1")
     except OSError as exc:
         raise SetupError(f"cannot map ids in the new user namespace: {exc}") from exc
-    return ["userns", "own-uid", "ipcns", *([] if "netns" in off else ["netns"])], None
+    layers = ["userns", "own-uid", "ipcns", *([] if "netns" in off else ["netns"])]
+    return layers + _private_mounts(workdir, limits), None
+
+
+def _mount(source: str, target: str, fstype: str | None, flags: int, data: str | None) -> None:
+    if _libc.mount(source.encode(), target.encode(), fstype.encode() if fstype else None,
+                   ctypes.c_ulong(flags), data.encode() if data else None) != 0:  # fmt: skip
+        raise SetupError(f"cannot mount {target}: {_errno_text()}")
+
+
+def _private_mounts(workdir: str, limits: dict[str, Any]) -> list[str]:
+    """An empty tmpfs over /tmp, /var/tmp and /dev/shm (in a new mount namespace), with
+    the private directory bound back at its own path."""
+    _mount("none", "/", None, _MS_REC | _MS_PRIVATE, None)  # nothing propagates out
+    keep = os.open(workdir, os.O_PATH | os.O_DIRECTORY)
+    size = 4 * int(limits["max_file_bytes"])
+    try:
+        for target in _PRIVATE_MOUNTS:
+            if os.path.isdir(target) and not os.path.islink(target):
+                _mount("tmpfs", target, "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
+                       f"size={size},nr_inodes=4096,mode=1777")  # fmt: skip
+        if not os.path.isdir(workdir):  # it was under one of them: bind it back
+            os.makedirs(workdir, mode=0o711)
+            _mount(f"/proc/self/fd/{keep}", workdir, None, _MS_BIND, None)
+    finally:
+        os.close(keep)
+    os.chdir(workdir)
+    return ["private-mounts"]
 
 
 def _reachable_by_others(path: str) -> bool:
@@ -457,7 +498,7 @@ def main() -> int:
         os.dup2(2, 1)
         sys.stdout = sys.stderr
         off = set(config.get("off", ()))  # tests switch layers off to prove the others
-        layers, ident = _own_namespaces(workdir, off)
+        layers, ident = _own_namespaces(workdir, limits, off)
         if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             raise SetupError(f"PR_SET_NO_NEW_PRIVS failed: {_errno_text()}")
         layers += [] if "landlock" in off else _landlock(workdir)

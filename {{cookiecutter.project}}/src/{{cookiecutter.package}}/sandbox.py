@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+import math
 import os
 import secrets
 import selectors
@@ -81,6 +82,7 @@ _CRASH_SIGNALS = {signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE,
 
 
 _PR_SET_DUMPABLE = 4
+_PR_SET_CHILD_SUBREAPER = 36
 
 
 def _protect_worker() -> tuple[str, ...]:
@@ -95,6 +97,17 @@ def _protect_worker() -> tuple[str, ...]:
     if libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
         return ()
     return ("worker-nondumpable",)
+
+
+def _become_subreaper() -> tuple[str, ...]:
+    """Adopt the orphans of this process's descendants (idempotent; only for runs with
+    ``max_processes > 1``): a snippet's forked processes, orphaned when the group is
+    killed, are reaped by :meth:`_Run.finish` instead of piling up as zombies under
+    PID 1 (in a container, the supervisor)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        return ()
+    return ("worker-subreaper",)
 
 
 class SandboxError(RuntimeError):
@@ -302,10 +315,22 @@ class _Run:
                     pipe.close()
         _, self.status, self.rusage = os.wait4(process.pid, 0)
         process.returncode = os.waitstatus_to_exitcode(self.status)
+        while True:  # its processes, orphaned to this subreaper: every one was SIGKILLed
+            try:
+                os.waitpid(-process.pid, 0)
+            except ChildProcessError:
+                break
 
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999
+        raise ValueError(f"{text[:40]} is out of range")
+    return value
 
 
 def _depth(value: Any) -> int:
@@ -326,11 +351,11 @@ def _depth(value: Any) -> int:
 def _decode(line: bytes) -> tuple[dict[str, Any] | None, str | None]:
     """One line of the result channel: (a JSON object, None) or (None, the problem).
 
-    Strict JSON only (no ``NaN``/``Infinity``), nested at most :data:`MAX_RESULT_DEPTH`
+    Strict JSON only (no ``NaN``/``Infinity``/``1e999``), nested at most :data:`MAX_RESULT_DEPTH`
     deep; nothing in ``line`` can make this raise.
     """
     try:
-        doc = json.loads(line, parse_constant=_reject_constant)
+        doc = json.loads(line, parse_constant=_reject_constant, parse_float=_finite_float)
     except RecursionError:
         return None, f"the result is nested deeper than {MAX_RESULT_DEPTH} levels"
     except (ValueError, TypeError, OverflowError) as exc:  # UnicodeDecodeError is a ValueError
@@ -422,6 +447,7 @@ def _remove_private_dir(path: str) -> None:
                     else:
                         moved += 1
                         flat = f".sandbox-rm-{token}-{moved}"
+                        os.chmod(child, 0o700, dir_fd=fd, follow_symlinks=False)  # to move it
                         os.rename(child, flat, src_dir_fd=fd, dst_dir_fd=top)
                         pending.append(flat)
             finally:
@@ -457,6 +483,8 @@ def run_untrusted(
     if not sys.executable:
         raise SandboxError("no Python executable to start the sandbox with")
     worker_layers = _protect_worker()
+    if limits.max_processes > 1:
+        worker_layers += _become_subreaper()
     started = time.monotonic()
     workdir = tempfile.mkdtemp(prefix="sandbox-")
     try:
