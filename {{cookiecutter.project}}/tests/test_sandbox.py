@@ -1091,3 +1091,13 @@ def test_run_untrusted_never_raises_for_a_forged_result(data: bytes) -> None:
     )
     assert result.status in sandbox.STATUSES
     json.dumps(result.to_dict(), allow_nan=False)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, (1 << 22) - 1), st.sampled_from([1, 4]))
+def test_the_cached_filter_with_a_pid_written_in_is_the_filter_built_for_it(
+    pid: int, max_processes: int
+) -> None:
+    from {{ cookiecutter.package }}._sandbox_seccomp import build_filter, compile_filter
+
+    assert build_filter(pid, max_processes) == compile_filter(pid, max_processes)

@@ -32,12 +32,10 @@ import ctypes
 import errno
 import json
 import os
-import platform
 import resource
 import signal
 import stat
 import sys
-import traceback
 from typing import Any
 
 SETUP_FAILED = 70
@@ -292,7 +290,7 @@ def _set_rlimits(limits: dict[str, Any], own_uid: bool) -> list[str]:
 
 
 def _landlock(workdir: str) -> list[str]:
-    numbers = _SYS_LANDLOCK.get(platform.machine())
+    numbers = _SYS_LANDLOCK.get(os.uname().machine)
     if numbers is None:
         return []
     create, add_rule, restrict = numbers
@@ -411,6 +409,8 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
 
 
 def _snippet_traceback(exc: BaseException) -> str:
+    import traceback  # only when the snippet failed: start-up stays short
+
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
         tb = tb.tb_next

@@ -1,10 +1,11 @@
 """The sandbox's system-call allowlist, built with libseccomp (via ``pyseccomp``).
 
 Deny by default: a call that is not listed here fails with ``EPERM``. The worker builds
-the filter for one child (its pid is part of the rules) while that child's interpreter
-starts, exports it as classic BPF and hands it to the child, which loads it as the last
-step of its set-up (:mod:`._sandbox_child`). The child itself needs nothing but the
-standard library.
+the filter once per ``max_processes`` with a placeholder pid (libseccomp, exported as
+classic BPF), and for each child writes that child's pid over the placeholder's
+constants (the program is otherwise the same byte for byte, which a test checks); the
+child loads it as the last step of its set-up (:mod:`._sandbox_child`), which needs
+nothing but the standard library.
 
 The list is what a CPython interpreter running the standard library needs (file I/O
 on descriptors it may open, memory, time, threads, its own signals, ``AF_UNIX``
@@ -30,12 +31,19 @@ x86_64) kills the child (status ``forbidden``).
 from __future__ import annotations
 
 import errno
+import functools
 import os
+import struct
 from typing import Final
 
 import pyseccomp as seccomp  # type: ignore[import-untyped]
 
-__all__ = ["ALLOWED", "build_filter"]
+__all__ = ["ALLOWED", "build_filter", "compile_filter"]
+
+#: Stands for the child's pid in the cached program: above the kernel's PID_MAX_LIMIT
+#: (2**22), so no real pid or other constant of the rules equals it.
+PLACEHOLDER_PID: Final = 0x3FFFFFF1
+_PID_LIMIT = 1 << 22
 
 #: Allowed whatever the arguments.
 ALLOWED: Final[tuple[str, ...]] = (
@@ -116,7 +124,35 @@ def _add(flt: seccomp.SyscallFilter, action: int, name: str, *args: seccomp.Arg)
 
 
 def build_filter(pid: int, max_processes: int) -> bytes:
-    """The BPF program (``struct sock_filter`` array) for the child ``pid``.
+    """The BPF program (``struct sock_filter`` array) for the child ``pid``: the cached
+    program of :func:`compile_filter` with ``pid`` written over the placeholder.
+
+    Parameters:
+      pid(int): the child's pid, which is also its process group and session id.
+      max_processes(int): ``Limits.max_processes``; with 1, only threads may be cloned.
+    """
+    if not 0 < pid < _PID_LIMIT:
+        raise ValueError(f"pid {pid} is out of range")
+    program = bytearray(_cached(min(max_processes, 2)))
+    replace = {PLACEHOLDER_PID: pid, -PLACEHOLDER_PID & 0xFFFFFFFF: -pid & 0xFFFFFFFF}
+    patched = 0
+    for offset in range(0, len(program), 8):
+        code, jt, jf, k = struct.unpack_from("=HBBI", program, offset)
+        if k in replace:
+            struct.pack_into("=HBBI", program, offset, code, jt, jf, replace[k])
+            patched += 1
+    if not patched:
+        raise OSError(errno.EINVAL, "no pid placeholder in the seccomp program")
+    return bytes(program)
+
+
+@functools.lru_cache(maxsize=2)
+def _cached(max_processes: int) -> bytes:
+    return compile_filter(PLACEHOLDER_PID, max_processes)
+
+
+def compile_filter(pid: int, max_processes: int) -> bytes:
+    """The BPF program (``struct sock_filter`` array) for the child ``pid``, built now.
 
     Parameters:
       pid(int): the child's pid, which is also its process group and session id.
