@@ -51,6 +51,7 @@ def middleware_stack(settings: Settings) -> list[Middleware]:
             settings.worker_queues,
             settings.worker_heartbeat_timeout_ms,
             settings.worker_max_attempts,
+            dead_message_ttl_ms=settings.dlq_retention_days * 86_400_000,
         ),
     ]
 {%- if cookiecutter.database == "postgres" %}

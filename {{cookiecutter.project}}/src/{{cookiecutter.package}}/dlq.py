@@ -14,6 +14,11 @@ the time it died (ms), the hash ``dramatiq:<queue>.XQ.msgs`` holds its body, a
 Dramatiq message with ``options.dead_letter_reason`` (ours) and
 ``options.traceback`` (Dramatiq's Retries) when known.
 
+Dead letters are kept ``DLQ_RETENTION_DAYS`` days (default 14), time enough to
+diagnose and replay them: every worker deletes the older ones of its queues (the
+:class:`~.middleware.recovery.Recovery` pass). The commands need ``REDIS_URL``
+(and pools.toml) only, never a worker setting such as ``WORKER_POOL``.
+
 A replay keeps the ``message_id`` (idempotency keys rely on it) and gives the
 message a new redis id, zero ``retries`` and ``crashes``, no reason or traceback,
 and a new ``message_timestamp`` (so an actor's ``max_age`` counts from the replay).
@@ -220,9 +225,9 @@ def _connect() -> tuple[redis.Redis, str]:
     """A Redis client for ``REDIS_URL`` and the URL with its password masked."""
     import redis
 
-    from .settings import load_settings, mask_url
+    from .settings import load_redis_settings, mask_url
 
-    url = load_settings().redis_url.get_secret_value()
+    url = load_redis_settings().redis_url.get_secret_value()
     client = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5)
     return client, mask_url(url)
 

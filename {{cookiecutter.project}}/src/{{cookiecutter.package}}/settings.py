@@ -44,6 +44,8 @@ _POOL_DEFAULTS = {
     "worker_prefetch": "prefetch",
 }
 _SECRET_FIELDS = {"redis_url", "database_url"}
+#: Days a dead letter is kept before the worker deletes it (the runbook's rule).
+DLQ_RETENTION_DAYS = 14
 
 
 def mask_url(url: str) -> str:
@@ -74,6 +76,7 @@ class Settings(BaseSettings):
     health_stalled_after_s: Annotated[float, Field(gt=0, le=86_400)] = DEFAULT_STALLED_AFTER_S
     metrics_port: Annotated[int, Field(ge=1024, le=65535)] = 9191
     redis_url: SecretStr = SecretStr("redis://localhost:6379/0")
+    dlq_retention_days: Annotated[int, Field(ge=1, le=3650)] = DLQ_RETENTION_DAYS
 {%- if cookiecutter.database == "postgres" %}
     database_url: Annotated[SecretStr | None, Field(validate_default=True)] = None
     db_pool_size: Annotated[int, Field(ge=1, le=1000)]
@@ -252,6 +255,29 @@ def config_errors(error: ValidationError | PoolsFileError) -> list[str]:
         for problem in problems
         if not (bad_pool and problem["type"] == "missing" and problem["loc"] != ("worker_pool",))
     ]
+
+
+class RedisSettings(BaseSettings):
+    """Only ``REDIS_URL``: all that producers (an API enqueuing jobs) and the ``dlq``
+    commands need; they never require worker settings such as ``WORKER_POOL``."""
+
+    model_config = SettingsConfigDict(case_sensitive=False, extra="ignore", frozen=True)
+
+    redis_url: SecretStr = SecretStr("redis://localhost:6379/0")
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: SecretStr) -> SecretStr:
+        checked: SecretStr = Settings._redis_url(value)  # the worker's rule, one owner
+        return checked
+
+
+def load_redis_settings() -> RedisSettings:
+    """``REDIS_URL`` validated, or exit 78 with one line."""
+    try:
+        return RedisSettings()
+    except ValidationError as error:
+        refuse(config_errors(error))
 
 
 def load_settings() -> Settings:

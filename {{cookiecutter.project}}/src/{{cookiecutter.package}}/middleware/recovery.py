@@ -24,7 +24,8 @@ class Recovery(Middleware):
       queues: the queues this worker serves (it recovers only those).
       heartbeat_timeout_ms: ``WORKER_HEARTBEAT_TIMEOUT_MS``; a worker silent that long is dead.
       max_attempts: ``WORKER_MAX_ATTEMPTS``.
-      dead_message_ttl_ms: how long dead letters are kept (default 7 days).
+      dead_message_ttl_ms: how long dead letters are kept (default 14 days; the worker
+        passes ``DLQ_RETENTION_DAYS``).
       interval_s: seconds between passes (default: a fifth of the heartbeat timeout, at most 5).
     """
 
@@ -33,7 +34,7 @@ class Recovery(Middleware):
         queues: list[str],
         heartbeat_timeout_ms: int,
         max_attempts: int,
-        dead_message_ttl_ms: int = 7 * 86_400_000,
+        dead_message_ttl_ms: int = 14 * 86_400_000,
         interval_s: float | None = None,
     ) -> None:
         self.queues = queues
