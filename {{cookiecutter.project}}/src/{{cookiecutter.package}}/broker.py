@@ -1,17 +1,28 @@
 """The broker: a RedisBroker built from settings, with the whole middleware stack in one place.
 
-Importing this module validates the configuration (exit 78 when it is bad) and
-makes ``broker`` Dramatiq's global broker, so ``@dramatiq.actor`` declares on it.
+Importing this module makes ``broker`` Dramatiq's global broker, so
+``@dramatiq.actor`` declares on it. In a process that runs a pool (``WORKER_POOL``
+set) it is the worker's broker, built from the validated settings (exit 78 when
+they are bad). Anywhere else, e.g. an API process that enqueues jobs, it is a
+producer's broker that needs only ``REDIS_URL`` (see :mod:`.producer`).
 """
 
 from __future__ import annotations
 
+import os
 from typing import TypeVar
 
 import dramatiq
 import redis
 from dramatiq import Middleware
-from dramatiq.middleware import AgeLimit, Callbacks, CurrentMessage, Pipelines, TimeLimit
+from dramatiq.middleware import (
+    AgeLimit,
+    Callbacks,
+    CurrentMessage,
+    Pipelines,
+    Retries,
+    TimeLimit,
+)
 
 from . import layout
 from .consumer import SettlingRedisBroker
@@ -27,7 +38,10 @@ from .middleware import (
 from .middleware.database import DatabasePool
 {%- endif %}
 from .middleware.schedule_lock import ScheduleLock
-from .settings import Settings, load_settings
+from .settings import RedisSettings, Settings, load_redis_settings, load_settings
+
+#: The variable that tells a worker process (it runs a pool) from a producer.
+POOL_ENV = "WORKER_POOL"
 
 
 def middleware_stack(settings: Settings) -> list[Middleware]:
@@ -84,8 +98,36 @@ def build_broker(settings: Settings) -> SettlingRedisBroker:
     )
 
 
-settings = load_settings()
-broker = build_broker(settings)
+def producer_middleware() -> list[Middleware]:
+    """The middleware of a producer's broker: the Dramatiq classes of the worker's stack,
+    so every actor option the worker accepts (``max_retries``, ``time_limit``, ...) is
+    declared; none of the worker's middleware acts when a message is enqueued."""
+    return [AgeLimit(), TimeLimit(), Callbacks(), Pipelines(), Retries(), CurrentMessage()]
+
+
+def build_producer_broker(settings: RedisSettings) -> SettlingRedisBroker:
+    """A broker that only enqueues, for ``REDIS_URL``: no worker setting is read."""
+    client = redis.Redis.from_url(
+        settings.redis_url.get_secret_value(),
+        socket_timeout=10,
+        socket_connect_timeout=5,
+        health_check_interval=30,
+    )
+    return SettlingRedisBroker(
+        client=client,
+        namespace=layout.NAMESPACE,
+        middleware=producer_middleware(),
+        maintenance_chance=0,
+    )
+
+
+def _build() -> SettlingRedisBroker:
+    if os.environ.get(POOL_ENV):
+        return build_broker(load_settings())
+    return build_producer_broker(load_redis_settings())
+
+
+broker = _build()
 dramatiq.set_broker(broker)
 
 
