@@ -37,6 +37,7 @@ import time
 
 import dramatiq
 import redis
+from dramatiq.middleware.time_limit import TimeLimitExceeded
 
 from ..lifecycle import checkpoint
 
@@ -84,6 +85,37 @@ def lc_checkpoint(job_id: str, seconds: float) -> None:
     """Works in 50 ms steps and calls checkpoint() after each."""
     _record("start", job_id)
     _nap(seconds, check=True)
+    _record("done", job_id)
+
+
+@dramatiq.actor(queue_name="notifications", max_retries=4, time_limit=600_000)
+def lc_stubborn(job_id: str, seconds: float) -> None:
+    """Like lc_long, but shrugs off the time limit: only the drain can stop it."""
+    _record("start", job_id)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            _nap(deadline - time.monotonic())
+        except TimeLimitExceeded:
+            continue
+    _record("done", job_id)
+
+
+@dramatiq.actor(queue_name="notifications", min_backoff=100, max_backoff=200)
+def lc_overrun(job_id: str, seconds: float) -> None:
+    """Naps without checkpoints, retried quickly: for the time-limit tests."""
+    _record("start", job_id)
+    _nap(seconds)
+    _record("done", job_id)
+
+
+@dramatiq.actor(
+    queue_name="notifications", min_backoff=100, max_backoff=200, time_limit=600_000
+)
+def lc_overrun_declared(job_id: str, seconds: float) -> None:
+    """Like lc_overrun, declaring a time limit far above the worker's."""
+    _record("start", job_id)
+    _nap(seconds)
     _record("done", job_id)
 
 

@@ -28,6 +28,7 @@ from . import layout
 from .consumer import SettlingRedisBroker
 from .middleware import (
     Attempts,
+    CappedTimeLimit,
     CrashAwareRetries,
     GracefulShutdown,
     Metrics,
@@ -47,8 +48,9 @@ POOL_ENV = "WORKER_POOL"
 def middleware_stack(settings: Settings) -> list[Middleware]:
     """Every middleware, in order. ``before_*`` hooks run top-down, ``after_*`` bottom-up,
     so Attempts refuses an exhausted message before anything starts (ScheduleLock, next, skips
-    a scheduled run whose previous run still runs), and Metrics sees the
-    final outcome that CrashAwareRetries and GracefulShutdown decided."""
+    a scheduled run whose previous run still runs), Metrics sees the final outcome that
+    CrashAwareRetries and GracefulShutdown decided, and CappedTimeLimit times the handler
+    alone (its watchdog is disarmed first, before any ``after_*`` hook of the others runs)."""
     stack: list[Middleware] = [
         Attempts(settings.worker_max_attempts),
         ScheduleLock(),
@@ -56,11 +58,11 @@ def middleware_stack(settings: Settings) -> list[Middleware]:
         Progress(),
         GracefulShutdown(),
         AgeLimit(),
-        TimeLimit(time_limit=settings.worker_job_timeout_ms, interval=100),
         Callbacks(),
         Pipelines(),
         CrashAwareRetries(max_retries=settings.worker_max_attempts - 1),
         CurrentMessage(),
+        CappedTimeLimit(time_limit=settings.worker_job_timeout_ms),
         Recovery(
             settings.worker_queues,
             settings.worker_heartbeat_timeout_ms,

@@ -105,8 +105,10 @@ class WorkerProcess:
         die_with_parent()
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
-        from . import actors  # noqa: F401  (declares every actor on the broker)
         from .broker import broker
+
+        broker.emit_after("process_boot")  # as Dramatiq's CLI: starts the time-limit watchdog
+        from . import actors  # noqa: F401  (declares every actor on the broker)
 
         board = ProgressBoard(
             self.settings.worker_state_dir, self.settings.worker_concurrency, broker.broker_id

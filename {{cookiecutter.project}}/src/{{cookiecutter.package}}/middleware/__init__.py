@@ -6,9 +6,11 @@ from .progress import Progress
 from .recovery import Recovery
 from .retries import CrashAwareRetries
 from .shutdown import GracefulShutdown
+from .time_limit import CappedTimeLimit
 
 __all__ = [
     "Attempts",
+    "CappedTimeLimit",
     "CrashAwareRetries",
     "GracefulShutdown",
     "Metrics",

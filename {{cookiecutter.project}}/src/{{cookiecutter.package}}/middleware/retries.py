@@ -14,6 +14,7 @@ from dramatiq.common import current_millis, dq_name
 from ..consumer import Settlement, settle_with, settles
 from ..lifecycle import Requeue
 from ..recovery import dead_letter_delivery
+from .time_limit import TIME_LIMIT_REASON, TimeLimitExceeded
 
 
 class _Capture:
@@ -38,7 +39,8 @@ class CrashAwareRetries(dramatiq.middleware.Retries):
       counted and no delayed copy is enqueued; the shutdown middleware requeues it.
     * Deliveries lost to crashes (``options["crashes"]``) use up the same budget,
       so ``max_retries + 1`` is the total number of deliveries.
-    * An exhausted message is dead-lettered with the exception as its reason.
+    * An exhausted message is dead-lettered with the exception as its reason
+      (:data:`~.time_limit.TIME_LIMIT_REASON` when the time limit interrupted it).
     * The retry copy is not enqueued from this hook (where Dramatiq swallows a Redis
       error and then acks the original: the retry was lost). It becomes the
       delivery's settlement (:mod:`..consumer`), stored in one Lua call with the ack;
@@ -71,6 +73,8 @@ class CrashAwareRetries(dramatiq.middleware.Retries):
                 settle_with(message, self._retry(broker, *capture.sent))
         if message.failed:
             reason = f"{type(exception).__name__}: {exception}"[:500]
+            if isinstance(exception, TimeLimitExceeded):
+                reason = TIME_LIMIT_REASON
             dead_letter_delivery(broker, message, reason)
 
     @staticmethod

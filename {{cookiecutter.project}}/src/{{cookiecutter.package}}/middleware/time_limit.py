@@ -1,0 +1,77 @@
+"""CappedTimeLimit: Dramatiq's TimeLimit with ``WORKER_JOB_TIMEOUT_MS`` as a ceiling."""
+
+from __future__ import annotations
+
+import threading
+from typing import Final
+
+from dramatiq import Broker
+from dramatiq.broker import MessageProxy
+from dramatiq.middleware import TimeLimit
+from dramatiq.middleware.time_limit import TimeLimitExceeded
+from dramatiq.worker import Worker
+
+__all__ = ["TIME_LIMIT_REASON", "CappedTimeLimit", "TimeLimitExceeded"]
+
+#: The dead-letter reason of a job that used up its attempts running past its time limit.
+TIME_LIMIT_REASON: Final = (
+    "time limit: the job ran past WORKER_JOB_TIMEOUT_MS (or its actor's lower time_limit) "
+    "and was interrupted on each attempt"
+)
+
+
+class CappedTimeLimit(TimeLimit):
+    """Interrupts a handler that runs past its time limit; no actor can raise the limit.
+
+    Dramatiq's :class:`~dramatiq.middleware.TimeLimit` lets an actor's (or a
+    message's) ``time_limit`` replace the default, longer or shorter. Here the
+    setting is a ceiling: the limit of a job is the smallest of the setting, the
+    actor's ``time_limit`` and the message's. So the timing rule job < drain <
+    grace period holds for every job.
+
+    The interrupted handler ends with :class:`TimeLimitExceeded`, a failed attempt:
+    :class:`.CrashAwareRetries` retries it within ``WORKER_MAX_ATTEMPTS`` and then
+    dead-letters it with :data:`TIME_LIMIT_REASON`.
+
+    The watchdog thread starts at ``after_process_boot`` (which the worker runtime
+    emits, as Dramatiq's CLI does) or, at the latest, at ``before_worker_boot``.
+    It interrupts Python code only: a handler blocked in one C call (``time.sleep``,
+    a socket read without timeout) gets the exception when the call returns; the
+    drain and the liveness probe handle that case.
+
+    Parameters:
+      time_limit: ``WORKER_JOB_TIMEOUT_MS``, the ceiling in milliseconds.
+      interval: milliseconds between two looks at the deadlines (default 100).
+    """
+
+    def __init__(self, *, time_limit: int, interval: int = 100) -> None:
+        super().__init__(time_limit=time_limit, interval=interval)
+        self._started = False
+        self._start_lock = threading.Lock()
+
+    @property
+    def running(self) -> bool:
+        """True once the watchdog runs."""
+        return self._started
+
+    def limit_ms(self, broker: Broker, message: MessageProxy) -> float:
+        """The time limit of ``message``: the setting, lowered by the actor or the message."""
+        actor = broker.get_actor(message.actor_name)
+        asked = (message.options.get("time_limit"), actor.options.get("time_limit"))
+        return min([self.time_limit, *(float(limit) for limit in asked if limit)])
+
+    def _start(self) -> None:
+        with self._start_lock:
+            if not self._started:
+                super().after_process_boot(None)  # type: ignore[no-untyped-call]
+                self._started = True
+
+    def after_process_boot(self, broker: Broker) -> None:
+        self._start()
+
+    def before_worker_boot(self, broker: Broker, worker: Worker) -> None:
+        self._start()
+
+    def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
+        limit = self.limit_ms(broker, message)
+        self.manager.add_timeout(threading.get_ident(), limit)  # type: ignore[no-untyped-call]
