@@ -11,7 +11,10 @@ from dramatiq import Message, Worker
 from dramatiq.broker import MessageProxy
 from dramatiq.brokers.stub import StubBroker
 
-from {{ cookiecutter.package }}.middleware.time_limit import CappedTimeLimit, TimeLimitExceeded
+from {{ cookiecutter.package }}.middleware.time_limit import (
+    CappedTimeLimit,
+    TimeLimitExceeded,
+)
 
 CEILING_MS = 300
 
