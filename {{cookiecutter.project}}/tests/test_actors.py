@@ -58,17 +58,18 @@ def test_payment_is_captured_once_and_rejects_bad_amounts(app: ModuleType) -> No
         capture_payment.fn("p-2", 0)
 
 
-def test_report_checkpoints_and_stops_on_shutdown(app: ModuleType) -> None:
+def test_report_checkpoints_and_stops_on_shutdown(
+    app: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from {{ cookiecutter.package }} import lifecycle
     from {{ cookiecutter.package }}.actors.reports import build_report
 
+    process = lifecycle.Lifecycle()
+    monkeypatch.setattr(lifecycle, "LIFECYCLE", process)
     assert len(build_report.fn("r-1", rows=50, chunk=10)) == 64
-    lifecycle.request_shutdown()
-    try:
-        with pytest.raises(lifecycle.Requeue):
-            build_report.fn("r-2", rows=50, chunk=10)
-    finally:
-        lifecycle._shutdown.clear()
+    process.request_shutdown()
+    with pytest.raises(lifecycle.Requeue):
+        build_report.fn("r-2", rows=50, chunk=10)
 
 
 def test_partner_calls_are_rate_limited(app: ModuleType) -> None:

@@ -23,8 +23,31 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .exitcodes import EX_FAILURE, EX_OK
+
+if TYPE_CHECKING:
+    from .settings import Settings
+
+
+def _worker_process(settings: Settings) -> int:
+    """One worker process, given its collaborators: the broker, its shutdown middleware,
+    the process's lifecycle, and the actors to declare once it has booted."""
+    import importlib
+
+    from .broker import broker, middleware_of
+    from .lifecycle import LIFECYCLE
+    from .middleware import GracefulShutdown
+    from .runtime import WorkerProcess
+
+    return WorkerProcess(
+        settings,
+        broker,
+        shutdown=middleware_of(GracefulShutdown),
+        lifecycle=LIFECYCLE,
+        load_actors=lambda: importlib.import_module(f"{__package__}.actors"),
+    ).run()
 
 
 def _worker(args: argparse.Namespace) -> int:
@@ -35,9 +58,7 @@ def _worker(args: argparse.Namespace) -> int:
         settings = load_settings()
         logs.configure(settings.otel_service_name, settings.log_level)
         if args.process:
-            from .runtime import WorkerProcess
-
-            return WorkerProcess(settings).run()
+            return _worker_process(settings)
         from .supervisor import Supervisor
 
         return Supervisor(settings).run()

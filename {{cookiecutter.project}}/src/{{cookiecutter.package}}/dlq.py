@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 #: Characters of the reason shown in the ``dlq list`` table (``--json`` has all of it).
 REASON_WIDTH = 60
 #: Options a replay drops: they belong to the deliveries that failed.
-STALE_OPTIONS = ("dead_letter_reason", "traceback", "requeue_timestamp", "eta")
+STALE_OPTIONS = (layout.DEAD_LETTER_REASON, "traceback", "requeue_timestamp", "eta")
 
 
 class DeadLetterError(Exception):
@@ -110,7 +110,7 @@ class DeadLetter:
             return "(body missing)"
         if self.fields is None:
             return "(body is not a Dramatiq message)"
-        if reason := self.options.get("dead_letter_reason"):
+        if reason := self.options.get(layout.DEAD_LETTER_REASON):
             return str(reason)
         lines = str(self.options.get("traceback") or "").strip().splitlines()
         return lines[-1] if lines else "-"
@@ -191,10 +191,12 @@ def fresh_copy(letter: DeadLetter, now_ms: int | None = None) -> Message[Any]:
         ) from None
     options = {key: value for key, value in message.options.items() if key not in STALE_OPTIONS}
     options.update(
-        retries=0,
-        crashes=0,
-        replays=int(options.get("replays", 0)) + 1,
-        redis_message_id=str(uuid.uuid4()),
+        {
+            layout.RETRIES: 0,
+            layout.CRASHES: 0,
+            layout.REPLAYS: int(options.get(layout.REPLAYS, 0)) + 1,
+            layout.REDIS_MESSAGE_ID: str(uuid.uuid4()),
+        }
     )
     return dataclasses.replace(
         message,
@@ -207,7 +209,7 @@ def fresh_copy(letter: DeadLetter, now_ms: int | None = None) -> Message[Any]:
 def replay(client: redis.Redis, letter: DeadLetter) -> bool:
     """Move ``letter`` back to the tail of its ready queue; False when it was already gone."""
     message = fresh_copy(letter)
-    new_id = message.options["redis_message_id"]
+    new_id = message.options[layout.REDIS_MESSAGE_ID]
     return layout.replay_dead_letter(
         client, letter.queue, letter.redis_id, new_id, message.encode()
     )

@@ -166,8 +166,30 @@ MESSAGE_FIELDS: Final[dict[str, tuple[tuple[type, ...], str]]] = {
     "message_id": ((str,), "a string"),
     "message_timestamp": ((int, float), "a number"),
 }
+#: Message options (the stored body's ``options``) that the middleware pass to each other;
+#: the one place their names are spelled.
+#: Dramatiq's RedisBroker: the id of the message in Redis (lists, hashes, acks sets).
+REDIS_MESSAGE_ID: Final = "redis_message_id"
+#: Dramatiq's Retries: failed attempts so far.
+RETRIES: Final = "retries"
+#: Recovery: deliveries lost to a dead worker process (counted against WORKER_MAX_ATTEMPTS).
+CRASHES: Final = "crashes"
+#: Ours: why a dead letter died (``dlq list`` shows it).
+DEAD_LETTER_REASON: Final = "dead_letter_reason"
+#: Ours: how often ``dlq replay`` sent this message again.
+REPLAYS: Final = "replays"
 #: Counters in a message's options that must be integers when present.
-COUNTED_OPTIONS: Final = ("retries", "crashes")
+COUNTED_OPTIONS: Final = (RETRIES, CRASHES)
+
+
+def crashes(options: dict[str, Any]) -> int:
+    """Deliveries of a message lost to a dead worker process."""
+    return int(options.get(CRASHES, 0))
+
+
+def deliveries(options: dict[str, Any]) -> int:
+    """Deliveries of a message that ended in a failure or a crash."""
+    return int(options.get(RETRIES, 0)) + crashes(options)
 
 
 def malformation(body: bytes, queue: str) -> tuple[str | None, Any]:

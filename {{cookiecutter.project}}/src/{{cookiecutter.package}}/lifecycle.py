@@ -20,10 +20,6 @@ from dramatiq.middleware.threading import Interrupt
 
 from .boards import ProgressBoard
 
-_shutdown = threading.Event()
-_thread = threading.local()
-_board: ProgressBoard | None = None
-
 
 class Requeue(Interrupt):
     """Stops a handler at a safe point; its message returns to its queue, not counted as a
@@ -31,39 +27,57 @@ class Requeue(Interrupt):
     the drain window closes."""
 
 
+class Lifecycle:
+    """One worker process's shutdown flag and progress board, shared by the runtime (which
+    requests the shutdown and attaches the board), the Progress middleware (which gives each
+    handler thread a slot) and the handlers (``checkpoint()``).
+
+    The process has one: :data:`LIFECYCLE`. Tests build their own.
+    """
+
+    def __init__(self) -> None:
+        self._shutdown = threading.Event()
+        self._thread = threading.local()
+        self.board: ProgressBoard | None = None
+
+    def shutdown_requested(self) -> bool:
+        """True once the worker has been asked to stop (SIGTERM or SIGINT)."""
+        return self._shutdown.is_set()
+
+    def request_shutdown(self) -> None:
+        """Ask every handler to stop at its next checkpoint (called by the worker runtime)."""
+        self._shutdown.set()
+
+    def attach(self, board: ProgressBoard | None) -> None:
+        """Record progress on ``board`` (the worker runtime attaches its process's board)."""
+        self.board = board
+
+    def bind_slot(self, slot: int) -> None:
+        """The current thread is handler thread ``slot`` (set once at thread boot)."""
+        self._thread.slot = slot
+
+    def current_slot(self) -> int | None:
+        slot: int | None = getattr(self._thread, "slot", None)
+        return slot
+
+    def checkpoint(self) -> None:
+        """Record progress of the current handler; raise :class:`Requeue` if shutting down."""
+        slot = self.current_slot()
+        if self.board is not None and slot is not None:
+            self.board.progress(slot)
+        if self._shutdown.is_set():
+            raise Requeue("shutdown requested: stopping at a checkpoint")
+
+
+#: This process's lifecycle.
+LIFECYCLE = Lifecycle()
+
+
 def shutdown_requested() -> bool:
     """True once the worker has been asked to stop (SIGTERM or SIGINT)."""
-    return _shutdown.is_set()
+    return LIFECYCLE.shutdown_requested()
 
 
 def checkpoint() -> None:
     """Record progress of the current handler; raise :class:`Requeue` if shutting down."""
-    slot = getattr(_thread, "slot", None)
-    if _board is not None and slot is not None:
-        _board.progress(slot)
-    if _shutdown.is_set():
-        raise Requeue("shutdown requested: stopping at a checkpoint")
-
-
-def request_shutdown() -> None:
-    """Ask every handler to stop at its next checkpoint (called by the worker runtime)."""
-    _shutdown.set()
-
-
-def attach(board: ProgressBoard | None) -> None:
-    """Record progress on ``board`` (the worker runtime attaches its process's board)."""
-    global _board
-    _board = board
-
-
-def bind_slot(slot: int) -> None:
-    """The current thread is handler thread ``slot`` (set once at thread boot)."""
-    _thread.slot = slot
-
-
-def current_slot() -> int | None:
-    return getattr(_thread, "slot", None)
-
-
-def board() -> ProgressBoard | None:
-    return _board
+    LIFECYCLE.checkpoint()

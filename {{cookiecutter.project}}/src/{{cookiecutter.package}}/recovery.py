@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 
 def deliveries(message: Message[Any]) -> int:
     """Deliveries so far that ended in a failure or a crash."""
-    return int(message.options.get("retries", 0)) + int(message.options.get("crashes", 0))
+    return layout.deliveries(message.options)
 
 
 def dead_letter(
@@ -48,8 +48,8 @@ def dead_letter(
     The stored body gains ``options["dead_letter_reason"]``. Returns False when the
     message was no longer held (someone else moved it).
     """
-    message = message.copy(options={"dead_letter_reason": reason})
-    redis_id = message.options["redis_message_id"]
+    message = message.copy(options={layout.DEAD_LETTER_REASON: reason})
+    redis_id = message.options[layout.REDIS_MESSAGE_ID]
     moved = layout.dead_letter_held(client, broker_id, queue, redis_id, message.encode())
     if moved:
         logger.warning(
@@ -76,7 +76,7 @@ def dead_letter_delivery(broker: Broker, message: MessageProxy, reason: str) -> 
 
     if settles(broker):
         message.fail()
-        body = message._message.copy(options={"dead_letter_reason": reason}).encode()
+        body = message._message.copy(options={layout.DEAD_LETTER_REASON: reason}).encode()
         settle_with(message, Settlement("dead_letter", body))
         return True
     redis_broker = cast(RedisBroker, broker)
@@ -158,13 +158,13 @@ def _recover_crashed(
         return 0, int(_dead_letter_raw(client, broker_id, queue, redis_id, stored, reason))
     message = message.copy(
         options={
-            "crashes": int(message.options.get("crashes", 0)) + 1,
-            "redis_message_id": redis_id,
+            layout.CRASHES: layout.crashes(message.options) + 1,
+            layout.REDIS_MESSAGE_ID: redis_id,
         }
     )
     if deliveries(message) >= max_attempts:
         reason = (
-            f"its worker process died during {message.options['crashes']} of "
+            f"its worker process died during {layout.crashes(message.options)} of "
             f"{deliveries(message)} deliveries (WORKER_MAX_ATTEMPTS={max_attempts})"
         )
         return 0, int(dead_letter(client, broker_id, queue, message, reason))

@@ -24,9 +24,11 @@ import redis
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.common import iter_queue
 
-from . import layout, lifecycle, recovery
+from . import layout, recovery
 from .boards import ProgressBoard
 from .exitcodes import EX_OK
+from .lifecycle import LIFECYCLE, Lifecycle
+from .middleware import GracefulShutdown
 from .settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -35,6 +37,11 @@ PR_SET_PDEATHSIG = 1
 SIGNAL_DEBOUNCE_S = 1.0
 #: How long interrupted handlers get to unwind before the process exits without them.
 INTERRUPT_GRACE_S = 2.0
+#: How long the consumers get to stop fetching (one fetch of ``FETCH_TIMEOUT_MS`` at most,
+#: plus the hand-back of their prefetch caches) before the drain goes on without them.
+CONSUMER_STOP_S = 2.0
+#: Seconds between two ticks of the main loop on the progress board (liveness reads them).
+TICK_INTERVAL_S = 1.0
 #: Longest pause (ms) of a consumer between fetches, and of a handler thread between looks
 #: at the work queue. Dramatiq's 1000 ms default slows an idle drain to more than a second
 #: and can leave handler slots idle after a job ends; 200 ms costs an idle process about 13
@@ -85,10 +92,26 @@ class WorkerProcess:
 
     Parameters:
       settings: the validated settings (queues, concurrency, timeouts).
+      broker: the broker with the whole middleware stack (:func:`.broker.build_broker`).
+      shutdown: the broker's :class:`.GracefulShutdown`, which knows the handlers in flight.
+      lifecycle: the shutdown flag and progress board the handlers and the Progress
+        middleware share (default: this process's).
+      load_actors: declares the actors on ``broker``; called once the process has booted.
     """
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        broker: RedisBroker,
+        shutdown: GracefulShutdown,
+        lifecycle: Lifecycle = LIFECYCLE,
+        load_actors: Callable[[], object] = lambda: None,
+    ) -> None:
         self.settings = settings
+        self.broker = broker
+        self.shutdown = shutdown
+        self.lifecycle = lifecycle
+        self.load_actors = load_actors
         self.stopping = threading.Event()
         self.hurry = threading.Event()
         self._first_signal = 0.0
@@ -105,15 +128,14 @@ class WorkerProcess:
         die_with_parent()
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
-        from .broker import broker
-
+        broker = self.broker
         broker.emit_after("process_boot")  # as Dramatiq's CLI: starts the time-limit watchdog
-        from . import actors  # noqa: F401  (declares every actor on the broker)
+        self.load_actors()
 
         board = ProgressBoard(
             self.settings.worker_state_dir, self.settings.worker_concurrency, broker.broker_id
         )
-        lifecycle.attach(board)
+        self.lifecycle.attach(board)
         worker = dramatiq.Worker(
             broker,
             queues=set(self.settings.worker_queues),
@@ -122,27 +144,24 @@ class WorkerProcess:
         )
         worker.queue_prefetch = self.settings.prefetch
         worker.start()
-        while not self.stopping.wait(1.0):
+        while not self.stopping.wait(TICK_INTERVAL_S):
             board.tick()
         return self.drain(worker, board)
 
     def drain(self, worker: dramatiq.Worker, board: ProgressBoard) -> int:
         """Stop fetching, finish or requeue every message this process holds, clean up."""
-        from .broker import broker, middleware_of
-        from .middleware import GracefulShutdown
-
+        broker, shutdown = self.broker, self.shutdown
         started = time.monotonic()
         deadline = started + self.settings.worker_shutdown_timeout_ms / 1000
-        shutdown = middleware_of(GracefulShutdown)
         finished_before = shutdown.finished
-        lifecycle.request_shutdown()
+        self.lifecycle.request_shutdown()
         broker.emit_before("worker_shutdown", worker)
         logger.info("draining", extra={"in_flight": shutdown.in_flight})
         for consumer in worker.consumers.values():
             consumer.stop()
         for thread in worker.workers:
             thread.stop()
-        _join(worker.consumers.values(), started + 2.0, self.hurry, board)
+        _join(worker.consumers.values(), started + CONSUMER_STOP_S, self.hurry, board)
         handed_back = _unless_redis_down(lambda: self._requeue_prefetched(worker), "hand back")
 
         interrupted = 0

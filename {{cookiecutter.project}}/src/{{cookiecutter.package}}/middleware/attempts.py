@@ -12,6 +12,7 @@ from dramatiq.broker import MessageProxy
 from dramatiq.middleware import SkipMessage
 
 from .. import lifecycle
+from ..layout import crashes
 from ..recovery import dead_letter_delivery, deliveries
 
 
@@ -78,7 +79,7 @@ class Attempts(Middleware):
             reason = f"{used} deliveries used up WORKER_MAX_ATTEMPTS={self.max_attempts}"
             dead_letter_delivery(broker, message, reason)
             raise SkipMessage(reason)
-        suspect = int(message.options.get("crashes", 0)) > 0
+        suspect = crashes(message.options) > 0
         if not self.gate.enter(suspect, lifecycle.shutdown_requested):
             raise lifecycle.Requeue("shutdown requested before the job could start")
         self._entered.value = True

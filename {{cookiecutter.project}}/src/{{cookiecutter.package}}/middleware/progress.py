@@ -9,7 +9,8 @@ from dramatiq import Broker, Middleware
 from dramatiq.broker import MessageProxy
 from dramatiq.worker import WorkerThread
 
-from .. import lifecycle
+from ..layout import REDIS_MESSAGE_ID
+from ..lifecycle import LIFECYCLE, Lifecycle
 
 
 class Progress(Middleware):
@@ -18,18 +19,22 @@ class Progress(Middleware):
     ``healthcheck live`` reads the board: a slot busy with no progress for longer
     than ``HEALTH_STALLED_AFTER_S`` is a wedged handler. ``checkpoint()`` records
     progress on the same slot.
+
+    Parameters:
+      lifecycle: holds the board the runtime attaches (default: this process's).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, lifecycle: Lifecycle = LIFECYCLE) -> None:
+        self.lifecycle = lifecycle
         self._slots = itertools.count()
 
     def after_worker_thread_boot(self, broker: Broker, thread: WorkerThread) -> None:
-        lifecycle.bind_slot(next(self._slots))
+        self.lifecycle.bind_slot(next(self._slots))
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
-        board, slot = lifecycle.board(), lifecycle.current_slot()
+        board, slot = self.lifecycle.board, self.lifecycle.current_slot()
         if board is not None and slot is not None:
-            board.start(slot, message.options.get("redis_message_id", ""), message.queue_name)
+            board.start(slot, message.options.get(REDIS_MESSAGE_ID, ""), message.queue_name)
 
     def after_process_message(
         self,
@@ -39,7 +44,7 @@ class Progress(Middleware):
         result: Any = None,
         exception: BaseException | None = None,
     ) -> None:
-        board, slot = lifecycle.board(), lifecycle.current_slot()
+        board, slot = self.lifecycle.board, self.lifecycle.current_slot()
         if board is not None and slot is not None:
             board.finish(slot)
 

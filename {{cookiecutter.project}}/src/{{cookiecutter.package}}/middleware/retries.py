@@ -12,6 +12,7 @@ from dramatiq.broker import MessageProxy
 from dramatiq.common import current_millis, dq_name
 
 from ..consumer import Settlement, settle_with, settles
+from ..layout import crashes
 from ..lifecycle import Requeue
 from ..recovery import dead_letter_delivery
 from .time_limit import TIME_LIMIT_REASON, TimeLimitExceeded
@@ -63,7 +64,7 @@ class CrashAwareRetries(dramatiq.middleware.Retries):
             return
         actor = broker.get_actor(message.actor_name)
         budget = min(actor.options.get("max_retries", self.max_retries), self.max_retries)
-        message.options["max_retries"] = max(0, budget - int(message.options.get("crashes", 0)))
+        message.options["max_retries"] = max(0, budget - crashes(message.options))
         if not settles(broker):
             super().after_process_message(broker, message, result=result, exception=exception)  # type: ignore[no-untyped-call]
         else:

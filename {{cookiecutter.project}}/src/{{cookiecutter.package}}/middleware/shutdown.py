@@ -10,6 +10,7 @@ from dramatiq.broker import MessageProxy
 from dramatiq.middleware.threading import raise_thread_exception
 
 from ..consumer import Settlement, settle_with, settles
+from ..layout import REDIS_MESSAGE_ID
 from ..lifecycle import Requeue
 
 
@@ -50,7 +51,7 @@ class GracefulShutdown(Middleware):
                 if settles(broker):  # requeued with its ack, even if Redis is down now
                     settle_with(message, Settlement("requeue"))
                 else:
-                    broker.do_requeue(message.queue_name, message.options["redis_message_id"])  # type: ignore[attr-defined]
+                    broker.do_requeue(message.queue_name, message.options[REDIS_MESSAGE_ID])  # type: ignore[attr-defined]
                 self.requeued += 1
             else:
                 self.finished += 1
