@@ -34,6 +34,7 @@ from .middleware import (
     Metrics,
     Progress,
     Recovery,
+    Tracing,
 )
 {%- if cookiecutter.database == "postgres" %}
 from .middleware.database import DatabasePool
@@ -50,8 +51,11 @@ def middleware_stack(settings: Settings) -> list[Middleware]:
     so Attempts refuses an exhausted message before anything starts (ScheduleLock, next, skips
     a scheduled run whose previous run still runs), Metrics sees the final outcome that
     CrashAwareRetries and GracefulShutdown decided, and CappedTimeLimit times the handler
-    alone (its watchdog is disarmed first, before any ``after_*`` hook of the others runs)."""
+    alone (its watchdog is disarmed first, before any ``after_*`` hook of the others runs);
+    Tracing, first, holds the delivery's span around all of them (off unless ``OTEL_*``
+    names a destination)."""
     stack: list[Middleware] = [
+        Tracing(),
         Attempts(settings.worker_max_attempts),
         ScheduleLock(),
         Metrics(settings.worker_concurrency),
@@ -103,8 +107,17 @@ def build_broker(settings: Settings) -> SettlingRedisBroker:
 def producer_middleware() -> list[Middleware]:
     """The middleware of a producer's broker: the Dramatiq classes of the worker's stack,
     so every actor option the worker accepts (``max_retries``, ``time_limit``, ...) is
-    declared; none of the worker's middleware acts when a message is enqueued."""
-    return [AgeLimit(), TimeLimit(), Callbacks(), Pipelines(), Retries(), CurrentMessage()]
+    declared; none of the worker's middleware acts when a message is enqueued, except
+    Tracing, which puts the trace context in the message (when ``OTEL_*`` turns it on)."""
+    return [
+        Tracing(),
+        AgeLimit(),
+        TimeLimit(),
+        Callbacks(),
+        Pipelines(),
+        Retries(),
+        CurrentMessage(),
+    ]
 
 
 def build_producer_broker(settings: RedisSettings) -> SettlingRedisBroker:

@@ -1,4 +1,8 @@
-"""JSON-lines logging: one object per line, with the service name and any ``extra`` fields."""
+"""JSON-lines logging: one object per line, with the service name and any ``extra`` fields.
+
+A line logged while a span is current (a job's lines, with tracing on) carries its
+``trace_id`` and ``span_id``, so logs and traces join.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,8 @@ import json
 import logging
 import sys
 from typing import Any
+
+from opentelemetry import trace
 
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
 
@@ -30,6 +36,10 @@ class JsonFormatter(logging.Formatter):
             "pid": record.process,
             "msg": record.getMessage(),
         }
+        span = trace.get_current_span().get_span_context()
+        if span.is_valid:
+            line["trace_id"] = trace.format_trace_id(span.trace_id)
+            line["span_id"] = trace.format_span_id(span.span_id)
         for key, value in vars(record).items():
             if key not in _STANDARD and not key.startswith("_"):
                 line[key] = value

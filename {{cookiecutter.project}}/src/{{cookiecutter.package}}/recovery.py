@@ -31,6 +31,7 @@ from dramatiq.brokers.redis import RedisBroker
 from dramatiq.message import Message
 
 from . import layout
+from .telemetry import record_lost_delivery
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +75,7 @@ def dead_letter_delivery(broker: Broker, message: MessageProxy, reason: str) -> 
     """
     from .consumer import Settlement, settle_with, settles
 
+    message.options["dead_letter_reason"] = reason  # for the middleware that reports it
     if settles(broker):
         message.fail()
         body = message._message.copy(options={layout.DEAD_LETTER_REASON: reason}).encode()
@@ -167,8 +169,14 @@ def _recover_crashed(
             f"its worker process died during {layout.crashes(message.options)} of "
             f"{deliveries(message)} deliveries (WORKER_MAX_ATTEMPTS={max_attempts})"
         )
-        return 0, int(dead_letter(client, broker_id, queue, message, reason))
-    return int(layout.requeue_held(client, broker_id, queue, redis_id, message.encode())), 0
+        dead = dead_letter(client, broker_id, queue, message, reason)
+        if dead:
+            record_lost_delivery(message, queue, reason)
+        return 0, int(dead)
+    requeued = layout.requeue_held(client, broker_id, queue, redis_id, message.encode())
+    if requeued:
+        record_lost_delivery(message, queue, None)
+    return int(requeued), 0
 
 
 def _dead_letter_raw(

@@ -7,6 +7,7 @@ from .recovery import Recovery
 from .retries import CrashAwareRetries
 from .shutdown import GracefulShutdown
 from .time_limit import CappedTimeLimit
+from .tracing import Tracing
 
 __all__ = [
     "Attempts",
@@ -16,4 +17,5 @@ __all__ = [
     "Metrics",
     "Progress",
     "Recovery",
+    "Tracing",
 ]

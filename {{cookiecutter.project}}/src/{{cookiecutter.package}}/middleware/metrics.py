@@ -155,6 +155,26 @@ def db_instruments() -> DbPoolInstruments:
 _ENDED = "_metrics_ended"
 
 
+def job_outcome(broker: Broker, message: MessageProxy, exception: BaseException | None) -> str:
+    """The outcome of a delivery that ran, as CrashAwareRetries and GracefulShutdown decided."""
+    if exception is None:
+        return "success"
+    if isinstance(exception, Requeue):
+        return "requeued"
+    if not message.failed:
+        return "retry"
+    actor = broker.get_actor(message.actor_name)
+    throws = message.options.get("throws") or actor.options.get("throws")
+    if throws and isinstance(exception, throws):
+        return "failure"
+    return "dead_letter"
+
+
+def skip_outcome(message: MessageProxy) -> str:
+    """The outcome of a delivery refused before its handler ran."""
+    return "skipped" if message.options.get(SKIPPED_OPTION) else "dead_letter"
+
+
 class Metrics(Middleware):
     """Records job outcomes, durations and the in-flight count; logs each job's end.
 
@@ -223,22 +243,11 @@ class Metrics(Middleware):
         self._end(broker, message, self._outcome(broker, message, exception), ran=True)
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
-        outcome = "skipped" if message.options.get(SKIPPED_OPTION) else "dead_letter"
-        self._end(broker, message, outcome, ran=False)
+        self._end(broker, message, skip_outcome(message), ran=False)
 
     @staticmethod
     def _outcome(broker: Broker, message: MessageProxy, exception: BaseException | None) -> str:
-        if exception is None:
-            return "success"
-        if isinstance(exception, Requeue):
-            return "requeued"
-        if not message.failed:
-            return "retry"
-        actor = broker.get_actor(message.actor_name)
-        throws = message.options.get("throws") or actor.options.get("throws")
-        if throws and isinstance(exception, throws):
-            return "failure"
-        return "dead_letter"
+        return job_outcome(broker, message, exception)
 
     def _end(self, broker: Broker, message: MessageProxy, outcome: str, *, ran: bool) -> None:
         """The handler is done: time it now, count and log its outcome once it is settled."""

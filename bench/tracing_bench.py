@@ -1,0 +1,258 @@
+"""Cost of tracing, measured side by side in one run; prints numbers and ratios, writes JSON.
+
+    python bench/tracing_bench.py [--rounds 3] [--jobs 1500] [--calls 20000]
+
+Three variants of one baked service (``database=none``), each round in turn:
+
+``absent``  the Tracing middleware removed from the broker's stack (the baseline);
+``off``     the stack as baked, no ``OTEL_*`` variable set (the default);
+``on``      ``OTEL_EXPORTER_OTLP_ENDPOINT`` set: every job exports its spans (sampler
+            always on) over OTLP/HTTP to a receiver in this process that answers 200.
+
+1. Throughput of no-op jobs: ``jobs`` messages are queued first, then the baked
+   ``worker`` command (1 process, 8 threads) runs them; timed from the first job's start
+   to the last ack. Reported as jobs/s and the ratio to ``absent``.
+2. Hook cost, in process: the middleware's enqueue and delivery hooks called ``calls``
+   times on a stub message, off and on (on: a real SDK provider whose exporter drops
+   the spans), in microseconds per message.
+
+Bakes the template into a temp dir and starts its own redis-server on a free port.
+Results: ``bench/results/tracing_bench-<UTC timestamp>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import redis
+from cookiecutter.main import cookiecutter
+from dramatiq.message import Message
+
+TEMPLATE = Path(__file__).resolve().parents[1]
+RESULTS = Path(__file__).resolve().parent / "results"
+PACKAGE = "orders_worker"
+QUEUE = "notifications"
+ACTORS = '''
+import dramatiq
+
+
+@dramatiq.actor(queue_name="notifications", max_retries=0)
+def bench_noop() -> None:
+    pass
+'''
+HOOKS = '''
+import json, sys, time
+import dramatiq
+from dramatiq.broker import MessageProxy
+from dramatiq.brokers.stub import StubBroker
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from {package}.middleware.tracing import Tracing
+
+
+class Drop(SpanExporter):
+    def export(self, spans):
+        return SpanExportResult.SUCCESS
+
+
+def per_message_us(middleware, calls):
+    broker = StubBroker()
+    broker.emit_after = lambda *a, **k: None
+    started = time.perf_counter()
+    for index in range(calls):
+        message = dramatiq.Message(queue_name="notifications", actor_name="a", args=(),
+                                   kwargs={{}}, options={{}})
+        middleware.before_enqueue(broker, message, None)
+        middleware.after_enqueue(broker, message, None)
+        proxy = MessageProxy(message)
+        middleware.before_process_message(broker, proxy)
+        middleware.after_process_message(broker, proxy, result=None)
+    return (time.perf_counter() - started) / calls * 1e6
+
+
+calls = int(sys.argv[1])
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(Drop()))
+print(json.dumps({{"off": per_message_us(Tracing(), calls),
+                  "on": per_message_us(Tracing(provider), calls)}}))
+'''
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+class Sink:
+    """An OTLP/HTTP endpoint that accepts every export and counts the requests."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        sink = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                sink.requests += 1
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class Bench:
+    def __init__(self, root: Path) -> None:
+        baked = Path(cookiecutter(str(TEMPLATE), no_input=True, output_dir=str(root / "with"),
+                                  extra_context={"database": "none"}))
+        (baked / "src" / PACKAGE / "actors" / "bench.py").write_text(ACTORS)
+        absent = root / "absent" / baked.name
+        shutil.copytree(baked, absent)
+        broker_py = absent / "src" / PACKAGE / "broker.py"
+        text = broker_py.read_text()
+        assert "        Tracing(),\n" in text, "the bench expects Tracing() in the stack"
+        broker_py.write_text(text.replace("        Tracing(),\n", ""))
+        self.projects = {"absent": absent, "off": baked, "on": baked}
+        self.root = root
+        self.sink = Sink()
+        self.redis_port = free_port()
+        self.redis = subprocess.Popen(
+            [shutil.which("redis-server") or "redis-server", "--port", str(self.redis_port),
+             "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)
+        self.url = f"redis://127.0.0.1:{self.redis_port}/0"
+        self.client = redis.Redis.from_url(self.url)
+        wait_for(self._pong, 10, "redis-server")
+
+    def _pong(self) -> bool:
+        try:
+            return bool(self.client.ping())
+        except redis.ConnectionError:
+            return False
+
+    def env(self, variant: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("OTEL_", "WORKER_", "REDIS_"))}
+        env.update(PYTHONPATH=str(self.projects[variant] / "src"), REDIS_URL=self.url,
+                   WORKER_POOL="interactive", WORKER_PROCESSES="1", WORKER_CONCURRENCY="8",
+                   METRICS_PORT=str(free_port()),
+                   WORKER_STATE_DIR=tempfile.mkdtemp(dir=self.root))
+        if variant == "on":
+            env.update(OTEL_EXPORTER_OTLP_ENDPOINT=self.sink.endpoint,
+                       OTEL_SERVICE_NAME="bench", OTEL_TRACES_SAMPLER="always_on")
+        return env
+
+    def throughput(self, variant: str, jobs: int) -> float:
+        """No-op jobs per second, first start to last ack, in one worker process."""
+        self.client.flushall()
+        from dramatiq.brokers.redis import RedisBroker
+
+        broker = RedisBroker(url=self.url)
+        for _ in range(jobs):
+            broker.enqueue(Message(queue_name=QUEUE, actor_name="bench_noop", args=(),
+                                   kwargs={}, options={}))
+        broker.close()
+        bodies = f"dramatiq:{QUEUE}.msgs"
+        worker = subprocess.Popen([sys.executable, "-m", PACKAGE, "worker"],
+                                  cwd=self.projects[variant], env=self.env(variant),
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_for(lambda: self.client.hlen(bodies) < jobs, 60, "the first job")
+            started = time.perf_counter()
+            wait_for(lambda: self.client.hlen(bodies) == 0, 300, "every job")
+            return jobs / (time.perf_counter() - started)
+        finally:
+            worker.terminate()
+            worker.wait(timeout=30)
+
+    def hooks(self, calls: int) -> dict[str, float]:
+        env = self.env("off")
+        done = subprocess.run([sys.executable, "-c", HOOKS.format(package=PACKAGE), str(calls)],
+                              env=env, capture_output=True, text=True, check=True)
+        result: dict[str, float] = json.loads(done.stdout)
+        return result
+
+    def close(self) -> None:
+        self.client.close()
+        self.redis.terminate()
+        self.redis.wait(timeout=10)
+        self.sink.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--jobs", type=int, default=1500)
+    parser.add_argument("--calls", type=int, default=20000)
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="tracing-bench-"))
+    bench = Bench(root)
+    rates: dict[str, list[float]] = {"absent": [], "off": [], "on": []}
+    hooks: dict[str, list[float]] = {"off": [], "on": []}
+    try:
+        for round_index in range(args.rounds):
+            for variant in rates:
+                rates[variant].append(bench.throughput(variant, args.jobs))
+            for variant, value in bench.hooks(args.calls).items():
+                hooks[variant].append(value)
+            print(f"round {round_index + 1}: "
+                  + ", ".join(f"{v} {r[-1]:.0f} jobs/s" for v, r in rates.items()))
+        exported = bench.sink.requests
+    finally:
+        bench.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+    median = {variant: statistics.median(values) for variant, values in rates.items()}
+    results = {
+        "jobs": args.jobs,
+        "rounds": args.rounds,
+        "throughput_jobs_per_s": median,
+        "throughput_runs": rates,
+        "ratio_to_absent": {v: median[v] / median["absent"] for v in ("off", "on")},
+        "hook_us_per_message": {v: statistics.median(values) for v, values in hooks.items()},
+        "otlp_export_requests_when_on": exported,
+    }
+    print(json.dumps(results, indent=2))
+    RESULTS.mkdir(exist_ok=True)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    path = RESULTS / f"tracing_bench-{stamp}.json"
+    path.write_text(json.dumps({"cores": os.cpu_count(), "results": results}, indent=2) + "\n")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
