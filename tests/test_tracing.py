@@ -287,6 +287,7 @@ def test_a_job_that_fails_once_is_one_trace_from_the_api_through_both_deliveries
     assert not orphans, orphans[:3]
 
     # The job's log lines carry the trace and span of their delivery.
+    wait_for(lambda: worker.log().count('"job_end"') >= 2, 10, "both job ends to be logged")
     ends = [json.loads(line) for line in worker.log().splitlines()
             if '"job_end"' in line and sent["message_id"] in line]
     assert [(end["outcome"], end["trace_id"], end["span_id"]) for end in ends] == [
@@ -371,8 +372,9 @@ def test_without_otel_configuration_the_worker_runs_and_exports_nothing(
         wait_for(lambda: client.get("test:sdk:quiet") is not None, 30, "the job to run")
         assert client.get("test:provider:quiet") == b"ProxyTracerProvider"
         assert client.get("test:sdk:quiet") == b"0", "the SDK is not even imported"
+        wait_for(lambda: '"job_end"' in worker.log(), 10, "the job's end to be logged")
         lines = [json.loads(line) for line in worker.log().splitlines() if '"job_end"' in line]
-        assert lines and not any("trace_id" in line for line in lines)
+        assert not any("trace_id" in line for line in lines)
         if default_port is not None:
             time.sleep(1)
             assert default_port.requests == 0
