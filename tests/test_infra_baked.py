@@ -281,3 +281,29 @@ def test_memory_guard_refuses_a_stack(default_project: Path, tmp_path: Path) -> 
 
     stderr = refused(edited_copy(default_project, tmp_path, "dev", heavy), "dev")
     assert "memory guard: pool 'bulk' needs 1216Mi" in stderr and "1Gi" in stderr
+
+
+def test_stack_otlp_endpoint_reaches_every_pool_but_the_sandbox(
+    default_project: Path, tmp_path: Path
+) -> None:
+    endpoint = "http://otel-collector.observability.svc:4318"
+
+    def trace(config: dict[str, Any]) -> None:
+        config["otlpEndpoint"] = endpoint
+
+    project = edited_copy(default_project, tmp_path, "dev", trace)
+    result = make_manifests(project, "dev")
+    assert result.returncode == 0, result.stderr
+    objects = list(yaml.safe_load_all((project / "build/manifests/dev.yaml").read_text()))
+    pools = {d["metadata"]["name"]: _env(d) for d in workers(objects)}
+    sandboxed = {name for name in pools if "sandbox" in name}
+    assert sandboxed and len(pools) > len(sandboxed)
+    for name, env in pools.items():
+        if name in sandboxed:  # egress is DNS + broker only: exporting could only time out
+            assert "OTEL_EXPORTER_OTLP_ENDPOINT" not in env and env["OTEL_SDK_DISABLED"] == "true"
+        else:
+            assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == endpoint, name
+    # Without the key nothing is set: tracing stays off.
+    assert make_manifests(default_project, "dev").returncode == 0
+    text = (default_project / "build/manifests/dev.yaml").read_text()
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT" not in text

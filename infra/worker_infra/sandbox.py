@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import pulumi
@@ -76,6 +77,21 @@ def acl_broker_secret(
         string_data=data,
         opts=opts,
     )
+
+
+def without_trace_export(env: Mapping[str, str]) -> dict[str, str]:
+    """The sandbox pool's extra environment: ``env`` with tracing switched off.
+
+    Its namespace lets pods reach DNS and the broker only, so an OTLP exporter there
+    could only time out; the untrusted child gets no environment at all.
+    """
+    kept = {
+        k: v
+        for k, v in env.items()
+        if not k.startswith("OTEL_EXPORTER_OTLP") and k != "OTEL_TRACES_EXPORTER"
+    }
+    kept["OTEL_SDK_DISABLED"] = "true"
+    return kept
 
 
 @dataclass(frozen=True)
@@ -245,7 +261,7 @@ class SandboxPool(pulumi.ComponentResource):
                 memory_base=args.memory_base,
                 metrics_port=args.metrics_port,
                 runtime_class=sb.runtime_class,
-                env=dict(args.env or {}),
+                env=without_trace_export(args.env or {}),
             ),
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.namespace, secret]),
         )

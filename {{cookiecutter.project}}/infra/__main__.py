@@ -137,6 +137,16 @@ def scheduler_spec(pools_file: Any, config: pulumi.Config) -> SchedulerSpec:
     )
 
 
+def plain_env(config: pulumi.Config) -> dict[str, str]:
+    """Extra environment of every container: the stack's ``env``, plus the OTLP endpoint
+    of ``otlpEndpoint`` (tracing stays off without one; the sandbox pool never exports)."""
+    env = {str(k): str(v) for k, v in (config.get_object("env") or {}).items()}
+    endpoint = config.get("otlpEndpoint")
+    if endpoint:
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = endpoint
+    return env
+
+
 def main() -> None:
     """Build the stack: one WorkerService holding every pool of pools.toml."""
     config = pulumi.Config()
@@ -187,7 +197,7 @@ def main() -> None:
             ),
             grace_margin_s=15 if margin is None else margin,
             memory_base=config.get("memoryBase") or "96Mi",
-            env={str(k): str(v) for k, v in (config.get_object("env") or {}).items()},
+            env=plain_env(config),
             scheduler=scheduler_spec(pools_file, config),
         ),
     )
