@@ -46,6 +46,8 @@ import time
 import dramatiq
 import redis
 
+from ..lifecycle import checkpoint
+
 _client = redis.Redis.from_url(os.environ["REDIS_URL"])
 logger = logging.getLogger(__name__)
 
@@ -61,10 +63,12 @@ def trace_flaky(job_id: str) -> None:
 
 @dramatiq.actor(queue_name="notifications", max_retries=3)
 def trace_hang_once(job_id: str) -> None:
-    """Hangs on its first delivery (the test kills its process), returns on the next."""
+    """Hangs on its first delivery (the test kills its process or stops the worker: it stops
+    at a checkpoint), returns on the next."""
     if _client.incr(f"test:tries:{job_id}") == 1:
         for _ in range(600):
             time.sleep(0.1)
+            checkpoint()
 
 
 @dramatiq.actor(queue_name="notifications")
@@ -325,8 +329,7 @@ def test_a_message_requeued_by_a_drain_and_a_replayed_dead_letter_keep_their_tra
         project: Path, redis_url: str, receiver: Receiver,
         start_worker: Callable[..., Worker]) -> None:
     client = redis.Redis.from_url(redis_url)
-    worker = start_worker(otel_env(receiver, "orders-worker"), WORKER_SHUTDOWN_TIMEOUT_MS="2000",
-                          WORKER_JOB_TIMEOUT_MS="1000")
+    worker = start_worker(otel_env(receiver, "orders-worker"))
     sent = api_enqueue(project, redis_url, receiver, "trace_hang_once", "drained")
     wait_for(lambda: client.get("test:tries:drained") == b"1", 30, "the job to start")
     worker.signal(signal.SIGTERM)
