@@ -81,6 +81,22 @@ def middleware_stack(settings: Settings) -> list[Middleware]:
     return stack
 
 
+def _redis_broker(
+    redis_url: str, middleware: list[Middleware], **options: int
+) -> SettlingRedisBroker:
+    """A broker on ``redis_url`` with our key namespace and Dramatiq's maintenance off."""
+    client = redis.Redis.from_url(
+        redis_url, socket_timeout=10, socket_connect_timeout=5, health_check_interval=30
+    )
+    return SettlingRedisBroker(
+        client=client,
+        namespace=layout.NAMESPACE,
+        middleware=middleware,
+        maintenance_chance=0,
+        **options,
+    )
+
+
 def build_broker(settings: Settings) -> SettlingRedisBroker:
     """A RedisBroker for ``REDIS_URL`` (``redis://``, ``rediss://`` for TLS, ``unix://``).
 
@@ -89,18 +105,10 @@ def build_broker(settings: Settings) -> SettlingRedisBroker:
     (``maintenance_chance=0``): the Recovery middleware recovers lost messages
     deterministically and counts them.
     """
-    client = redis.Redis.from_url(
+    return _redis_broker(
         settings.redis_url.get_secret_value(),
-        socket_timeout=10,
-        socket_connect_timeout=5,
-        health_check_interval=30,
-    )
-    return SettlingRedisBroker(
-        client=client,
-        namespace=layout.NAMESPACE,
-        middleware=middleware_stack(settings),
+        middleware_stack(settings),
         heartbeat_timeout=settings.worker_heartbeat_timeout_ms,
-        maintenance_chance=0,
     )
 
 
@@ -122,18 +130,7 @@ def producer_middleware() -> list[Middleware]:
 
 def build_producer_broker(settings: RedisSettings) -> SettlingRedisBroker:
     """A broker that only enqueues, for ``REDIS_URL``: no worker setting is read."""
-    client = redis.Redis.from_url(
-        settings.redis_url.get_secret_value(),
-        socket_timeout=10,
-        socket_connect_timeout=5,
-        health_check_interval=30,
-    )
-    return SettlingRedisBroker(
-        client=client,
-        namespace=layout.NAMESPACE,
-        middleware=producer_middleware(),
-        maintenance_chance=0,
-    )
+    return _redis_broker(settings.redis_url.get_secret_value(), producer_middleware())
 
 
 def _build() -> SettlingRedisBroker:
