@@ -136,3 +136,27 @@ def test_suspect_gate_runs_a_suspect_alone() -> None:
     gate.leave()
     thread.join(5)
     assert blocked.is_set()
+
+
+def test_attempts_skips_a_message_whose_deliveries_are_used_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from {{ cookiecutter.package }}.middleware import attempts
+
+    dead: list[str] = []
+    monkeypatch.setattr(
+        attempts, "dead_letter_delivery", lambda broker, message, reason: dead.append(reason)
+    )
+    broker = StubBroker(middleware=[attempts.Attempts(max_attempts=3)])
+    ran: list[str] = []
+
+    @dramatiq.actor(broker=broker)
+    def job(name: str) -> None:
+        ran.append(name)
+
+    job.send_with_options(args=("fresh",), retries=1, crashes=1)
+    job.send_with_options(args=("spent",), retries=2, crashes=1)
+    for _ in run_worker(broker, job.queue_name):
+        broker.join(job.queue_name, timeout=5000)
+    assert ran == ["fresh"]
+    assert dead == ["3 deliveries used up WORKER_MAX_ATTEMPTS=3"]
