@@ -209,6 +209,8 @@ class ServiceSpec:
       create_namespace: create and label the namespace (default True).
       env: extra plain environment variables for every pool.
       scheduler: the scheduler Deployment (:mod:`.scheduler`); None or no schedules: none.
+      prometheus_rule: render the alert rules (:mod:`.alerts`) as a PrometheusRule of the
+        Prometheus Operator (default True; False where its CRD is not installed).
     """
 
     project: str
@@ -226,3 +228,4 @@ class ServiceSpec:
     create_namespace: bool = True
     env: dict[str, str] = field(default_factory=dict)
     scheduler: SchedulerSpec | None = None
+    prometheus_rule: bool = True

@@ -39,10 +39,24 @@ def keda_validator(kind: str) -> Any:
     return jsonschema.Draft202012Validator(schema)
 
 
+@functools.cache
+def prometheus_rule_validator() -> Any:
+    """A jsonschema validator of the Prometheus Operator's PrometheusRule (no unknown fields)."""
+    import jsonschema
+    from cloudcoil.models.prometheus_operator import v1
+
+    schema = _forbid_unknown(v1.PrometheusRule.model_json_schema(by_alias=True))
+    return jsonschema.Draft202012Validator(schema)
+
+
 def validate_strict(obj: Obj) -> None:
     """Raise if ``obj`` is not a valid object of its kind, unknown fields included."""
-    if obj["kind"] in KEDA_KINDS:
-        validator = keda_validator(obj["kind"])
+    if obj["kind"] in (*KEDA_KINDS, "PrometheusRule"):
+        validator = (
+            prometheus_rule_validator()
+            if obj["kind"] == "PrometheusRule"
+            else keda_validator(obj["kind"])
+        )
         errors = sorted(validator.iter_errors(dict(obj)), key=lambda e: list(e.path))
         if errors:
             raise ValueError(

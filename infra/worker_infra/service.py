@@ -5,6 +5,7 @@ from __future__ import annotations
 import pulumi
 import pulumi_kubernetes as k8s
 
+from .alerts import alert_groups
 from .args import ServiceSpec
 from .guards import ServicePlan, plan
 from .pool import DATABASE_URL_KEY, WorkerPool, WorkerPoolArgs
@@ -140,11 +141,37 @@ class WorkerService(pulumi.ComponentResource):
                 ),
                 opts=pulumi.ResourceOptions(parent=self, depends_on=depends),
             )
+        if spec.prometheus_rule:
+            self._prometheus_rule(name, spec, labels, ns_opts)
         self.register_outputs(
             {
                 "pools": sorted(self.pools),
                 "capacity": [str(usage) for usage in self.plan.capacity],
             }
+        )
+
+    def _prometheus_rule(
+        self, name: str, spec: ServiceSpec, labels: dict[str, str], opts: pulumi.ResourceOptions
+    ) -> None:
+        """The alert rules of :mod:`.alerts` for these (stack-merged) pools."""
+        namespaces = [spec.namespace]
+        if any(pool.sandbox for pool in spec.pools):
+            namespaces.append(spec.sandbox.namespace or f"{spec.namespace}-sandbox")
+        groups = alert_groups(
+            spec.project,
+            spec.pools,
+            database=any(r.per_process == "db_pool_size" for r in spec.downstream),
+            namespaces=namespaces,
+        )
+        k8s.apiextensions.CustomResource(
+            f"{name}-alerts",
+            api_version="monitoring.coreos.com/v1",
+            kind="PrometheusRule",
+            metadata=k8s.meta.v1.ObjectMetaArgs(
+                name=f"{spec.project}-alerts", namespace=spec.namespace, labels=labels
+            ),
+            spec={"groups": groups},
+            opts=opts,
         )
 
     @staticmethod

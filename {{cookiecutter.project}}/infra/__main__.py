@@ -13,6 +13,7 @@ parser. The stack file (``Pulumi.<stack>.yaml``) may override numbers per enviro
                 sandbox pool); the stack output ``sandboxBrokerAcl`` is the rule to install
                 on the broker (``ACL SETUSER`` or an aclfile line)
   scheduler:    {replicas, leaderTtlMs, cpu, memory}   (rendered when pools.toml has schedules)
+  prometheusRule: false where the Prometheus Operator's CRD is not installed (default true)
 
 Every guard of worker_infra runs before anything is created; a refused stack fails
 ``pulumi preview`` (and ``make manifests``) with the pools and numbers named.
@@ -199,6 +200,7 @@ def main() -> None:
             memory_base=config.get("memoryBase") or "96Mi",
             env=plain_env(config),
             scheduler=scheduler_spec(pools_file, config),
+            prometheus_rule=config.get_bool("prometheusRule") is not False,
         ),
     )
     pulumi.export("pools", sorted(service.pools))
@@ -208,4 +210,6 @@ def main() -> None:
     pulumi.export("capacity", [str(usage) for usage in service.plan.capacity])
 
 
-main()
+# Pulumi (and render.py) run this file as __main__; infra/alerts.py imports its helpers.
+if __name__ == "__main__":
+    main()

@@ -18,6 +18,12 @@ from {{ cookiecutter.package }}.settings import (
 )
 
 
+@pytest.fixture(autouse=True)
+def _database_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A well-formed DATABASE_URL (never connected to): settings tests need no PostgreSQL."""
+    monkeypatch.setenv("DATABASE_URL", "postgresql://app:secret@db.invalid:5432/app")
+
+
 def settings_with(monkeypatch: pytest.MonkeyPatch, **env: str) -> Settings:
     for key, value in env.items():
         monkeypatch.setenv(key, value)
@@ -40,6 +46,14 @@ def test_pool_supplies_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_prefetch_defaults_to_concurrency(monkeypatch: pytest.MonkeyPatch) -> None:
     assert settings_with(monkeypatch, WORKER_POOL="bulk").prefetch == 2
     assert settings_with(monkeypatch, WORKER_POOL="bulk", WORKER_PREFETCH="6").prefetch == 6
+
+
+def test_config_shows_the_values_in_effect(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`config` prints what runs: an unset WORKER_PREFETCH shows the concurrency it defaults to."""
+    assert settings_with(monkeypatch, WORKER_POOL="bulk").masked()["WORKER_PREFETCH"] == 2
+    shown = settings_with(monkeypatch, WORKER_POOL="bulk", WORKER_PREFETCH="6").masked()
+    assert shown["WORKER_PREFETCH"] == 6
+    assert all(shown[key] is not None for key in shown if key.startswith("WORKER_"))
 
 
 def test_environment_overrides_the_pool(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -46,6 +46,8 @@ _POOL_DEFAULTS = {
 _SECRET_FIELDS = {"redis_url", "database_url"}
 #: Days a dead letter is kept before the worker deletes it (the runbook's rule).
 DLQ_RETENTION_DAYS = 14
+#: Fields whose value in effect, when unset, is a property (``config`` shows what runs).
+_EFFECTIVE = {"worker_prefetch": "prefetch"}
 
 
 def mask_url(url: str) -> str:
@@ -61,28 +63,49 @@ def mask_url(url: str) -> str:
 class Settings(BaseSettings):
     """The service's configuration. Field ``x_y`` is read from env variable ``X_Y``."""
 
-    model_config = SettingsConfigDict(case_sensitive=False, extra="ignore", frozen=True)
+    # The docstring under each field is its description (README's configuration table).
+    model_config = SettingsConfigDict(
+        case_sensitive=False, extra="ignore", frozen=True, use_attribute_docstrings=True
+    )
 
     worker_pool: str
+    """Pool of pools.toml this process runs; supplies the WORKER_* defaults."""
     worker_queues: Annotated[list[str], NoDecode]
+    """Comma list of queues served, all of this pool."""
     worker_concurrency: Annotated[int, Field(ge=1, le=256)]
+    """Handler threads per process."""
     worker_processes: Annotated[int, Field(ge=1, le=64)]
+    """Worker processes per container."""
     worker_job_timeout_ms: Annotated[int, Field(ge=100, le=86_400_000)]
+    """Hard limit per job; below WORKER_SHUTDOWN_TIMEOUT_MS."""
     worker_shutdown_timeout_ms: Annotated[int, Field(ge=1_000, le=86_400_000)]
+    """Drain window after SIGTERM; below the pod's grace period."""
     worker_max_attempts: Annotated[int, Field(ge=1, le=100)]
+    """Deliveries, crashes included, before a message is dead-lettered."""
     worker_prefetch: Annotated[int, Field(ge=1, le=65_535)] | None = None
+    """Messages a process holds, running or waiting; unset: WORKER_CONCURRENCY."""
     worker_heartbeat_timeout_ms: Annotated[int, Field(ge=2_000, le=600_000)] = 30_000
+    """How long a silent worker keeps its messages before others recover them."""
     worker_state_dir: Path = DEFAULT_STATE_DIR
+    """Local state: progress boards and multiprocess metrics."""
     health_stalled_after_s: Annotated[float, Field(gt=0, le=86_400)] = DEFAULT_STALLED_AFTER_S
+    """Liveness fails when a handler makes no progress for this long."""
     metrics_port: Annotated[int, Field(ge=1024, le=65535)] = 9191
+    """Port of /metrics, /livez and /readyz."""
     redis_url: SecretStr = SecretStr("redis://localhost:6379/0")
+    """The broker: redis://, rediss:// (TLS) or unix://; the password is masked."""
     dlq_retention_days: Annotated[int, Field(ge=1, le=3650)] = DLQ_RETENTION_DAYS
+    """Days a dead letter is kept before the worker deletes it."""
 {%- if cookiecutter.database == "postgres" %}
     database_url: Annotated[SecretStr | None, Field(validate_default=True)] = None
+    """PostgreSQL; required by pools that use postgres; the password is masked."""
     db_pool_size: Annotated[int, Field(ge=1, le=1000)]
+    """Connections per process; at least WORKER_CONCURRENCY."""
 {%- endif %}
     otel_service_name: Annotated[str, Field(min_length=1, max_length=100)] = PROJECT
+    """Service name in logs and telemetry."""
     log_level: Annotated[str, Field(pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")] = "INFO"
+    """DEBUG, INFO, WARNING or ERROR."""
 
     @model_validator(mode="before")
     @classmethod
@@ -218,10 +241,10 @@ class Settings(BaseSettings):
         return load_pools().pools[self.worker_pool]
 
     def masked(self) -> dict[str, Any]:
-        """The effective config as JSON-ready values, secrets masked."""
+        """The effective config as JSON-ready values (defaults resolved), secrets masked."""
         shown: dict[str, Any] = {}
         for name in type(self).model_fields:
-            value = getattr(self, name)
+            value = getattr(self, _EFFECTIVE.get(name, name))
             if name in _SECRET_FIELDS and value is not None:
                 value = mask_url(value.get_secret_value())
             elif isinstance(value, Path):
