@@ -82,6 +82,9 @@ BAD_ANSWERS = [
     ({"image": "registry.example.com/foo@sha256:" + "a" * 64}, "image 'registry.example.com/foo@sha256:aaa"),
     ({"image": "Registry.example.com/Foo"}, "must be a lowercase image repository"),
     ({"template_repo": "not a url"}, "template_repo 'not a url': must be a git URL"),
+    ({"owner": "team with spaces"}, "owner 'team with spaces': must be a Backstage entity reference"),
+    ({"system": "a/b"}, "system 'a/b': must be a Backstage entity name"),
+    ({"grafana_url": "grafana"}, "grafana_url 'grafana': must be an http(s) URL"),
 ]
 
 

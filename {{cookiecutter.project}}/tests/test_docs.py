@@ -127,10 +127,6 @@ def test_make_install_creates_a_venv_only_without_an_active_one(tmp_path: Path) 
     assert f"{tmp_path / 'active'}/bin/python -m pip install -e '.[dev]'" in active
 
 
-@pytest.mark.xfail(
-    reason="until importing an actor needs only REDIS_URL (producer support, issue #9)",
-    strict=False,
-)
 def test_the_enqueue_example_runs_with_only_redis_url(redis_url: str) -> None:
     """The README's "Enqueue a job" code, run as an API process would: REDIS_URL alone."""
     env = {
