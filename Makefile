@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test bench venv clean
+.PHONY: demo test bench bench-report venv clean
 
 venv: $(VENV)/.installed
 
@@ -19,8 +19,17 @@ demo: venv
 test: venv
 	$(BIN)/python -m pytest -n 2
 
+# Each benchmark writes bench/results/<script>-<UTC>.json; the report prints one table
+# from the latest of each (bench-report alone reprints it).
+BENCHES := throughput_bench lifecycle_bench metrics_bench sandbox_overhead bake_bench
+
 bench: venv
-	for script in bench/*.py; do $(BIN)/python $$script || exit 1; done
+	for script in $(BENCHES); do \
+	  if [ -f bench/$$script.py ]; then $(BIN)/python bench/$$script.py || exit 1; fi; done
+	$(BIN)/python bench/report.py
+
+bench-report: venv
+	$(BIN)/python bench/report.py
 
 clean:
 	rm -rf $(VENV) .demo build

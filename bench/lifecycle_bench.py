@@ -37,6 +37,9 @@ import redis
 from cookiecutter.main import cookiecutter
 from dramatiq.message import Message
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _results  # noqa: E402
+
 TEMPLATE = Path(__file__).resolve().parents[1]
 QUEUE = "notifications"
 PACKAGE = "orders_worker"
@@ -216,10 +219,12 @@ def main() -> None:
         shapes = [("idle", bench.drain_idle),
                   ("4 jobs, 0.5-2.0 s left", bench.drain_staggered),
                   ("40 x 1 s jobs, TERM after 1.5 s", bench.drain_loaded)]
+        drains = []
         for name, measure in shapes:
             rounds = [measure() for _ in range(args.rounds)]
             drain = statistics.median(r[0] for r in rounds)
             ideal = statistics.median(r[1] for r in rounds)
+            drains.append({"shape": name, "drain_s": drain, "ideal_s": ideal})
             ratio = f"{drain / ideal:7.2f}" if ideal > 0 else f"{'-':>7}"
             print(f"  {name:<34}{drain:9.3f}{ideal:9.3f}{(drain - ideal) * 1000:9.0f}{ratio}")
         ratio = bench.throughput()
@@ -227,6 +232,9 @@ def main() -> None:
         exec_ms, http_ms = bench.probes(args.probes)
         print(f"liveness probe, median: exec healthcheck live {exec_ms:.1f} ms, "
               f"GET /livez {http_ms:.2f} ms (exec / http = {exec_ms / http_ms:.0f}x)")
+        _results.write("lifecycle_bench", {"drain": drains, "throughput_vs_ideal": ratio,
+                                           "probe_exec_ms": exec_ms, "probe_http_ms": http_ms},
+                       rounds=args.rounds)
     finally:
         bench.close()
         shutil.rmtree(root, ignore_errors=True)

@@ -28,10 +28,14 @@ import time
 import urllib.request
 import uuid
 from pathlib import Path
+from typing import Any
 
 import redis
 from cookiecutter.main import cookiecutter
 from dramatiq.message import Message
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _results  # noqa: E402
 
 TEMPLATE = Path(__file__).resolve().parents[1]
 QUEUE = "notifications"
@@ -149,7 +153,7 @@ def scrape_ms(url: str, samples: int = 40) -> float:
     return statistics.median(timings)
 
 
-def bench_scrape(project: Path, redis_url: str, work: Path, big: int) -> None:
+def bench_scrape(project: Path, redis_url: str, work: Path, big: int) -> dict[str, Any]:
     client = redis.Redis.from_url(redis_url)
     client.flushall()
     port = free_port()
@@ -186,6 +190,7 @@ def bench_scrape(project: Path, redis_url: str, work: Path, big: int) -> None:
             print(f"  {target:>9,} waiting: {ms:7.2f} ms  ratio to empty {ms / base:5.2f}   "
                   f"Redis time of the backlog call {eval_us[target]:6.1f} us  "
                   f"ratio {eval_us[target] / base_us:5.2f}")
+        return {"scrape_ms": results, "eval_us": eval_us}
     finally:
         exporter.terminate()
         exporter.wait()
@@ -225,7 +230,9 @@ def drain_rate(client: redis.Redis, count: int, start_worker: list[str], cwd: Pa
     return count / elapsed
 
 
-def bench_throughput(project: Path, redis_url: str, work: Path, count: int, rounds: int) -> None:
+def bench_throughput(
+    project: Path, redis_url: str, work: Path, count: int, rounds: int
+) -> dict[str, Any]:
     client = redis.Redis.from_url(redis_url)
     bare_script = work / "bare_worker.py"
     bare_script.write_text(BARE_WORKER)
@@ -263,6 +270,8 @@ def bench_throughput(project: Path, redis_url: str, work: Path, count: int, roun
     m = statistics.median(stack)
     print(f"  our middleware stack, default prefetch:        {m:8.0f} msg/s")
     print(f"  ratio stack / bare, both default prefetch:     {m / d:8.3f}   (middleware cost)")
+    return {"bare": b, "ours": o, "bare_default_prefetch": d, "stack_default_prefetch": m,
+            "messages": count, "rounds": rounds}
 
 
 def main() -> None:
@@ -280,10 +289,14 @@ def main() -> None:
         (project / "src" / PACKAGE / "actors" / "bench_noop.py").write_text(NOOP_ACTOR)
         redis_process, redis_url = start_redis(work)
         try:
+            numbers: dict[str, Any] = {}
             if not args.skip_scrape:
-                bench_scrape(project, redis_url, work, args.big)
+                numbers.update(bench_scrape(project, redis_url, work, args.big))
             if not args.skip_throughput:
-                bench_throughput(project, redis_url, work, args.messages, args.rounds)
+                numbers["throughput"] = bench_throughput(
+                    project, redis_url, work, args.messages, args.rounds
+                )
+            _results.write("metrics_bench", numbers)
         finally:
             redis_process.terminate()
             redis_process.wait()

@@ -17,11 +17,11 @@ venv is not there), so it carries the result between two markers and
 from __future__ import annotations
 
 import argparse
-import importlib.metadata as metadata
 import re
 import sys
 import textwrap
 import tomllib
+from importlib import metadata
 from pathlib import Path
 
 from packaging.markers import default_environment

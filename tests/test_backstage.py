@@ -16,9 +16,8 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from nodetools import check, check_json
-
 from bakery import TEMPLATE
+from nodetools import check_json
 
 COOKIECUTTER = json.loads((TEMPLATE / "cookiecutter.json").read_text())
 PROMPTS = COOKIECUTTER["__prompts__"]

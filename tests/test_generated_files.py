@@ -19,9 +19,8 @@ from typing import Any
 
 import pytest
 import yaml
-from nodetools import check
-
 from bakery import PYTHON
+from nodetools import check
 
 COMBINATIONS = [
     {"database": database, "sandbox_pool": sandbox, "python_version": python}
@@ -70,6 +69,7 @@ def test_ci_workflow_is_actionlint_clean_and_covers_every_stack(
     stacks = sorted(p.name.split(".")[1] for p in (project / "infra").glob("Pulumi.*.yaml"))
     assert sorted(jobs["manifests"]["strategy"]["matrix"]["stack"]) == stacks
     assert "make manifests STACK=${{ matrix.stack }}" in steps["manifests"]
+    assert "make alerts-check" in steps["manifests"]
     assert loaded["env"]["PYTHON_VERSION"] == options["python_version"]
     services = jobs["test"].get("services", {})
     assert ("postgres" in services) == (options["database"] == "postgres")

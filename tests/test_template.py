@@ -7,6 +7,7 @@ import importlib.util
 import itertools
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -186,3 +187,12 @@ def test_hooks_are_idempotent(tmp_path: Path) -> None:
 def test_hooks_are_valid_python_before_rendering() -> None:
     for hook in (TEMPLATE / "hooks").glob("*.py"):
         compile(hook.read_text(), str(hook), "exec")
+
+
+def test_the_readmes_links_resolve_in_a_clone() -> None:
+    """The template README points only at files of the repository (no ../shared/...)."""
+    readme = (TEMPLATE / "README.md").read_text()
+    targets = re.findall(r"\]\(([^)#]+)\)", readme) + re.findall(r"`(docs/[\w.-]+\.md)`", readme)
+    assert "docs/design.md" in targets
+    missing = [t for t in targets if "://" not in t and not (TEMPLATE / t).exists()]
+    assert missing == [] and "shared/" not in readme, missing
