@@ -10,13 +10,14 @@ leader claims a tick and enqueues its message in one Lua script that also checks
 still holds the leader lock and that the schedule's last handled tick (kept in Redis,
 so a restart resumes) is older. The message id is derived from schedule and tick.
 
-Each round, per schedule, the due ticks are those after the last handled one:
+Each round, per schedule, the due ticks are those after the last handled one. A tick
+at most ``grace`` late (the leader TTL plus one second, so a handover loses nothing) is on
+time (outcome ``fired``):
 
-* a tick at most ``grace`` late (the leader TTL plus one second, so a handover loses
-  nothing) fires: outcome ``fired``;
-* older ones (the scheduler was down): ``missed = "skip"`` counts them ``missed`` and
-  fires nothing for them; ``"catch_up"`` enqueues the latest ``catch_up_limit`` of them,
-  oldest first (``caught_up``) and counts the rest ``missed``;
+* ``missed = "skip"``: only the latest due tick fires, if it is on time; the others are
+  counted ``missed`` (after downtime: the ticks of the downtime);
+* ``missed = "catch_up"``: the latest ``catch_up_limit`` due ticks are enqueued oldest
+  first, those not on time as ``caught_up``; older ones are counted ``missed``;
 * a tick whose previous run still holds the run lock is not enqueued:
   ``skipped_overlap`` (the worker's :class:`.middleware.ScheduleLock` checks again when a
   run starts, for runs that were queued behind one another).
