@@ -375,7 +375,8 @@ BAD = [
 ]
 
 
-#: Errors the pools-file model catches alone: the worker refuses them too.
+#: Errors the pools-file model catches alone: `schedules` (which imports no actor) refuses
+#: them too; the worker and the scheduler refuse every case.
 MODEL_ERRORS = {"bad_cron", "no_policy", "bad_policy", "bad_zone"}
 
 
@@ -383,7 +384,7 @@ MODEL_ERRORS = {"bad_cron", "no_policy", "bad_policy", "bad_zone"}
 def test_a_bad_schedule_refuses_to_boot_naming_the_schedule_and_key(
         cluster: Cluster, name: str, table: str, key: str) -> None:
     cluster.use(f"\n[schedules.{name}]\n{table}\n")
-    commands = ["scheduler"] + (["schedules", "worker"] if name in MODEL_ERRORS else [])
+    commands = ["scheduler", "worker"] + (["schedules"] if name in MODEL_ERRORS else [])
     for command in commands:
         pool = {"WORKER_POOL": "interactive"} if command == "worker" else {}
         result = subprocess.run(
@@ -392,7 +393,8 @@ def test_a_bad_schedule_refuses_to_boot_naming_the_schedule_and_key(
             text=True, timeout=60)
         assert result.returncode == 78, (command, result.stdout, result.stderr)
         lines = [line for line in result.stderr.splitlines() if f"schedules.{name}.{key}" in line]
-        assert len(lines) == 1, (command, result.stderr)
+        # The worker's supervisor repeats its process's reason when it stops the container.
+        assert len(lines) == 1 or (command == "worker" and lines), (command, result.stderr)
         assert "Traceback" not in result.stderr
 
 

@@ -48,8 +48,7 @@ import redis
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
-from pydantic import Field, SecretStr, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, ValidationError
 
 from . import schedules as sched
 from .boards import DEFAULT_STALLED_AFTER_S, DEFAULT_STATE_DIR, ProgressBoard, progress_dir
@@ -64,7 +63,7 @@ from .layout import (
     scheduler_leader_key,
 )
 from .schedules import Schedule
-from .settings import PROJECT, VERSION, Settings, config_errors, refuse
+from .settings import PROJECT, VERSION, RedisSettings, Settings, config_errors, refuse
 
 if TYPE_CHECKING:
     import dramatiq
@@ -74,30 +73,22 @@ logger = logging.getLogger(__name__)
 OUTCOMES = ("fired", "caught_up", "missed", "skipped_overlap")
 
 
-class SchedulerSettings(BaseSettings):
-    """The scheduler's environment (no ``WORKER_POOL``: it serves no pool).
+class SchedulerSettings(RedisSettings):
+    """The scheduler's environment (no ``WORKER_POOL``: it serves no pool; the actors'
+    broker is then a producer's, :mod:`.producer`).
 
-    Parameters (env variables): ``REDIS_URL``, ``METRICS_PORT`` (9191),
+    Parameters (env variables): ``REDIS_URL`` (the worker's rule), ``METRICS_PORT`` (9191),
     ``SCHEDULER_LEADER_TTL_MS`` (10000: a dead leader is replaced within it),
     ``WORKER_STATE_DIR`` and ``HEALTH_STALLED_AFTER_S`` (liveness, as for the worker),
     ``OTEL_SERVICE_NAME``, ``LOG_LEVEL``.
     """
 
-    model_config = SettingsConfigDict(case_sensitive=False, extra="ignore", frozen=True)
-
-    redis_url: SecretStr = SecretStr("redis://localhost:6379/0")
     metrics_port: Annotated[int, Field(ge=1024, le=65535)] = 9191
     scheduler_leader_ttl_ms: Annotated[int, Field(ge=1_000, le=600_000)] = 10_000
     worker_state_dir: Path = DEFAULT_STATE_DIR
     health_stalled_after_s: Annotated[float, Field(gt=0, le=86_400)] = DEFAULT_STALLED_AFTER_S
     otel_service_name: Annotated[str, Field(min_length=1, max_length=100)] = PROJECT
     log_level: Annotated[str, Field(pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")] = "INFO"
-
-    @field_validator("redis_url")
-    @classmethod
-    def _redis_url(cls, value: SecretStr) -> SecretStr:
-        checked: SecretStr = Settings._redis_url(value)  # the worker's rule, one owner
-        return checked
 
     @property
     def uses_database(self) -> bool:
@@ -137,25 +128,9 @@ class Target:
     queue: str
 
 
-def lend_worker_pool() -> None:
-    """The actors' broker module reads the worker settings, which need ``WORKER_POOL``
-    (a producer needs only REDIS_URL once DESIGN 2.6 lands). Unless it is set, lend it the
-    first pool whose settings need no database: the scheduler consumes from no queue and
-    opens no database connection, it only needs the actors' names and queues."""
-    from .settings import DATABASE_RESOURCE, pools
-
-    if os.environ.get("WORKER_POOL"):
-        return
-    for name, pool in pools().pools.items():
-        if DATABASE_RESOURCE not in pool.uses:
-            os.environ["WORKER_POOL"] = name
-            return
-
-
 def check_actors(schedules: Mapping[str, Schedule]) -> dict[str, Target]:
     """Import the actors, which refuses to boot (exit 78) when a schedule cannot run
     (``actors.check_queues``); return where each schedule's messages go."""
-    lend_worker_pool()
     from . import actors  # noqa: F401  (declares every actor, checks the schedules)
     from .broker import broker
 

@@ -184,10 +184,12 @@ def actor_problems(
             problems.append(
                 f"{key}.actor: {schedule.actor!r} uses queue {queue!r}, which no pool serves"
             )
+        signature = inspect.signature(fn)
         try:
-            inspect.signature(fn).bind(*schedule.args, **schedule.kwargs)
+            signature.bind(*schedule.args, **schedule.kwargs)
         except TypeError as error:
-            problems.append(
-                f"{key}.args: do not fit {schedule.actor}{inspect.signature(fn)}: {error}"
+            shown = ", ".join(
+                str(p.replace(annotation=p.empty)) for p in signature.parameters.values()
             )
+            problems.append(f"{key}.args: do not fit {schedule.actor}({shown}): {error}")
     return problems
