@@ -19,6 +19,11 @@ down at that moment. :class:`SettlingRedisBroker` and :class:`SettlingConsumer` 
   answer the settlement is retried (Dramatiq retries ``post_process_message`` every
   5 s) and the message stays held: if the process dies meanwhile, it is redelivered.
   Middleware asks for a settlement with :func:`settle_with`.
+* The consumer fetches the moment a handler frees its slot: a settlement wakes it.
+  With prefetch equal to the concurrency (no message waits behind a long job in a
+  busy process while another replica idles), Dramatiq's consumer instead slept until
+  its next timed fetch, up to ``worker_timeout`` per job. Only an empty queue is
+  polled on a timer (a growing pause up to ``timeout``).
 * A consumer outlives the restarts of its consumer thread (one per queue), so its
   count of held messages stays right after an outage; the delay queue's consumer
   hands back what its thread dropped from memory on a connection error.
@@ -147,6 +152,7 @@ class SettlingConsumer(_RedisConsumer):
         super().__init__(broker, queue_name, prefetch, timeout)  # type: ignore[no-untyped-call]
         self.message_cache: list[tuple[str, bytes | None]] = []
         self.held: set[str] = set()
+        self._slot_freed = threading.Event()
         self.delayed = queue_name.endswith(".DQ")
         self._orphaned = False
         self._fetch_keys = layout.fetch_keys(broker.broker_id, queue_name)
@@ -171,10 +177,16 @@ class SettlingConsumer(_RedisConsumer):
                         self.held.add(redis_id)
                         return MessageProxy(message)
                     continue
-                if self.outstanding_message_count < self.prefetch:
-                    self.message_cache = self._fetch(self.prefetch - self.outstanding_message_count)
-                    if self.message_cache:
-                        continue
+                if self.outstanding_message_count >= self.prefetch:
+                    # Every slot is taken: sleep until a delivery is settled, not on a timer.
+                    self._slot_freed.clear()
+                    if self.outstanding_message_count >= self.prefetch:
+                        self._slot_freed.wait(self.timeout / 1000)
+                    return None
+                self.message_cache = self._fetch(self.prefetch - self.outstanding_message_count)
+                if self.message_cache:
+                    continue
+                # The queue is empty: poll it again after a growing pause, up to ``timeout``.
                 self.misses, backoff_ms = compute_backoff(self.misses, max_backoff=self.timeout)
                 time.sleep(backoff_ms / 1000)
                 return None
@@ -246,9 +258,9 @@ class SettlingConsumer(_RedisConsumer):
             # Still held: Dramatiq retries the settlement until Redis answers.
             raise ConnectionClosed(error) from None
         except BaseException:
-            self.held.discard(redis_id)
+            self._release(redis_id)
             raise
-        self.held.discard(redis_id)
+        self._release(redis_id)
         if settlement.sent is not None:
             self.broker.emit_after("enqueue", settlement.sent, settlement.delay)
 
@@ -257,9 +269,14 @@ class SettlingConsumer(_RedisConsumer):
         try:
             for redis_id in redis_ids:
                 self.broker.settle(self.queue_name, redis_id, Settlement("requeue"))
-                self.held.discard(redis_id)
+                self._release(redis_id)
         except redis.RedisError as error:
             raise ConnectionClosed(error) from None
+
+    def _release(self, redis_id: str) -> None:
+        """``redis_id`` is no longer held: wake the consumer thread to fill its slot now."""
+        self.held.discard(redis_id)
+        self._slot_freed.set()
 
     def close(self) -> None:
         """Called when the consumer thread restarts or stops; it may have lost its delay queue."""

@@ -42,11 +42,12 @@ INTERRUPT_GRACE_S = 2.0
 CONSUMER_STOP_S = 2.0
 #: Seconds between two ticks of the main loop on the progress board (liveness reads them).
 TICK_INTERVAL_S = 1.0
-#: Longest pause (ms) of a consumer between fetches, and of a handler thread between looks
-#: at the work queue. Dramatiq's 1000 ms default slows an idle drain to more than a second
-#: and can leave handler slots idle after a job ends; 200 ms costs an idle process about 13
-#: fetches a second. Prefetch is ``WORKER_PREFETCH`` (default: the concurrency), not
-#: Dramatiq's twice the threads, so no message waits behind a long job in a busy process.
+#: Longest pause (ms) of a consumer polling an empty queue, and of a handler thread between
+#: looks at the work queue. Dramatiq's 1000 ms default slows an idle drain to more than a
+#: second; 200 ms costs an idle process about 13 fetches a second. A busy consumer does not
+#: poll: a settled delivery wakes it to fill the freed slot (:mod:`.consumer`). Prefetch is
+#: ``WORKER_PREFETCH`` (default: the concurrency), not Dramatiq's twice the threads, so no
+#: message waits behind a long job in a busy process.
 FETCH_TIMEOUT_MS = 200
 
 
