@@ -23,6 +23,7 @@ import dramatiq
 import redis
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.common import iter_queue
+from dramatiq.errors import BrokerConnectionError
 
 from . import layout, recovery
 from .boards import ProgressBoard
@@ -79,7 +80,7 @@ def _unless_redis_down(step: Callable[[], int], what: str) -> int:
     moved = 0
     try:
         moved = step()
-    except redis.RedisError as error:
+    except (redis.RedisError, BrokerConnectionError) as error:  # the consumer's hand-back
         logger.warning(
             f"drain: could not {what} held messages, Redis is unreachable; they are recovered "
             "after WORKER_HEARTBEAT_TIMEOUT_MS",
