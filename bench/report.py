@@ -77,7 +77,7 @@ def sandbox(results: dict[str, Any]) -> Iterator[Row]:
 
 def bake(results: dict[str, Any]) -> Iterator[Row]:
     yield ("bake the defaults (cookiecutter, median)", f"{_f(results['bake_s'])} s", "", "")
-    yield ("the baked suite (`make test`, one process)", f"{results['suite_s']:.0f} s",
+    yield ("the baked suite (`pytest` as `make test` runs it)", f"{results['suite_s']:.0f} s",
            results["suite_summary"], "")
 
 
@@ -97,7 +97,9 @@ def table() -> str:
         if document is None:
             lines.append(f"| {script} | not run: `python bench/{script}.py` | | | |")
             continue
-        run = f"{script} {document.get('utc', '?')}, {document.get('cores', '?')} cores"
+        load = document.get("loadavg") or document.get("loadavg_before") or ["?"]
+        load_1m = f"{load[0]:.1f}" if isinstance(load[0], int | float) else "?"
+        run = f"{script} {document.get('utc', '?')}, {document.get('cores', '?')} cores, load {load_1m}"
         try:
             rows = list(summarize(document["results"]))
         except (KeyError, TypeError, ValueError, ZeroDivisionError) as error:
