@@ -435,3 +435,47 @@ def test_the_sandbox_child_gets_no_otel_variables_and_no_sdk(
     assert "[[], 'not importable']" in done.stdout, done.stdout
     time.sleep(0.5)
     assert receiver.requests == 0
+
+
+DB_ACTOR = '''\
+"""Actor of the tracing tests: one SQL query."""
+
+import dramatiq
+
+from .. import db
+
+
+@dramatiq.actor(queue_name="notifications")
+def trace_query(job_id: str) -> None:
+    with db.connection() as conn:
+        conn.execute("SELECT 1").fetchone()
+'''
+
+
+def test_a_handlers_sql_query_is_a_child_span_of_its_delivery(
+        bake: Callable[..., Path], tmp_path: Path, redis_url: str, receiver: Receiver) -> None:
+    from bakery import TEST_DATABASE_URL
+
+    base = bake()  # the database option
+    project = tmp_path / base.name
+    shutil.copytree(base, project)
+    (project / "src" / package_of(project) / "actors" / "trace_db.py").write_text(DB_ACTOR)
+    worker = Worker(project, redis_url, tmp_path / "w", DATABASE_URL=TEST_DATABASE_URL,
+                    DB_POOL_SIZE="4")
+    worker.env = {**without_otel(worker.env), **otel_env(receiver, "orders-worker")}
+    try:
+        worker.start()
+        sent = api_enqueue(project, redis_url, receiver, "trace_query", "q")
+
+        def query_span() -> list[Span]:
+            return [span for span in receiver.trace(sent["trace_id"])
+                    if span.kind == "CLIENT" and span.attributes.get("db.system") == "postgresql"]
+
+        wait_for(lambda: query_span() and consumer_spans(receiver.trace(sent["trace_id"])), 30,
+                 "the query's span and its delivery's")
+        (delivery,) = consumer_spans(receiver.trace(sent["trace_id"]))
+        (query,) = query_span()
+        assert query.parent_id == delivery.span_id
+        assert "SELECT" in query.name or "SELECT 1" in str(query.attributes), query
+    finally:
+        worker.kill()
