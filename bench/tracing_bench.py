@@ -227,7 +227,9 @@ def main() -> int:
     hooks: dict[str, list[float]] = {"absent": [], "off": [], "on": []}
     try:
         for round_index in range(args.rounds):
-            for variant in rates:
+            order = list(rates)
+            order = order[round_index % 3 :] + order[: round_index % 3]  # no order bias
+            for variant in order:
                 rates[variant].append(bench.throughput(variant, args.jobs))
             for variant, value in bench.hooks(args.calls).items():
                 hooks[variant].append(value)
