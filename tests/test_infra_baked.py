@@ -3,9 +3,15 @@ and stacks that break a guard are refused with the pools and numbers named."""
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
+import json
+import os
 import shutil
 import subprocess
+import sys
 import tomllib
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,12 +22,16 @@ from worker_infra.policy import (
     cpu_trigger_problems,
     isolation_problems,
     of_kind,
+    pod_env,
+    pod_pool,
+    pod_pools_file,
     restricted_problems,
     sandbox_problems,
     validate_strict,
+    workers,
 )
 
-from bakery import PYTHON
+from bakery import PYTHON, project_env
 
 STACKS = ("dev", "staging", "prod")
 CONTEXTS = {
@@ -29,15 +39,6 @@ CONTEXTS = {
     "minimal": {"project": "lean-worker", "database": "none", "sandbox_pool": "no"},
 }
 Objects = list[dict[str, Any]]
-
-
-def workers(objects: Objects) -> Objects:
-    """The pools' Deployments (the scheduler's is not a pool)."""
-    return [
-        d
-        for d in of_kind(objects, "Deployment")
-        if d["metadata"]["labels"].get("app.kubernetes.io/component") == "worker"
-    ]
 
 
 def make_manifests(project: Path, stack: str) -> subprocess.CompletedProcess[str]:
@@ -69,7 +70,9 @@ CASES = [(c, s) for c in CONTEXTS for s in STACKS]
 
 
 @pytest.mark.parametrize(("context", "stack"), CASES)
-def test_every_object_validates_strictly(rendered: Any, context: str, stack: str) -> None:
+def test_every_object_validates_strictly(
+    rendered: Any, context: str, stack: str
+) -> None:
     _, objects = rendered[context, stack]
     assert objects
     for obj in objects:
@@ -86,32 +89,40 @@ def test_policies_hold(rendered: Any, context: str, stack: str) -> None:
     assert isolation_problems(objects) == []
     assert len(workers(objects)) == len(of_kind(objects, "ScaledObject")) == len(pools)
     # The scheduler: its own Deployment (schedules in pools.toml), 2 replicas, no scaler.
-    (scheduler,) = [d for d in of_kind(objects, "Deployment") if d not in workers(objects)]
+    (scheduler,) = [
+        d for d in of_kind(objects, "Deployment") if d not in workers(objects)
+    ]
     assert scheduler["metadata"]["name"] == f"{project.name}-scheduler"
     assert scheduler["spec"]["replicas"] == 2
     assert scheduler["spec"]["template"]["spec"]["containers"][0]["command"] == [
         project.name,
         "scheduler",
     ]
-    assert "WORKER_POOL" not in _env(scheduler) and "DATABASE_URL" not in _env(scheduler)
-    targets = {s["spec"]["scaleTargetRef"]["name"] for s in of_kind(objects, "ScaledObject")}
+    assert "WORKER_POOL" not in pod_env(scheduler) and "DATABASE_URL" not in pod_env(
+        scheduler
+    )
+    targets = {
+        s["spec"]["scaleTargetRef"]["name"] for s in of_kind(objects, "ScaledObject")
+    }
     assert scheduler["metadata"]["name"] not in targets
     sandbox_ns = f"{project.name}-sandbox"
     if context == "default":
         assert sandbox_problems(objects, sandbox_ns) == []
     else:
         assert not [o for o in objects if o["metadata"].get("namespace") == sandbox_ns]
-        assert not [o for o in of_kind(objects, "Secret") if "database" in o["metadata"]["name"]]
-        assert "DATABASE_URL" not in (project / "build" / "manifests" / f"{stack}.yaml").read_text()
-
-
-def _env(deployment: dict[str, Any]) -> dict[str, Any]:
-    container = deployment["spec"]["template"]["spec"]["containers"][0]
-    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+        assert not [
+            o for o in of_kind(objects, "Secret") if "database" in o["metadata"]["name"]
+        ]
+        assert (
+            "DATABASE_URL"
+            not in (project / "build" / "manifests" / f"{stack}.yaml").read_text()
+        )
 
 
 def stack_config(project: Path, stack: str) -> dict[str, Any]:
-    data = yaml.safe_load((project / "infra" / f"Pulumi.{stack}.yaml").read_text())["config"]
+    data = yaml.safe_load((project / "infra" / f"Pulumi.{stack}.yaml").read_text())[
+        "config"
+    ]
     return {k.split(":", 1)[1]: v for k, v in data.items()}
 
 
@@ -119,40 +130,55 @@ def stack_config(project: Path, stack: str) -> dict[str, Any]:
 def test_capacity_inequality_holds_in_the_rendered_objects(
     rendered: Any, context: str, stack: str
 ) -> None:
-    """Recomputed from the rendered Deployments and ScaledObjects, not from worker_infra."""
+    """Recomputed from the rendered objects (the pools file the pods mount and the
+    ScaledObjects), not from worker_infra: every pod that may hold connections at once,
+    the two draining next to the maximum included, plus the readiness probe's."""
     project, objects = rendered[context, stack]
-    pools_toml = tomllib.loads((project / "pools.toml").read_text())
-    budgets = {
-        name: {**d, **stack_config(project, stack).get("downstream", {}).get(name, {})}
-        for name, d in pools_toml.get("downstream", {}).items()
-    }
     max_replicas = {
         s["spec"]["scaleTargetRef"]["name"]: s["spec"]["maxReplicaCount"]
         for s in of_kind(objects, "ScaledObject")
     }
+    deployments = workers(objects)
+    budgets = pod_pools_file(objects, deployments[0]).get("downstream", {})
     used = dict.fromkeys(budgets, 0)
-    for deployment in workers(objects):
-        env = _env(deployment)
-        uses = pools_toml["pools"][env["WORKER_POOL"]].get("uses", [])
-        replicas = max_replicas[deployment["metadata"]["name"]]
-        for name in uses:
-            per = budgets[name].get("per_process", "db_pool_size")
-            per_process = int(
-                env["DB_POOL_SIZE"] if per == "db_pool_size" else env["WORKER_CONCURRENCY"]
+    for deployment in deployments:
+        pool = pod_pool(objects, deployment)
+        pods = max_replicas[deployment["metadata"]["name"]] + 2
+        for name in pool["uses"]:
+            db = budgets[name]["per_process"] == "db_pool_size"
+            per_process = (
+                pool.get("db_pool_size", pool["concurrency"])
+                if db
+                else pool["concurrency"]
             )
-            used[name] += replicas * int(env["WORKER_PROCESSES"]) * per_process
+            used[name] += pods * (pool["processes"] * per_process + (1 if db else 0))
     for name, budget in budgets.items():
-        assert used[name] <= budget["capacity"] - budget["reserved"], (stack, name, used[name])
+        assert used[name] <= budget["capacity"] - budget["reserved"], (
+            stack,
+            name,
+            used[name],
+        )
 
 
 def test_numbers_render_as_integers_and_secrets_stay_secret(rendered: Any) -> None:
     project, objects = rendered["default", "prod"]
     (interactive,) = [
-        d for d in of_kind(objects, "Deployment") if d["metadata"]["name"].endswith("interactive")
+        d
+        for d in of_kind(objects, "Deployment")
+        if d["metadata"]["name"].endswith("interactive")
     ]
-    assert type(interactive["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]) is int
-    assert all(type(s["spec"]["maxReplicaCount"]) is int for s in of_kind(objects, "ScaledObject"))
-    assert all(set(s["stringData"].values()) == {"<secret>"} for s in of_kind(objects, "Secret"))
+    assert (
+        type(interactive["spec"]["template"]["spec"]["terminationGracePeriodSeconds"])
+        is int
+    )
+    assert all(
+        type(s["spec"]["maxReplicaCount"]) is int
+        for s in of_kind(objects, "ScaledObject")
+    )
+    assert all(
+        set(s["stringData"].values()) == {"<secret>"}
+        for s in of_kind(objects, "Secret")
+    )
     for stack in STACKS:
         # Secrets are set per stack with `pulumi config set --secret`: never plain text here.
         config = stack_config(project, stack)
@@ -242,14 +268,18 @@ def test_over_budget_stack_is_refused_with_its_numbers(
     default_project: Path, tmp_path: Path
 ) -> None:
     def grow(config: dict[str, Any]) -> None:
-        config["pools"]["interactive"]["max_replicas"] = 3  # staging: 3 x 8 = 24 ...
-        config["pools"]["bulk"]["max_replicas"] = 10  # ... + 10 x 2 x 2 = 40 + critical 2 x 4 = 8
+        config["pools"]["bulk"]["max_replicas"] = (
+            10  # staging: (10 + 2) x (2 x 2 + 1) = 60
+        )
 
     stderr = refused(edited_copy(default_project, tmp_path, "staging", grow), "staging")
     ours = [line for line in stderr.splitlines() if not line.startswith("make")]
     assert len(ours) == 1 and ours[0].startswith("manifests: stack 'staging' refused: ")
-    assert "postgres: pools use 72 > budget 60 (capacity 100 - reserved 40)" in stderr
-    assert "interactive 3 x 1 x 8 = 24, bulk 10 x 2 x 2 = 40, critical 2 x 1 x 4 = 8" in stderr
+    assert "postgres: pools use 125 > budget 110 (capacity 150 - reserved 40)" in stderr
+    assert (
+        "interactive (3 + 2) x (1 x 8 + 1) = 45, bulk (10 + 2) x (2 x 2 + 1) = 60, "
+        "critical (2 + 2) x (1 x 4 + 1) = 20"
+    ) in stderr
 
 
 def test_lowered_capacity_is_refused(default_project: Path, tmp_path: Path) -> None:
@@ -257,21 +287,25 @@ def test_lowered_capacity_is_refused(default_project: Path, tmp_path: Path) -> N
         config["downstream"]["partner_api"] = {"capacity": 10, "reserved": 4}
 
     stderr = refused(edited_copy(default_project, tmp_path, "dev", shrink), "dev")
-    assert "partner_api: pools use 8 > budget 6 (capacity 10 - reserved 4)" in stderr
-    assert "external 1 x 1 x 4 = 4, critical 1 x 1 x 4 = 4" in stderr
+    assert "partner_api: pools use 24 > budget 6 (capacity 10 - reserved 4)" in stderr
+    assert "external (1 + 2) x (1 x 4) = 12, critical (1 + 2) x (1 x 4) = 12" in stderr
 
 
 def test_bad_timing_stacks_are_refused(default_project: Path, tmp_path: Path) -> None:
     def no_margin(config: dict[str, Any]) -> None:
         config["graceMarginS"] = 0
 
-    stderr = refused(edited_copy(default_project, tmp_path / "a", "dev", no_margin), "dev")
+    stderr = refused(
+        edited_copy(default_project, tmp_path / "a", "dev", no_margin), "dev"
+    )
     assert "grace period 40 s <= shutdown timeout 40000 ms" in stderr
 
     def slow_jobs(config: dict[str, Any]) -> None:
         config["pools"]["critical"]["job_timeout_ms"] = 45_000
 
-    stderr = refused(edited_copy(default_project, tmp_path / "b", "prod", slow_jobs), "prod")
+    stderr = refused(
+        edited_copy(default_project, tmp_path / "b", "prod", slow_jobs), "prod"
+    )
     assert "pools.critical" in stderr and "45000" in stderr and "40000" in stderr
 
 
@@ -280,7 +314,350 @@ def test_memory_guard_refuses_a_stack(default_project: Path, tmp_path: Path) -> 
         config["pools"]["bulk"]["handler_memory"] = "256Mi"
 
     stderr = refused(edited_copy(default_project, tmp_path, "dev", heavy), "dev")
-    assert "memory guard: pool 'bulk' needs 1216Mi" in stderr and "1Gi" in stderr
+    assert "memory guard: pool 'bulk' needs 1378Mi" in stderr and "1280Mi" in stderr
+    assert "supervisor 50Mi + 2 probes x 56Mi" in stderr
+
+
+# ---- what the guards checked is what runs -------------------------------------------------
+
+
+def boot(
+    project: Path, objects: Objects, deployment: dict[str, Any], tmp: Path
+) -> dict[str, Any]:
+    """The effective config of a rendered pod: the baked `config` command run with the
+    pod's environment and the pools file of its ConfigMap (secrets as stand-ins)."""
+    env = {k: v for k, v in pod_env(deployment).items() if isinstance(v, str)}
+    refs = {k for k, v in pod_env(deployment).items() if not isinstance(v, str)}
+    path = tmp / f"{deployment['metadata']['name']}.toml"
+    namespace = deployment["metadata"]["namespace"]
+    (config_map,) = [
+        o
+        for o in of_kind(objects, "ConfigMap")
+        if o["metadata"]["namespace"] == namespace
+    ]
+    path.write_text(config_map["data"]["pools.toml"])
+    env["WORKER_POOLS_FILE"] = str(path)
+    if "REDIS_URL" in refs:
+        env["REDIS_URL"] = "redis://:pw@redis:6379/0"
+    if "DATABASE_URL" in refs:
+        env["DATABASE_URL"] = "postgresql://app:pw@db/app"
+    result = subprocess.run(
+        [PYTHON, "-m", project.name.replace("-", "_"), "config"],
+        env=project_env(project, **env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    config: dict[str, Any] = json.loads(result.stdout)
+    config["_secrets"] = sorted(refs)
+    return config
+
+
+def deployment_of(objects: Objects, pool: str) -> dict[str, Any]:
+    (found,) = [d for d in workers(objects) if pod_env(d)["WORKER_POOL"] == pool]
+    return found
+
+
+@pytest.mark.parametrize(("context", "stack"), CASES)
+def test_every_rendered_pod_boots_with_the_pool_the_guards_checked(
+    rendered: Any, context: str, stack: str, tmp_path: Path
+) -> None:
+    project, objects = rendered[context, stack]
+    for deployment in workers(objects):
+        pool = pod_pool(objects, deployment)
+        config = boot(project, objects, deployment, tmp_path)
+        assert config["WORKER_QUEUES"] == pool["queues"]
+        assert config["WORKER_CONCURRENCY"] == pool["concurrency"]
+        assert config["WORKER_PROCESSES"] == pool["processes"]
+        annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+        text = next(
+            c["data"]["pools.toml"]
+            for c in of_kind(objects, "ConfigMap")
+            if c["metadata"]["namespace"] == deployment["metadata"]["namespace"]
+        )
+        assert (
+            annotations["worker-template/pools-sha256"]
+            == hashlib.sha256(text.encode()).hexdigest()
+        )
+
+
+def overridden(
+    default_project: Path,
+    tmp_path: Path,
+    stack: str,
+    edit: Callable[[dict[str, Any]], None],
+) -> tuple[Path, Objects]:
+    project = edited_copy(default_project, tmp_path, stack, edit)
+    result = make_manifests(project, stack)
+    assert result.returncode == 0, result.stderr
+    text = (project / "build" / "manifests" / f"{stack}.yaml").read_text()
+    return project, list(yaml.safe_load_all(text))
+
+
+def _pools_model(project: Path) -> Any:
+    """The baked project's pools.py, as a submodule of a stand-in package of its own (so
+    its relative imports resolve and two baked projects never share a module)."""
+    directory = project / "src" / project.name.replace("-", "_")
+    name = f"_baked_{abs(hash(str(project)))}"
+    if f"{name}.pools" in sys.modules:
+        return sys.modules[f"{name}.pools"]
+    package = types.ModuleType(name)
+    package.__path__ = [str(directory)]
+    sys.modules[name] = package
+    spec = importlib.util.spec_from_file_location(
+        f"{name}.pools", directory / "pools.py"
+    )
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+#: A distinct, valid value per pool-shaping field of interactive (staging), and the
+#: effective variable the booted pod must show for it.
+ENV_OVERRIDES = {
+    "queues": ["notifications", "emails"],
+    "processes": 3,
+    "concurrency": 6,
+    "job_timeout_ms": 20_000,
+    "shutdown_timeout_ms": 35_000,
+    "max_attempts": 7,
+    "prefetch": 12,
+    "db_pool_size": 9,
+}
+#: Infra-only fields: an override and where it must show in the rendered objects.
+INFRA_OVERRIDES: dict[str, tuple[Any, Callable[[Objects, dict[str, Any]], Any]]] = {
+    "memory": (
+        "1500Mi",
+        lambda o, d: d["spec"]["template"]["spec"]["containers"][0]["resources"][
+            "limits"
+        ]["memory"],
+    ),
+    "cpu": (
+        "300m",
+        lambda o, d: d["spec"]["template"]["spec"]["containers"][0]["resources"][
+            "requests"
+        ]["cpu"],
+    ),
+    "handler_memory": ("40Mi", lambda o, d: pod_pool(o, d)["handler_memory"]),
+    "min_replicas": (2, lambda o, d: _scaled(o, d)["spec"]["minReplicaCount"]),
+    "max_replicas": (5, lambda o, d: _scaled(o, d)["spec"]["maxReplicaCount"]),
+    "backlog_age_target_s": (
+        7,
+        lambda o, d: int(_trigger(o, d, "age")["metadata"]["threshold"]),
+    ),
+    "critical": (
+        True,
+        lambda o, d: (
+            d["spec"]["template"]["spec"].get("priorityClassName")
+            == "orders-worker-critical"
+        ),
+    ),
+    "sandbox": (False, lambda o, d: d["metadata"]["namespace"] == "orders-worker"),
+}
+
+
+def _scaled(objects: Objects, deployment: dict[str, Any]) -> dict[str, Any]:
+    (found,) = [
+        s
+        for s in of_kind(objects, "ScaledObject")
+        if s["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
+    ]
+    return found
+
+
+def _trigger(objects: Objects, deployment: dict[str, Any], name: str) -> dict[str, Any]:
+    (found,) = [
+        t for t in _scaled(objects, deployment)["spec"]["triggers"] if t["name"] == name
+    ]
+    return found
+
+
+def test_every_pool_field_reaches_the_pod_or_is_declared_infra_only(
+    default_project: Path, tmp_path: Path
+) -> None:
+    """Each field of the pool model, set by a stack override, shows in the rendered pod's
+    effective config (booted from its env and mounted file) or in the rendered objects."""
+    model = _pools_model(default_project)
+    fields = list(model.Pool.model_fields)
+    how = {name: model.reaches(name) for name in fields}
+    env_fields = {n for n, h in how.items() if h.startswith("env:")}
+    assert env_fields == set(ENV_OVERRIDES), (
+        "a pool field reaching the env has no check here"
+    )
+    infra_fields = {n for n, h in how.items() if h == "infra"}
+    assert infra_fields == set(INFRA_OVERRIDES), (
+        "an infra-only pool field has no check here"
+    )
+    assert {n for n, h in how.items() if h == "worker"} == {"uses"}
+
+    def edit(config: dict[str, Any]) -> None:
+        pool = config["pools"]["interactive"]
+        pool.update(ENV_OVERRIDES)
+        pool.update({k: v for k, (v, _) in INFRA_OVERRIDES.items()})
+        pool["uses"] = ["postgres", "partner_api"]
+        config["downstream"]["postgres"]["capacity"] = 400
+        config["downstream"]["partner_api"]["capacity"] = 400
+
+    project, objects = overridden(default_project, tmp_path, "staging", edit)
+    deployment = deployment_of(objects, "interactive")
+    config = boot(project, objects, deployment, tmp_path)
+    for field, value in ENV_OVERRIDES.items():
+        assert config[how[field].removeprefix("env:")] == value, field
+    for field, (value, shown) in INFRA_OVERRIDES.items():
+        assert shown(objects, deployment) in (value, True), field
+    assert pod_pool(objects, deployment)["uses"] == ["postgres", "partner_api"]
+    assert "DATABASE_URL" in config["_secrets"]
+
+
+@pytest.mark.parametrize(
+    "name", ["WORKER_PROCESSES", "WORKER_CONCURRENCY", "DB_POOL_SIZE"]
+)
+def test_prod_env_cannot_override_the_pool_shape(
+    default_project: Path, tmp_path: Path, name: str
+) -> None:
+    def sneak(config: dict[str, Any]) -> None:
+        config["env"] = {"LOG_LEVEL": "INFO", name: "64"}
+
+    stderr = refused(edited_copy(default_project, tmp_path, "prod", sneak), "prod")
+    assert f"env {name}: shapes the pool" in stderr
+
+
+def test_env_cannot_carry_database_url_into_the_sandbox(
+    default_project: Path, tmp_path: Path
+) -> None:
+    def sneak(config: dict[str, Any]) -> None:
+        config["env"] = {"DATABASE_URL": "postgresql://app:pw@db/app"}
+
+    stderr = refused(edited_copy(default_project, tmp_path, "prod", sneak), "prod")
+    assert "env DATABASE_URL: set by worker_infra itself" in stderr
+
+    def disguised(config: dict[str, Any]) -> None:
+        config["env"] = {"PG": "postgresql://app:pw@db/app"}
+
+    stderr = refused(
+        edited_copy(default_project, tmp_path / "b", "prod", disguised), "prod"
+    )
+    assert "env PG: looks like a secret or a connection string" in stderr
+
+
+def test_a_stack_cannot_turn_off_the_sandbox(
+    default_project: Path, tmp_path: Path
+) -> None:
+    def unsandbox(config: dict[str, Any]) -> None:
+        config["pools"]["sandbox"]["sandbox"] = False
+
+    stderr = refused(edited_copy(default_project, tmp_path, "prod", unsandbox), "prod")
+    assert "pools.sandbox.sandbox: a deployment cannot turn off the sandbox" in stderr
+
+
+def test_prefetch_reaches_the_pod(default_project: Path, tmp_path: Path) -> None:
+    def prefetch(config: dict[str, Any]) -> None:
+        config["pools"]["interactive"]["prefetch"] = 32
+
+    project, objects = overridden(default_project, tmp_path, "prod", prefetch)
+    config = boot(project, objects, deployment_of(objects, "interactive"), tmp_path)
+    assert config["WORKER_PREFETCH"] == 32
+
+
+def test_db_pool_below_concurrency_is_refused_by_the_model(
+    default_project: Path, tmp_path: Path
+) -> None:
+    def small(config: dict[str, Any]) -> None:
+        config["pools"]["interactive"]["db_pool_size"] = 2
+
+    stderr = refused(edited_copy(default_project, tmp_path, "prod", small), "prod")
+    assert (
+        "pools.interactive: Value error, db_pool_size (2) is below concurrency (8)"
+        in stderr
+    )
+
+
+def test_uses_changes_reach_the_pod_consistently(
+    default_project: Path, tmp_path: Path
+) -> None:
+    """uses: [] renders without DATABASE_URL and the pod boots (it no longer needs one);
+    uses: [postgres] on external gets the secret and the worker uses it."""
+
+    def swap(config: dict[str, Any]) -> None:
+        config["pools"]["interactive"]["uses"] = []
+        config["pools"]["external"]["uses"] = ["postgres", "partner_api"]
+
+    project, objects = overridden(default_project, tmp_path, "prod", swap)
+    interactive = boot(
+        project, objects, deployment_of(objects, "interactive"), tmp_path
+    )
+    assert "DATABASE_URL" not in interactive["_secrets"]
+    assert interactive["DATABASE_URL"] is None
+    external = boot(project, objects, deployment_of(objects, "external"), tmp_path)
+    assert "DATABASE_URL" in external["_secrets"]
+    assert external["DB_POOL_SIZE"] == 4
+    model = _pools_model(project)
+    pools = model.load_pools(
+        _write(
+            tmp_path / "ext.toml",
+            pod_pools_file(objects, deployment_of(objects, "external")),
+        )
+    )
+    assert pools.pools["external"].uses == ["postgres", "partner_api"]
+
+
+def _write(path: Path, data: dict[str, Any]) -> Path:
+    import tomli_w
+
+    path.write_text(tomli_w.dumps(data))
+    return path
+
+
+def test_the_stack_names_its_cluster(default_project: Path, tmp_path: Path) -> None:
+    def ambient(config: dict[str, Any]) -> None:
+        del config["cluster"]
+
+    stderr = refused(edited_copy(default_project, tmp_path, "prod", ambient), "prod")
+    assert "cluster guard: stack 'prod' names no kube context" in stderr
+    for stack in ("staging", "prod"):
+        assert stack_config(default_project, stack)["cluster"]["context"]
+
+
+def test_a_pre_created_namespace_is_not_created(
+    default_project: Path, tmp_path: Path
+) -> None:
+    def precreated(config: dict[str, Any]) -> None:
+        config["createNamespace"] = False
+
+    _, objects = overridden(default_project, tmp_path, "prod", precreated)
+    assert of_kind(objects, "Namespace") == []
+
+
+def test_cluster_wiring(rendered: Any) -> None:
+    _, objects = rendered["default", "prod"]
+    for obj in objects:
+        labels = obj["metadata"].get("labels", {})
+        assert labels.get("app.kubernetes.io/managed-by") == "pulumi", obj["metadata"]
+        assert labels.get("app.kubernetes.io/instance") == "orders-worker-prod"
+        assert labels.get("app.kubernetes.io/version") == "v0.1.0"
+    (priority,) = of_kind(objects, "PriorityClass")
+    critical = deployment_of(objects, "critical")
+    assert (
+        critical["spec"]["template"]["spec"]["priorityClassName"]
+        == priority["metadata"]["name"]
+    )
+    assert (
+        "priorityClassName"
+        not in deployment_of(objects, "bulk")["spec"]["template"]["spec"]
+    )
+    for pdb in of_kind(objects, "PodDisruptionBudget"):
+        assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    for deployment in workers(objects):
+        assert deployment["spec"]["template"]["spec"]["topologySpreadConstraints"]
+    monitors = of_kind(objects, "PodMonitor")
+    assert {m["metadata"]["namespace"] for m in monitors} == {
+        "orders-worker",
+        "orders-worker-sandbox",
+    }
 
 
 def test_stack_otlp_endpoint_reaches_every_pool_but_the_sandbox(
@@ -294,16 +671,119 @@ def test_stack_otlp_endpoint_reaches_every_pool_but_the_sandbox(
     project = edited_copy(default_project, tmp_path, "dev", trace)
     result = make_manifests(project, "dev")
     assert result.returncode == 0, result.stderr
-    objects = list(yaml.safe_load_all((project / "build/manifests/dev.yaml").read_text()))
-    pools = {d["metadata"]["name"]: _env(d) for d in workers(objects)}
+    objects = list(
+        yaml.safe_load_all((project / "build/manifests/dev.yaml").read_text())
+    )
+    pools = {d["metadata"]["name"]: pod_env(d) for d in workers(objects)}
     sandboxed = {name for name in pools if "sandbox" in name}
     assert sandboxed and len(pools) > len(sandboxed)
     for name, env in pools.items():
-        if name in sandboxed:  # egress is DNS + broker only: exporting could only time out
-            assert "OTEL_EXPORTER_OTLP_ENDPOINT" not in env and env["OTEL_SDK_DISABLED"] == "true"
+        if (
+            name in sandboxed
+        ):  # egress is DNS + broker only: exporting could only time out
+            assert (
+                "OTEL_EXPORTER_OTLP_ENDPOINT" not in env
+                and env["OTEL_SDK_DISABLED"] == "true"
+            )
         else:
             assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == endpoint, name
     # Without the key nothing is set: tracing stays off.
     assert make_manifests(default_project, "dev").returncode == 0
     text = (default_project / "build/manifests/dev.yaml").read_text()
     assert "OTEL_EXPORTER_OTLP_ENDPOINT" not in text
+
+
+# ---- the simulation ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_rendered_scalers_meet_the_goals_in_simulation(
+    rendered: Any, stack: str
+) -> None:
+    """The HPA algorithm as each rendered ScaledObject configures it, against the queue
+    model: back under the age target within 3 minutes of a 10x step, never above the cap or
+    a budget, at most 2 direction changes per hour under a steady load."""
+    from worker_infra.simulate import problems, run
+
+    _, objects = rendered["default", stack]
+    results = run(objects)
+    assert {r.pool for r in results} == {
+        pod_env(d)["WORKER_POOL"] for d in workers(objects)
+    }
+    assert {r.case for r in results} == {
+        "10x step",
+        "spike 20x 60s",
+        "diurnal 1x-5.5x",
+        "steady 5x",
+    }
+    assert problems(results) == []
+    for result in results:
+        if result.case == "10x step":
+            assert result.peak_replicas > min(2, result.cap - 1) or result.cap == 1
+
+
+def test_make_simulate_prints_the_table(default_project: Path) -> None:
+    result = subprocess.run(
+        ["make", "-s", "simulate", "SIM_STACKS=dev", f"PYTHON={PYTHON}"],
+        cwd=default_project,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "## stack dev" in result.stdout
+    assert "| interactive | 10x step |" in result.stdout
+    assert "goal missed" not in result.stdout
+
+
+# ---- a fresh bake, following its README -----------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_fresh_bake_renders_prod_following_its_readme(tmp_path: Path) -> None:
+    """`make infra-install` then `make manifests STACK=prod`, with worker-infra installed
+    from its git pin (a repository of this checkout's infra/, tagged), in a venv of the
+    system Python, as the baked README says."""
+    from bakery import TEMPLATE, bake_project
+
+    repo = tmp_path / "worker-template"
+    shutil.copytree(
+        TEMPLATE / "infra",
+        repo / "infra",
+        ignore=shutil.ignore_patterns("tests", "*.egg-info", "__pycache__"),
+    )
+    git = ["git", "-c", "user.email=t@example.com", "-c", "user.name=t"]
+    for command in (
+        ["init", "-q"],
+        ["add", "-A"],
+        ["commit", "-qm", "infra"],
+        ["tag", "v9.9.9"],
+    ):
+        subprocess.run([*git, *command], cwd=repo, check=True, capture_output=True)
+    project = bake_project(
+        tmp_path / "out", template_repo=f"file://{repo}", template_ref="v9.9.9"
+    )
+    readme = (project / "README.md").read_text()
+    assert "make infra-install" in readme and "make manifests STACK=prod" in readme
+    python = shutil.which("python3") or PYTHON
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("VIRTUAL_ENV", "PYTHON"))
+    }
+    for target in (["infra-install", f"PYTHON={python}"], ["manifests", "STACK=prod"]):
+        result = subprocess.run(
+            ["make", "-s", *target],
+            cwd=project,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
+        )
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    objects = list(
+        yaml.safe_load_all((project / "build" / "manifests" / "prod.yaml").read_text())
+    )
+    assert len(workers(objects)) == 5

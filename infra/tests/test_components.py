@@ -7,13 +7,13 @@ from typing import Any
 
 import pulumi
 import pytest
+from poolmodel import POOL_ENV, pool, pools_file_text
 
 from worker_infra import (
     BacklogScaler,
     BacklogScalerArgs,
     BrokerSpec,
     GuardError,
-    PoolSpec,
     SandboxPool,
     SandboxPoolArgs,
     SchedulerSpec,
@@ -32,17 +32,18 @@ from worker_infra.policy import (
 )
 from worker_infra.render import RecordingMocks, render
 
-POOL = PoolSpec(
+POOL = pool(
     "interactive",
     ("notifications", "emails"),
     processes=2,
     concurrency=8,
     job_timeout_ms=30_000,
     shutdown_timeout_ms=40_000,
+    memory="640Mi",
     handler_memory="16Mi",
     min_replicas=2,
     max_replicas=4,
-    uses=("postgres",),
+    uses=["postgres"],
 )
 BROKER = BrokerSpec(host="redis-master.redis", port=6380, password="pw")
 
@@ -58,6 +59,8 @@ def pool_args(**changes: Any) -> WorkerPoolArgs:
         image="img:1",
         namespace="ns",
         broker_secret="orders-worker-broker",
+        pools_config_map="orders-worker-pools",
+        pools_checksum="0" * 64,
         database_secret="orders-worker-database",
     )
     return dataclasses.replace(args, **changes)
@@ -78,6 +81,13 @@ def test_worker_pool_registers_deployment_token_less_account_and_pdb() -> None:
     assert pod["automountServiceAccountToken"] is False
     assert pod["terminationGracePeriodSeconds"] == 55
     assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    # One old pod drains at a time: the next replacement waits out its grace period.
+    assert deployment["spec"]["minReadySeconds"] == 55
+    assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    assert {c["topologyKey"] for c in pod["topologySpreadConstraints"]} == {
+        "topology.kubernetes.io/zone",
+        "kubernetes.io/hostname",
+    }
     (container,) = pod["containers"]
     assert container["command"] == ["orders-worker", "worker"]
     assert container["livenessProbe"]["exec"]["command"] == [
@@ -93,15 +103,21 @@ def test_worker_pool_registers_deployment_token_less_account_and_pdb() -> None:
         "ready",
     ]
     assert container["resources"] == {
-        "limits": {"memory": "512Mi"},
-        "requests": {"cpu": "250m", "memory": "512Mi"},
+        "limits": {"memory": "640Mi"},
+        "requests": {"cpu": "250m", "memory": "640Mi"},
     }
     annotations = deployment["spec"]["template"]["metadata"]["annotations"]
-    assert annotations == {
-        "prometheus.io/path": "/metrics",
-        "prometheus.io/port": "9191",
-        "prometheus.io/scrape": "true",
-    }
+    assert annotations == {"worker-template/pools-sha256": "0" * 64}
+    assert {"mountPath": "/etc/worker-pools", "name": "pools", "readOnly": True} in container[
+        "volumeMounts"
+    ]
+    assert {
+        "configMap": {
+            "items": [{"key": "pools.toml", "path": "pools.toml"}],
+            "name": "orders-worker-pools",
+        },
+        "name": "pools",
+    } in pod["volumes"]
     assert pdb["spec"]["selector"] == deployment["spec"]["selector"]
     assert restricted_problems(deployment) == []
     for obj in objects:
@@ -109,34 +125,30 @@ def test_worker_pool_registers_deployment_token_less_account_and_pdb() -> None:
 
 
 def test_worker_pool_environment_follows_the_contract() -> None:
+    """The pool's shape is not in the environment: the pods read it from the pools file."""
     (deployment,) = of_kind(
         run(lambda: WorkerPool("p", pool_args(env={"LOG_LEVEL": "info"}))), "Deployment"
     )
     env = env_of(deployment)
     assert env["WORKER_POOL"] == "interactive"
-    assert env["WORKER_QUEUES"] == "notifications,emails"
-    assert (env["WORKER_CONCURRENCY"], env["WORKER_PROCESSES"]) == ("8", "2")
-    assert (env["WORKER_JOB_TIMEOUT_MS"], env["WORKER_SHUTDOWN_TIMEOUT_MS"]) == ("30000", "40000")
-    assert (env["WORKER_MAX_ATTEMPTS"], env["HEALTH_STALLED_AFTER_S"]) == ("5", "60")
-    assert (env["METRICS_PORT"], env["DB_POOL_SIZE"], env["OTEL_SERVICE_NAME"]) == (
-        "9191",
-        "8",
-        "orders-worker",
-    )
+    assert env["WORKER_POOLS_FILE"] == "/etc/worker-pools/pools.toml"
+    assert not {k for k in env if k in POOL_ENV}
+    assert env["HEALTH_STALLED_AFTER_S"] == "60"
+    assert (env["METRICS_PORT"], env["OTEL_SERVICE_NAME"]) == ("9191", "orders-worker")
     assert env["LOG_LEVEL"] == "info"
     assert env["REDIS_URL"] == {
         "secretKeyRef": {"key": "redis-url", "name": "orders-worker-broker"}
     }
     assert env["DATABASE_URL"]["secretKeyRef"]["name"] == "orders-worker-database"
     (no_db,) = of_kind(run(lambda: WorkerPool("p", pool_args(database_secret=None))), "Deployment")
-    assert "DATABASE_URL" not in env_of(no_db) and "DB_POOL_SIZE" not in env_of(no_db)
+    assert "DATABASE_URL" not in env_of(no_db)
 
 
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"job_timeout_ms": 50_000}, "job timeout 50000 ms >= shutdown timeout 40000 ms"),
-        ({"handler_memory": "64Mi"}, "memory guard: pool 'interactive' needs 1216Mi"),
+        ({"handler_memory": "64Mi"}, "memory guard: pool 'interactive' needs 1378Mi"),
+        ({"min_replicas": 5}, r"min_replicas \(5\)"),
     ],
 )
 def test_worker_pool_refuses_before_registering_anything(
@@ -144,7 +156,13 @@ def test_worker_pool_refuses_before_registering_anything(
 ) -> None:
     mocks = RecordingMocks()
     pulumi.runtime.set_mocks(mocks, project="p", stack="s", preview=False)
-    bad = pool_args(pool=dataclasses.replace(POOL, **changes))
+    bad = pool_args(
+        pool=dataclasses.replace(
+            POOL,
+            **changes,
+            **({"handler_memory_bytes": 64 * 2**20} if "handler_memory" in changes else {}),
+        )
+    )
     with pytest.raises(GuardError, match=message):
         WorkerPool("p", bad)
     with pytest.raises(GuardError, match="grace period 40 s <= shutdown timeout 40000 ms"):
@@ -162,14 +180,15 @@ def scaler_args(**changes: Any) -> BacklogScalerArgs:
         min_replicas=2,
         max_replicas=4,
         backlog_age_target_s=5,
-        list_length=16,
+        per_replica=16,
+        processes=2,
         broker=BROKER,
         broker_secret="orders-worker-broker",
     )
     return dataclasses.replace(args, **changes)
 
 
-def test_backlog_scaler_triggers_on_depth_and_age_only() -> None:
+def test_backlog_scaler_triggers_on_load_age_and_both_lists_only() -> None:
     objects = run(lambda: BacklogScaler("s", scaler_args()))
     auth, scaled = of_kind(objects, "TriggerAuthentication")[0], of_kind(objects, "ScaledObject")[0]
     assert auth["spec"]["secretTargetRef"] == [
@@ -177,29 +196,54 @@ def test_backlog_scaler_triggers_on_depth_and_age_only() -> None:
     ]
     spec = scaled["spec"]
     assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (2, 4)
-    assert spec["fallback"] == {"failureThreshold": 3, "replicas": 2}
+    # KEDA's fallback cannot hold a Value trigger; a missing metric blocks scale-down instead.
+    assert "fallback" not in spec
     assert spec["scaleTargetRef"] == {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "name": "orders-worker-interactive",
     }
-    scale_down = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]
-    assert scale_down["stabilizationWindowSeconds"] == 300
-    assert scale_down["policies"] == [{"periodSeconds": 60, "type": "Pods", "value": 1}]
+    behavior = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+    assert behavior["scaleDown"]["stabilizationWindowSeconds"] == 900
+    assert behavior["scaleDown"]["policies"] == [{"periodSeconds": 60, "type": "Pods", "value": 1}]
+    assert behavior["scaleUp"]["stabilizationWindowSeconds"] == 30
+    assert behavior["scaleUp"]["policies"] == [
+        {"periodSeconds": 15, "type": "Percent", "value": 200},
+        {"periodSeconds": 15, "type": "Pods", "value": 8},
+    ]
+    triggers = {t["name"]: t for t in spec["triggers"]}
+    assert set(triggers) == {
+        "load",
+        "age",
+        "ready-notifications",
+        "delayed-notifications",
+        "ready-emails",
+        "delayed-emails",
+    }
+    load, age = triggers["load"], triggers["age"]
+    assert (load["metricType"], load["metadata"]["threshold"]) == ("AverageValue", "16")
+    assert load["metadata"]["query"] == (
+        'sum(max by (queue) (queue_depth{namespace="ns",queue=~"notifications|emails"}))'
+        ' + sum(worker_inflight_jobs{namespace="ns",worker_template_pool="interactive"})'
+    )
+    # The age is a Value: desired = ceil(replicas x age / target), not ceil(age / target).
+    assert (age["metricType"], age["metadata"]["threshold"]) == ("Value", "5")
+    assert age["metadata"]["query"] == (
+        'max(queue_oldest_message_seconds{namespace="ns",queue=~"notifications|emails"})'
+    )
+    assert {t["metadata"]["ignoreNullValues"] for t in (load, age)} == {"false"}
     redis = [t for t in spec["triggers"] if t["type"] == "redis"]
-    age = [t for t in spec["triggers"] if t["type"] == "prometheus"]
     assert [t["metadata"]["listName"] for t in redis] == [
         "dramatiq:notifications",
+        "dramatiq:notifications.DQ",
         "dramatiq:emails",
+        "dramatiq:emails.DQ",
     ]
+    assert {t["metadata"]["activationListLength"] for t in redis} == {"0"}
     assert {t["metadata"]["address"] for t in redis} == {"redis-master.redis:6380"}
-    assert {t["metadata"]["listLength"] for t in redis} == {"16"}
+    assert triggers["ready-emails"]["metadata"]["listLength"] == "16"
+    assert triggers["delayed-emails"]["metadata"]["listLength"] == "2000"
     assert {t["authenticationRef"]["name"] for t in redis} == {auth["metadata"]["name"]}
-    assert [t["metadata"]["query"] for t in age] == [
-        'max(queue_oldest_message_seconds{queue="notifications"})',
-        'max(queue_oldest_message_seconds{queue="emails"})',
-    ]
-    assert {t["metadata"]["threshold"] for t in age} == {"5"}
     assert cpu_trigger_problems(objects) == []
     for obj in objects:
         validate_strict(obj)
@@ -219,6 +263,7 @@ def test_sandbox_pool_is_locked_down(service: ServiceSpec) -> None:
         image="img:1",
         namespace="orders-worker-sandbox",
         broker=BROKER,
+        pools_file=pools_file_text(),
         sandbox=service.sandbox,
     )
     objects = run(lambda: SandboxPool("sandbox", args))
@@ -229,7 +274,10 @@ def test_sandbox_pool_is_locked_down(service: ServiceSpec) -> None:
     assert deployment["spec"]["template"]["spec"]["runtimeClassName"] == "gvisor"
     assert restricted_problems(deployment) == []
     (quota,) = of_kind(objects, "ResourceQuota")
-    assert quota["spec"]["hard"]["pods"] == "5"
+    assert quota["spec"]["hard"]["pods"] == "6"
+    (scrape,) = [o for o in objects if o["metadata"]["name"] == "allow-scrape"]
+    assert scrape["spec"]["ingress"][0]["ports"] == [{"port": 9191, "protocol": "TCP"}]
+    assert len(of_kind(objects, "PodMonitor")) == 1
     for obj in objects:
         validate_strict(obj)
     without = dataclasses.replace(
@@ -242,10 +290,50 @@ def test_sandbox_pool_is_locked_down(service: ServiceSpec) -> None:
 
 def test_sandbox_policy_check_notices_an_extra_egress_rule(service: ServiceSpec) -> None:
     pool = next(p for p in service.pools if p.sandbox)
-    args = SandboxPoolArgs(pool=pool, project="o", image="i", namespace="sb", broker=BROKER)
+    args = SandboxPoolArgs(
+        pool=pool,
+        project="o",
+        image="i",
+        namespace="sb",
+        broker=BROKER,
+        pools_file=pools_file_text(),
+    )
     objects = run(lambda: SandboxPool("sandbox", args))
+    assert sandbox_problems(objects, "sb", broker_port=6380) == []
     allow = next(o for o in objects if o["metadata"]["name"] == "allow-broker")
     allow["spec"]["egress"].append({"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}]})
+    assert sandbox_problems(objects, "sb", broker_port=6380)
+
+
+def test_sandbox_policy_check_covers_plain_environment_values(service: ServiceSpec) -> None:
+    pool = next(p for p in service.pools if p.sandbox)
+    for env in (
+        {"DATABASE_URL": "postgresql://app:pw@db/app"},
+        {"PARTNER": "https://user:pw@partner.example.com"},
+        {"API_TOKEN": "abc"},
+    ):
+        args = SandboxPoolArgs(
+            pool=pool,
+            project="o",
+            image="i",
+            namespace="sb",
+            broker=BROKER,
+            pools_file=pools_file_text(),
+            env=env,
+        )
+        objects = run(lambda args=args: SandboxPool("sandbox", args))
+        (name,) = env
+        assert f"sb: pod gets {name} in plain text" in sandbox_problems(objects, "sb", 6380)
+
+
+def test_sandbox_policy_check_notices_a_wider_ingress_rule(service: ServiceSpec) -> None:
+    pool = next(p for p in service.pools if p.sandbox)
+    args = SandboxPoolArgs(
+        pool=pool, project="o", image="i", namespace="sb", broker=BROKER, pools_file="x"
+    )
+    objects = run(lambda: SandboxPool("sandbox", args))
+    scrape = next(o for o in objects if o["metadata"]["name"] == "allow-scrape")
+    scrape["spec"]["ingress"][0]["from"].append({"namespaceSelector": {}})
     assert sandbox_problems(objects, "sb", broker_port=6380)
 
 
@@ -278,15 +366,17 @@ def test_worker_service_renders_every_pool_isolated_and_valid(service: ServiceSp
 
 def test_worker_service_over_budget_is_refused_before_anything_exists(service: ServiceSpec) -> None:
     pools = tuple(
-        dataclasses.replace(p, max_replicas=7) if p.name == "interactive" else p
+        dataclasses.replace(p, max_replicas=8) if p.name == "interactive" else p
         for p in service.pools
     )
     mocks = RecordingMocks()
     pulumi.runtime.set_mocks(mocks, project="p", stack="s", preview=False)
     with pytest.raises(GuardError) as refused:
         WorkerService("svc", dataclasses.replace(service, pools=pools))
-    assert "postgres: pools use 68 > budget 60" in str(refused.value)
-    assert "interactive 7 x 1 x 8 = 56, bulk 3 x 2 x 2 = 12" in str(refused.value)
+    assert "postgres: pools use 115 > budget 110" in str(refused.value)
+    assert "interactive (8 + 2) x (1 x 8 + 1) = 90, bulk (3 + 2) x (2 x 2 + 1) = 25" in str(
+        refused.value
+    )
     assert mocks.resources == []
 
 
@@ -295,7 +385,7 @@ def test_strict_validation_rejects_unknown_fields() -> None:
         lambda: WorkerService(
             "svc",
             dataclasses.replace(
-                ServiceSpec("o", "i", "o", (POOL,), BROKER),
+                ServiceSpec("o", "i", "o", (POOL,), BROKER, "", POOL_ENV),
                 pools=(dataclasses.replace(POOL, uses=()),),
             ),
         )

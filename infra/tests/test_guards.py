@@ -1,89 +1,134 @@
-"""Memory, timing and isolation guards (pure)."""
+"""Memory, timing, isolation and environment guards (pure)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from poolmodel import pool, pools_module
 
-from worker_infra import GuardError, PoolSpec, check_memory, check_timing, grace_period_s, plan
-from worker_infra.guards import check_isolation, memory_bytes, memory_needed
+from worker_infra import GuardError, check_memory, check_timing, grace_period_s, plan
+from worker_infra.guards import check_env, check_isolation, memory_needed, secret_like
 
 MI = 2**20
-
-
-def test_memory_bytes() -> None:
-    assert memory_bytes("512Mi") == 512 * MI
-    assert memory_bytes("1Gi") == 1024 * MI
-    assert memory_bytes("1G") == 10**9
-    with pytest.raises(ValueError, match="not a Kubernetes memory quantity"):
-        memory_bytes("lots")
+# supervisor 50Mi + 2 probes x 56Mi
+FIXED = 162
 
 
 def test_memory_guard_accepts_the_boundary_and_refuses_one_handler_more() -> None:
-    # 2 processes x (4 handlers x 100Mi + 96Mi base) = 992Mi
-    fits = PoolSpec(
-        "bulk", ("r",), processes=2, concurrency=4, memory="992Mi", handler_memory="100Mi"
-    )
-    assert memory_needed(fits) == 992 * MI
+    # 2 processes x (4 handlers x 100Mi + 96Mi base) + 162Mi = 1154Mi
+    fits = pool("bulk", processes=2, concurrency=4, memory="1154Mi", handler_memory="100Mi")
+    assert memory_needed(fits) == (992 + FIXED) * MI
     check_memory(fits)
-    over = PoolSpec(
-        "bulk", ("r",), processes=2, concurrency=5, memory="992Mi", handler_memory="100Mi"
-    )
+    over = pool("bulk", processes=2, concurrency=5, memory="1154Mi", handler_memory="100Mi")
     with pytest.raises(GuardError) as refused:
         check_memory(over)
     assert str(refused.value) == (
-        "memory guard: pool 'bulk' needs 1192Mi = handler_memory 100Mi x concurrency 5 x "
-        "processes 2 + base 96Mi x processes 2, above its memory limit 992Mi"
+        "memory guard: pool 'bulk' needs 1354Mi = handler_memory 100Mi x concurrency 5 x "
+        "processes 2 + base 96Mi x processes 2 + supervisor 50Mi + 2 probes x 56Mi, "
+        "above its memory limit 1154Mi"
     )
 
 
+def test_memory_guard_counts_the_supervisor_and_the_probes() -> None:
+    # Fits on handlers and base alone (4 x 32 + 96 = 224Mi), not with the rest.
+    small = pool("p", concurrency=4, memory="256Mi", handler_memory="32Mi")
+    with pytest.raises(GuardError, match="needs 386Mi"):
+        check_memory(small)
+
+
 def test_memory_guard_skips_pools_without_handler_memory() -> None:
-    check_memory(PoolSpec("p", ("q",), concurrency=256, memory="1Mi"))
+    check_memory(pool("p", concurrency=256, memory="1Mi"))
 
 
 def test_grace_is_the_drain_window_rounded_up_plus_margin() -> None:
-    pool = PoolSpec("p", ("q",), job_timeout_ms=30_000, shutdown_timeout_ms=40_500)
-    assert grace_period_s(pool) == 41 + 15
-    assert grace_period_s(pool, margin_s=0) == 41
+    p = pool("p", job_timeout_ms=30_000, shutdown_timeout_ms=40_500)
+    assert grace_period_s(p) == 41 + 15
+    assert grace_period_s(p, margin_s=0) == 41
 
 
-def test_timing_guard_refuses_job_timeout_at_or_above_shutdown_timeout() -> None:
-    pool = PoolSpec("slow", ("q",), job_timeout_ms=40_000, shutdown_timeout_ms=40_000)
-    with pytest.raises(
-        GuardError, match=r"pool 'slow' job timeout 40000 ms >= shutdown timeout 40000 ms"
-    ):
-        check_timing(pool, grace_period_s(pool))
+def test_job_timeout_at_or_above_shutdown_timeout_is_the_models_to_refuse() -> None:
+    with pytest.raises(ValueError, match=r"job_timeout_ms \(40000\) must be below"):
+        pool("slow", job_timeout_ms=40_000, shutdown_timeout_ms=40_000)
+    assert pools_module().drain_outlasts_job(39_999, 40_000)
+    assert not pools_module().drain_outlasts_job(40_000, 40_000)
 
 
 def test_timing_guard_refuses_grace_at_or_below_shutdown_timeout() -> None:
-    pool = PoolSpec("p", ("q",), job_timeout_ms=30_000, shutdown_timeout_ms=40_000)
+    p = pool("p", job_timeout_ms=30_000, shutdown_timeout_ms=40_000)
     with pytest.raises(GuardError, match=r"grace period 40 s <= shutdown timeout 40000 ms"):
-        check_timing(pool, grace_period_s(pool, margin_s=0))
-    check_timing(pool, grace_period_s(pool, margin_s=1))
+        check_timing(p, grace_period_s(p, margin_s=0))
+    check_timing(p, grace_period_s(p, margin_s=1))
 
 
 @given(st.integers(100, 10**6), st.integers(1_000, 10**6), st.integers(0, 120))
 def test_a_plan_always_orders_job_shutdown_and_grace(job: int, shutdown: int, margin: int) -> None:
-    pool = PoolSpec("p", ("q",), job_timeout_ms=job, shutdown_timeout_ms=shutdown)
     try:
-        result = plan([pool], [], grace_margin_s=margin)
-    except GuardError:
-        assert job >= shutdown or grace_period_s(pool, margin) * 1000 <= shutdown
+        p = pool("p", job_timeout_ms=job, shutdown_timeout_ms=shutdown)
+        result = plan([p], [], grace_margin_s=margin)
+    except (GuardError, ValueError):
+        assert job >= shutdown or -(-shutdown // 1000) + margin <= shutdown / 1000
     else:
         assert job < shutdown < result.pools[0].grace_s * 1000
 
 
 def test_a_queue_served_by_two_pools_is_refused() -> None:
     with pytest.raises(GuardError, match="queue 'emails' is served by pools 'a' and 'b'"):
-        check_isolation([PoolSpec("a", ("emails",)), PoolSpec("b", ("sms", "emails"))])
+        check_isolation([pool("a", ("emails",)), pool("b", ("sms", "emails"))])
 
 
 def test_a_sandbox_pool_using_a_downstream_resource_is_refused() -> None:
+    with pytest.raises(ValueError, match="a sandbox pool uses no downstream resource"):
+        pool("sandbox", ("u",), sandbox=True, uses=["postgres"])
+    sneaked = dataclasses.replace(pool("sandbox", ("u",), sandbox=True), uses=("postgres",))
     with pytest.raises(GuardError, match="sandbox pool 'sandbox' uses postgres"):
-        check_isolation([PoolSpec("sandbox", ("u",), sandbox=True, uses=("postgres",))])
+        check_isolation([sneaked])
 
 
 def test_min_above_max_replicas_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"min_replicas \(3\) exceeds max_replicas \(2\)"):
+        pool("p", min_replicas=3, max_replicas=2)
+    sneaked = dataclasses.replace(pool("p"), min_replicas=3)
     with pytest.raises(GuardError, match=r"min_replicas \(3\)"):
-        plan([PoolSpec("p", ("q",), min_replicas=3, max_replicas=2)], [])
+        plan([sneaked], [])
+
+
+POOL_ENV = frozenset(pools_module().pool_env_fields().values())
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "problem"),
+    [
+        ("WORKER_PROCESSES", "16", "env WORKER_PROCESSES: shapes the pool"),
+        ("WORKER_CONCURRENCY", "64", "env WORKER_CONCURRENCY: shapes the pool"),
+        ("DB_POOL_SIZE", "64", "env DB_POOL_SIZE: shapes the pool"),
+        ("WORKER_PREFETCH", "1000", "env WORKER_PREFETCH: shapes the pool"),
+        ("WORKER_POOLS_FILE", "/app/pools.toml", "env WORKER_POOLS_FILE: set by worker_infra"),
+        ("DATABASE_URL", "postgresql://db/app", "env DATABASE_URL: set by worker_infra"),
+        ("SENTRY_DSN", "https://key@sentry.io/1", "env SENTRY_DSN: looks like a secret"),
+        ("API_TOKEN", "abc", "env API_TOKEN: looks like a secret"),
+        ("UPSTREAM", "https://user:pw@api.example.com", "env UPSTREAM: looks like a secret"),
+    ],
+)
+def test_stack_env_cannot_set_pool_shaping_managed_or_secret_variables(
+    name: str, value: str, problem: str
+) -> None:
+    with pytest.raises(GuardError, match=problem):
+        check_env({"LOG_LEVEL": "INFO", name: value}, POOL_ENV)
+
+
+def test_every_pool_shaping_variable_is_named_by_the_model() -> None:
+    assert {
+        "WORKER_QUEUES",
+        "WORKER_PROCESSES",
+        "WORKER_CONCURRENCY",
+        "WORKER_JOB_TIMEOUT_MS",
+        "WORKER_SHUTDOWN_TIMEOUT_MS",
+        "WORKER_MAX_ATTEMPTS",
+        "WORKER_PREFETCH",
+        "DB_POOL_SIZE",
+    } == POOL_ENV
+    check_env({"LOG_LEVEL": "DEBUG", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel:4317"}, POOL_ENV)
+    assert not secret_like("LOG_LEVEL", "INFO")

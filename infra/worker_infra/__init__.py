@@ -2,22 +2,37 @@
 
 - :class:`WorkerService`: every pool of a service, after every guard passed.
 - :class:`WorkerPool`: Deployment, token-less ServiceAccount, PodDisruptionBudget.
-- :class:`BacklogScaler`: KEDA ScaledObject on backlog depth and age (+ TriggerAuthentication).
+- :class:`BacklogScaler`: KEDA ScaledObject on backlog load and age (+ TriggerAuthentication).
 - :class:`SandboxPool`: a WorkerPool in its own locked-down namespace.
 - :class:`SchedulerDeployment`: the leader-elected replicas of ``<project> scheduler``.
 - :mod:`.capacity`, :mod:`.guards`: the pure arithmetic of the guards.
+- :mod:`.poolsfile`: the stack-merged pools file the pods mount.
+- :mod:`.cluster`: the stack's explicit Kubernetes provider.
 - :mod:`.render`: offline rendering through Pulumi's mocks.
+- :mod:`.simulate`: the rendered scalers against a queue model.
+
+The pool model itself (fields, bounds, defaults) is the service's own ``pools.py``;
+worker_infra takes its validated objects (:meth:`PoolSpec.of`).
 """
 
-from .args import BrokerSpec, DownstreamSpec, PoolSpec, SandboxSpec, ScalingSpec, ServiceSpec
+from .args import (
+    BrokerSpec,
+    ClusterSpec,
+    DownstreamSpec,
+    PoolSpec,
+    SandboxSpec,
+    ScalingSpec,
+    ServiceSpec,
+)
 from .capacity import Share, Usage, capacity_report, capped_max_replicas, check_capacity
+from .cluster import cluster_provider
 from .errors import GuardError
 from .guards import (
+    check_env,
     check_isolation,
     check_memory,
     check_timing,
     grace_period_s,
-    memory_bytes,
     memory_needed,
     plan,
 )
@@ -31,6 +46,7 @@ __all__ = [
     "BacklogScaler",
     "BacklogScalerArgs",
     "BrokerSpec",
+    "ClusterSpec",
     "DownstreamSpec",
     "GuardError",
     "PoolSpec",
@@ -50,11 +66,12 @@ __all__ = [
     "capacity_report",
     "capped_max_replicas",
     "check_capacity",
+    "check_env",
     "check_isolation",
     "check_memory",
     "check_timing",
+    "cluster_provider",
     "grace_period_s",
-    "memory_bytes",
     "memory_needed",
     "plan",
 ]

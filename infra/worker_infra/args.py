@@ -1,14 +1,19 @@
 """Typed arguments of the worker_infra components.
 
-worker_infra never imports the baked service: the service's infra program reads
-pools.toml with its own loader and converts every pool and downstream resource
-into the frozen dataclasses below.
+worker_infra never imports the baked service, and it does not model a pool either: the
+service's pool model (its ``pools.py``) is the one definition of a pool's fields, bounds
+and defaults. The service's infra program merges the stack's overrides into pools.toml,
+validates the result with that model and hands worker_infra the validated objects
+(:meth:`PoolSpec.of`, :meth:`DownstreamSpec.of`, anything shaped like :class:`PoolModel`)
+together with the merged file's text, which the pods mount. The dataclasses below hold
+only what the infrastructure reads, with no defaults of their own.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import pulumi
 
@@ -16,6 +21,61 @@ if TYPE_CHECKING:
     from .scheduler import SchedulerSpec
 
 PerProcess = Literal["db_pool_size", "concurrency"]
+MiB = 2**20
+
+
+class DownstreamModel(Protocol):
+    """A ``[downstream.*]`` entry as the service's pool model validated it."""
+
+    @property
+    def capacity(self) -> int: ...
+    @property
+    def reserved(self) -> int: ...
+    @property
+    def per_process(self) -> PerProcess: ...
+
+
+class PoolModel(Protocol):
+    """A ``[pools.*]`` entry as the service's pool model validated it (its ``Pool``)."""
+
+    @property
+    def queues(self) -> Sequence[str]: ...
+    @property
+    def processes(self) -> int: ...
+    @property
+    def concurrency(self) -> int: ...
+    @property
+    def effective_prefetch(self) -> int: ...
+    @property
+    def job_timeout_ms(self) -> int: ...
+    @property
+    def shutdown_timeout_ms(self) -> int: ...
+    @property
+    def effective_db_pool_size(self) -> int: ...
+    @property
+    def memory(self) -> str: ...
+    @property
+    def memory_bytes(self) -> int: ...
+    @property
+    def cpu(self) -> str: ...
+    @property
+    def cpu_millis(self) -> int: ...
+    @property
+    def handler_memory(self) -> str | None: ...
+    @property
+    def handler_memory_bytes(self) -> int | None: ...
+    @property
+    def min_replicas(self) -> int: ...
+    @property
+    def max_replicas(self) -> int: ...
+    @property
+    def backlog_age_target_s(self) -> int: ...
+    @property
+    def uses(self) -> Sequence[str]: ...
+    @property
+    def sandbox(self) -> bool: ...
+    @property
+    def critical(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -25,15 +85,20 @@ class DownstreamSpec:
     Parameters:
       name: the ``[downstream.<name>]`` key.
       capacity: what the resource can hold in total.
-      reserved: held back for the API, admin and migrations (default 0).
+      reserved: held back for the API, admin and migrations.
       per_process: what one worker process holds of it: ``"db_pool_size"``
-        (its DB connection pool, the default) or ``"concurrency"`` (calls in flight).
+        (its DB connection pool) or ``"concurrency"`` (calls in flight).
     """
 
     name: str
     capacity: int
-    reserved: int = 0
-    per_process: PerProcess = "db_pool_size"
+    reserved: int
+    per_process: PerProcess
+
+    @classmethod
+    def of(cls, name: str, resource: DownstreamModel) -> DownstreamSpec:
+        """The spec of a validated ``[downstream.<name>]`` entry."""
+        return cls(name, resource.capacity, resource.reserved, resource.per_process)
 
     @property
     def budget(self) -> int:
@@ -43,55 +108,78 @@ class DownstreamSpec:
 
 @dataclass(frozen=True)
 class PoolSpec:
-    """One pool of pools.toml, after the stack's overrides.
+    """What the infrastructure reads of one validated pool (after the stack's overrides).
 
-    Parameters (defaults as in pools.toml):
+    Built with :meth:`PoolSpec.of` from the service's pool model; the pool's other fields
+    (max_attempts, ...) reach the pods only through the mounted pools file.
+
+    Parameters:
       name: pool name (``WORKER_POOL``); also the Deployment's and scaler's name suffix.
       queues: Dramatiq queues it alone serves.
-      processes: processes per container (default 1).
-      concurrency: handler threads per process (default 4).
-      job_timeout_ms: hard limit per job (default 30000).
-      shutdown_timeout_ms: drain window after SIGTERM (default 40000).
-      max_attempts: deliveries before dead-lettering (default 5).
-      db_pool_size: DB connections per process; None means ``concurrency``.
-      memory: container memory limit (and request), e.g. ``"512Mi"``.
-      cpu: CPU request, e.g. ``"250m"`` (no CPU limit: throttling stalls handlers).
-      handler_memory: peak memory of one handler, None to skip the memory guard.
-      min_replicas, max_replicas: KEDA floor and ceiling (defaults 1 and 2).
-      backlog_age_target_s: oldest-message age per replica that KEDA aims at (default 30).
+      processes, concurrency: processes per container, handler threads per process.
+      prefetch: messages one process holds, running or waiting.
+      job_timeout_ms, shutdown_timeout_ms: job limit and drain window.
+      db_pool_size: DB connections per process.
+      memory, memory_bytes: container memory limit (and request).
+      cpu, cpu_millis: CPU request (no CPU limit: throttling stalls handlers).
+      handler_memory, handler_memory_bytes: peak of one handler; None skips the memory guard.
+      min_replicas, max_replicas: KEDA floor and ceiling.
+      backlog_age_target_s: the oldest-message age KEDA holds the backlog under.
       uses: downstream resources the handlers hold.
-      sandbox: True for the untrusted-code pool (own namespace, no egress but DNS + broker).
-      stalled_after_s: liveness threshold; None means job timeout + 30 s.
+      sandbox: the untrusted-code pool (own namespace, no egress but DNS + broker).
+      critical: its pods get the service's PriorityClass (never starved by the others).
     """
 
     name: str
     queues: tuple[str, ...]
-    processes: int = 1
-    concurrency: int = 4
-    job_timeout_ms: int = 30_000
-    shutdown_timeout_ms: int = 40_000
-    max_attempts: int = 5
-    db_pool_size: int | None = None
-    memory: str = "512Mi"
-    cpu: str = "250m"
-    handler_memory: str | None = None
-    min_replicas: int = 1
-    max_replicas: int = 2
-    backlog_age_target_s: int = 30
-    uses: tuple[str, ...] = ()
-    sandbox: bool = False
-    stalled_after_s: int | None = None
+    processes: int
+    concurrency: int
+    prefetch: int
+    job_timeout_ms: int
+    shutdown_timeout_ms: int
+    db_pool_size: int
+    memory: str
+    memory_bytes: int
+    cpu: str
+    cpu_millis: int
+    handler_memory: str | None
+    handler_memory_bytes: int | None
+    min_replicas: int
+    max_replicas: int
+    backlog_age_target_s: int
+    uses: tuple[str, ...]
+    sandbox: bool
+    critical: bool
+
+    @classmethod
+    def of(cls, name: str, pool: PoolModel) -> PoolSpec:
+        """The spec of a validated ``[pools.<name>]`` entry."""
+        return cls(
+            name=name,
+            queues=tuple(pool.queues),
+            processes=pool.processes,
+            concurrency=pool.concurrency,
+            prefetch=pool.effective_prefetch,
+            job_timeout_ms=pool.job_timeout_ms,
+            shutdown_timeout_ms=pool.shutdown_timeout_ms,
+            db_pool_size=pool.effective_db_pool_size,
+            memory=pool.memory,
+            memory_bytes=pool.memory_bytes,
+            cpu=pool.cpu,
+            cpu_millis=pool.cpu_millis,
+            handler_memory=pool.handler_memory,
+            handler_memory_bytes=pool.handler_memory_bytes,
+            min_replicas=pool.min_replicas,
+            max_replicas=pool.max_replicas,
+            backlog_age_target_s=pool.backlog_age_target_s,
+            uses=tuple(pool.uses),
+            sandbox=pool.sandbox,
+            critical=pool.critical,
+        )
 
     @property
-    def effective_db_pool_size(self) -> int:
-        """Connections per process: ``db_pool_size``, by default ``concurrency``."""
-        return self.db_pool_size or self.concurrency
-
-    @property
-    def effective_stalled_after_s(self) -> int:
-        """``stalled_after_s``, by default the job timeout (rounded up) plus 30 s."""
-        if self.stalled_after_s is not None:
-            return self.stalled_after_s
+    def stalled_after_s(self) -> int:
+        """Liveness threshold: the job timeout (rounded up) plus 30 s."""
         return -(-self.job_timeout_ms // 1000) + 30
 
     @property
@@ -141,25 +229,44 @@ class BrokerSpec:
 
 @dataclass(frozen=True)
 class ScalingSpec:
-    """How KEDA scales every pool (stack-wide).
+    """How KEDA scales every pool (stack-wide). The simulation (:mod:`.simulate`) reads
+    these numbers from the rendered ScaledObjects, not from here.
 
     Parameters:
-      prometheus_server: Prometheus URL the age trigger queries.
+      prometheus_server: Prometheus URL the load and age triggers query.
       polling_interval_s: KEDA polling interval (default 15).
       cooldown_period_s: idle time before scaling to ``min_replicas`` when it is 0 (default 300).
-      scale_down_window_s: HPA scale-down stabilization window (default 300).
+      scale_up_window_s: HPA scale-up stabilization window (default 30: two syncs in a row
+        must ask for more, so one noisy reading does not add a pod).
+      scale_up_percent, scale_up_pods, scale_up_period_s: at most the larger of
+        ``percent`` % and ``pods`` pods added per period (defaults 200, 8, 15).
+      scale_down_window_s: HPA scale-down stabilization window (default 900: at most about
+        two direction changes per hour under a steady, noisy load; see the simulation).
       scale_down_pods: pods removed at most per period (default 1).
-      scale_down_period_s: that period (default 60).
-      fallback_failures: failed metric reads before the fallback applies (default 3).
+      scale_down_period_s: that period (default 60); a pool holding downstream resources
+        uses at least its grace period, so one removed pod is gone before the next goes.
+      delayed_per_replica: delayed messages one replica holds (the delay-queue trigger's
+        target; default 1000): a waiting retry wakes a pool at zero.
+      pod_monitor: create a PodMonitor per namespace (Prometheus Operator; default True).
+      monitoring_namespace: namespace of Prometheus, the only one the sandbox admits to its
+        metrics port (default ``monitoring``).
+      scrape_interval_s: PodMonitor scrape interval (default 15).
     """
 
     prometheus_server: str = "http://prometheus-operated.monitoring.svc:9090"
     polling_interval_s: int = 15
     cooldown_period_s: int = 300
-    scale_down_window_s: int = 300
+    scale_up_window_s: int = 30
+    scale_up_percent: int = 200
+    scale_up_pods: int = 8
+    scale_up_period_s: int = 15
+    scale_down_window_s: int = 900
     scale_down_pods: int = 1
     scale_down_period_s: int = 60
-    fallback_failures: int = 3
+    delayed_per_replica: int = 1000
+    pod_monitor: bool = True
+    monitoring_namespace: str = "monitoring"
+    scrape_interval_s: int = 15
 
 
 @dataclass(frozen=True)
@@ -192,6 +299,23 @@ class SandboxSpec:
 
 
 @dataclass(frozen=True)
+class ClusterSpec:
+    """Which cluster a stack deploys to: an explicit Kubernetes provider, never by accident
+    the kube context that happens to be current.
+
+    Parameters:
+      context: kubeconfig context of the stack's cluster.
+      kubeconfig: path or contents of a kubeconfig; None means the default file.
+      allow_ambient: accept the current context when ``context`` is None (default False;
+        only for a developer's own cluster).
+    """
+
+    context: str | None = None
+    kubeconfig: str | None = None
+    allow_ambient: bool = False
+
+
+@dataclass(frozen=True)
 class ServiceSpec:
     """Everything a baked service's stack deploys.
 
@@ -199,15 +323,21 @@ class ServiceSpec:
       project: the service (console script, label ``app.kubernetes.io/name``).
       image: full image reference including the tag.
       namespace: namespace of the ordinary pools.
-      pools, downstream: from pools.toml after the stack's overrides.
+      pools, downstream: the validated, stack-merged pools file's entries.
       broker: the Redis broker.
+      pools_file: that file's text (TOML), mounted into every pod at ``WORKER_POOLS_FILE``.
+      pool_env: the environment variables a pool shapes, as the service's pool model names
+        them (``pools.pool_env_fields()``): the stack's ``env`` may not set them.
       database_url: ``DATABASE_URL`` (a Pulumi secret), None without a database.
       scaling, sandbox: stack-wide scaling and sandbox options.
       grace_margin_s: seconds between the drain window and SIGKILL (default 15).
-      memory_base: memory allowance per process besides its handlers (default ``"96Mi"``).
+      memory_base: bytes per process besides its handlers (default 96 MiB).
       metrics_port: port of /metrics, /livez, /readyz (default 9191).
-      create_namespace: create and label the namespace (default True).
-      env: extra plain environment variables for every pool.
+      create_namespace: create and label the namespaces (default True; False for
+        namespaces the platform team pre-creates).
+      instance, version: ``app.kubernetes.io/instance`` and ``/version`` labels (default:
+        the project and ``"unversioned"``).
+      env: extra plain environment variables for every pool (see :func:`.guards.check_env`).
       scheduler: the scheduler Deployment (:mod:`.scheduler`); None or no schedules: none.
       prometheus_rule: render the alert rules (:mod:`.alerts`) as a PrometheusRule of the
         Prometheus Operator (default True; False where its CRD is not installed).
@@ -218,14 +348,18 @@ class ServiceSpec:
     namespace: str
     pools: tuple[PoolSpec, ...]
     broker: BrokerSpec
+    pools_file: str
+    pool_env: frozenset[str]
     downstream: tuple[DownstreamSpec, ...] = ()
     database_url: pulumi.Input[str] | None = None
     scaling: ScalingSpec = field(default_factory=ScalingSpec)
     sandbox: SandboxSpec = field(default_factory=SandboxSpec)
     grace_margin_s: int = 15
-    memory_base: str = "96Mi"
+    memory_base: int = 96 * MiB
     metrics_port: int = 9191
     create_namespace: bool = True
+    instance: str | None = None
+    version: str = "unversioned"
     env: dict[str, str] = field(default_factory=dict)
     scheduler: SchedulerSpec | None = None
     prometheus_rule: bool = True

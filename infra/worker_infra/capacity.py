@@ -1,13 +1,22 @@
 """Capacity budget: pure arithmetic over pools and downstream resources (no Pulumi).
 
-For every downstream resource ``r``::
+For every downstream resource ``r``, the worst case that must fit is::
 
-    sum over pools p using r of  p.max_replicas x p.processes x per_process(p, r)
-        <= r.capacity - r.reserved
+    sum over pools p using r of
+        (p.max_replicas + TRANSITION_PODS) x (p.processes x per_process(p, r) + probe(r))
+    <= r.capacity - r.reserved
 
-where ``per_process`` is the pool's DB pool size (``per_process = "db_pool_size"``,
-the default size being the pool's concurrency) or its concurrency
-(``per_process = "concurrency"``, e.g. a partner's concurrent-call limit).
+- ``per_process`` is the pool's DB pool size (``per_process = "db_pool_size"``) or its
+  concurrency (``per_process = "concurrency"``, e.g. a partner's concurrent-call limit);
+- ``TRANSITION_PODS`` (2): pods of a pool still holding their connections while draining
+  next to ``max_replicas`` running ones. The pod spec bounds them: a rollout replaces one
+  pod at a time and starts the next replacement only after the previous pod's grace
+  period (``maxSurge 0``, ``maxUnavailable 1``, ``minReadySeconds = grace``), the scaler
+  removes at most one pod per period of at least the grace period, so at most one pod
+  drains from a rollout or a scale-down at a time; the PodDisruptionBudget lets one
+  eviction run next to it;
+- ``probe(r)``: 1 per pod for a ``db_pool_size`` resource, the readiness probe's own
+  connection (``healthcheck ready`` opens one every period, outside the DB pool).
 """
 
 from __future__ import annotations
@@ -18,22 +27,38 @@ from dataclasses import dataclass
 from .args import DownstreamSpec, PoolSpec
 from .errors import GuardError
 
+#: Draining pods of one pool that may still hold connections next to its maximum.
+TRANSITION_PODS = 2
+#: Connections the readiness probe opens per pod (database resources only).
+PROBE_CONNECTIONS = 1
+
 
 @dataclass(frozen=True)
 class Share:
-    """One pool's worst-case use of one resource: ``replicas x processes x per_process``."""
+    """One pool's worst case on one resource:
+    ``(replicas + transition) x (processes x per_process + probe)``."""
 
     pool: str
     replicas: int
     processes: int
     per_process: int
+    transition: int = TRANSITION_PODS
+    probe: int = 0
+
+    @property
+    def per_pod(self) -> int:
+        return self.processes * self.per_process + self.probe
 
     @property
     def total(self) -> int:
-        return self.replicas * self.processes * self.per_process
+        return (self.replicas + self.transition) * self.per_pod
 
     def __str__(self) -> str:
-        return f"{self.pool} {self.replicas} x {self.processes} x {self.per_process} = {self.total}"
+        probe = f" + {self.probe}" if self.probe else ""
+        return (
+            f"{self.pool} ({self.replicas} + {self.transition}) x "
+            f"({self.processes} x {self.per_process}{probe}) = {self.total}"
+        )
 
 
 @dataclass(frozen=True)
@@ -57,12 +82,12 @@ class Usage:
 
     def __str__(self) -> str:
         r = self.resource
-        per = "DB_POOL_SIZE" if r.per_process == "db_pool_size" else "concurrency"
+        per = "DB_POOL_SIZE + probe" if r.per_process == "db_pool_size" else "concurrency"
         shares = ", ".join(str(share) for share in self.shares) or "no pool"
         return (
             f"{r.name}: pools use {self.total} > budget {self.budget} "
             f"(capacity {r.capacity} - reserved {r.reserved}); "
-            f"max_replicas x processes x {per}: {shares}"
+            f"(max_replicas + draining) x (processes x {per}): {shares}"
             if not self.fits
             else f"{r.name}: {self.total} of {self.budget} "
             f"(capacity {r.capacity} - reserved {r.reserved}); {shares}"
@@ -73,21 +98,27 @@ def per_process_usage(pool: PoolSpec, resource: DownstreamSpec) -> int:
     """What one process of ``pool`` holds of ``resource``: DB pool size or concurrency."""
     if resource.per_process == "concurrency":
         return pool.concurrency
-    return pool.effective_db_pool_size
+    return pool.db_pool_size
+
+
+def probe_usage(resource: DownstreamSpec) -> int:
+    """What the readiness probe of one pod holds of ``resource``."""
+    return PROBE_CONNECTIONS if resource.per_process == "db_pool_size" else 0
 
 
 def per_replica_usage(pool: PoolSpec, resource: DownstreamSpec) -> int:
-    """What one replica of ``pool`` holds of ``resource``: ``processes x per_process``."""
-    return pool.processes * per_process_usage(pool, resource)
+    """What one pod of ``pool`` holds of ``resource``: ``processes x per_process + probe``."""
+    return pool.processes * per_process_usage(pool, resource) + probe_usage(resource)
 
 
 def share(pool: PoolSpec, resource: DownstreamSpec, replicas: int | None = None) -> Share:
-    """The pool's share of the resource at ``replicas`` (default: its ``max_replicas``)."""
+    """The pool's worst case on the resource at ``replicas`` (default: its ``max_replicas``)."""
     return Share(
         pool=pool.name,
         replicas=pool.max_replicas if replicas is None else replicas,
         processes=pool.processes,
         per_process=per_process_usage(pool, resource),
+        probe=probe_usage(resource),
     )
 
 
@@ -128,7 +159,8 @@ def check_capacity(
 
 
 def capped_max_replicas(pool: PoolSpec, downstream: Sequence[DownstreamSpec]) -> int:
-    """``max_replicas``, lowered to what each used resource's budget could hold of this pool alone.
+    """``max_replicas``, lowered to what each used resource's budget could hold of this pool
+    alone (draining pods included).
 
     Once :func:`check_capacity` passes this equals ``max_replicas``; it is what the scaler's
     ``maxReplicaCount`` is set to, so no scaler can be configured past a resource's budget.
@@ -136,5 +168,5 @@ def capped_max_replicas(pool: PoolSpec, downstream: Sequence[DownstreamSpec]) ->
     cap = pool.max_replicas
     for resource in downstream:
         if resource.name in pool.uses:
-            cap = min(cap, resource.budget // per_replica_usage(pool, resource))
+            cap = min(cap, resource.budget // per_replica_usage(pool, resource) - TRANSITION_PODS)
     return cap

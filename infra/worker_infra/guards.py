@@ -1,70 +1,118 @@
-"""Memory, timing and isolation guards: pure functions (no Pulumi resources).
+"""Memory, timing, isolation and environment guards: pure functions (no Pulumi resources).
 
-- memory: ``handler_memory x concurrency x processes + memory_base x processes <= memory``
-- timing: ``grace = ceil(shutdown_timeout_ms / 1000) + margin``;
-  refused unless ``job_timeout_ms < shutdown_timeout_ms < grace x 1000``
+- memory: ``handler_memory x concurrency x processes + memory_base x processes
+  + supervisor + probes x probe <= memory`` (the supervisor process and the exec probes
+  run in the same container and count against its limit);
+- timing: ``grace = ceil(shutdown_timeout_ms / 1000) + margin``, refused unless
+  ``shutdown_timeout_ms < grace x 1000``. The rule's other half, job < drain, belongs to
+  the service's pool model (``pools.drain_outlasts_job``), which validated every pool
+  before worker_infra saw it;
 - isolation: every queue is served by exactly one pool; pool names are unique; a sandbox
-  pool uses no downstream resource (it reaches nothing but DNS and the broker).
+  pool uses no downstream resource (it reaches nothing but DNS and the broker);
+- environment: a stack's extra env sets no pool-shaping, infra-managed or secret variable.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from .args import DownstreamSpec, PoolSpec
+from .args import DownstreamSpec, MiB, PoolSpec
 from .capacity import Usage, capped_max_replicas, check_capacity
 from .errors import GuardError
 
-_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?$")
-_UNITS = {
-    "Ki": 2**10,
-    "Mi": 2**20,
-    "Gi": 2**30,
-    "Ti": 2**40,
-    "k": 10**3,
-    "M": 10**6,
-    "G": 10**9,
-    "T": 10**12,
-    "": 1,
-}
+#: Resident memory of the supervisor process (measured: ~49 MB), rounded up.
+SUPERVISOR_MEMORY = 50 * MiB
+#: Resident memory of one exec probe (``<project> healthcheck ...``, measured: ~56 MB).
+PROBE_MEMORY = 56 * MiB
+#: Exec probes that can run at once in a container (liveness and readiness).
+CONCURRENT_PROBES = 2
+DEFAULT_MEMORY_BASE = 96 * MiB
+
+#: Variables worker_infra sets itself on every pod.
+MANAGED_ENV = frozenset(
+    {
+        "WORKER_POOL",
+        "WORKER_POOLS_FILE",
+        "METRICS_PORT",
+        "HEALTH_STALLED_AFTER_S",
+        "OTEL_SERVICE_NAME",
+        "REDIS_URL",
+        "DATABASE_URL",
+    }
+)
+_SECRET_NAME = re.compile(
+    r"(PASSWORD|PASSWD|SECRET|TOKEN|CREDENTIAL|PRIVATE|API_?KEY|ACCESS_?KEY|_DSN$)",
+    re.IGNORECASE,
+)
+_CREDENTIALS_IN_URL = re.compile(r"[a-z][a-z0-9+.-]*://[^/@\s]*:[^/@\s]+@", re.IGNORECASE)
 
 
-def memory_bytes(quantity: str) -> int:
-    """Bytes of a Kubernetes memory quantity such as ``512Mi``; ValueError if malformed."""
-    match = _QUANTITY.match(quantity)
-    if match is None:
-        raise ValueError(f"{quantity!r} is not a Kubernetes memory quantity such as 512Mi")
-    return int(float(match.group(1)) * _UNITS[match.group(2) or ""])
+def secret_like(name: str, value: str) -> bool:
+    """Whether a plain environment variable looks like it carries a secret or a connection
+    string: its name (``*PASSWORD*``, ``*TOKEN*``, ``*_DSN``, ...) or a value with
+    credentials in a URL (``scheme://user:password@host``)."""
+    return bool(_SECRET_NAME.search(name) or _CREDENTIALS_IN_URL.search(value))
+
+
+def check_env(env: Mapping[str, str], pool_env: Iterable[str]) -> None:
+    """Refuse a stack's extra environment that would set what the guards decided.
+
+    Parameters:
+      env: the stack's ``env`` (applied to every pool).
+      pool_env: the variables a pool shapes (``WORKER_CONCURRENCY``, ``DB_POOL_SIZE``, ...),
+        as the service's pool model names them: they reach the pod only through the
+        validated pools file.
+    """
+    shaping = set(pool_env)
+    problems = []
+    for name, value in env.items():
+        if name in shaping:
+            problems.append(
+                f"env {name}: shapes the pool; set it in pools.toml or the stack's pools "
+                "overrides, where the guards check it"
+            )
+        elif name in MANAGED_ENV:
+            problems.append(f"env {name}: set by worker_infra itself")
+        elif secret_like(name, str(value)):
+            problems.append(
+                f"env {name}: looks like a secret or a connection string; plain env is "
+                "readable by anyone who can read the Deployment (use a Secret)"
+            )
+    if problems:
+        raise GuardError("environment guard: " + "; ".join(problems))
 
 
 def mib(n_bytes: int) -> str:
     """Bytes as ``<n>Mi`` (rounded down), for messages and quotas."""
-    return f"{n_bytes // 2**20}Mi"
+    return f"{n_bytes // MiB}Mi"
 
 
-def memory_needed(pool: PoolSpec, memory_base: str = "96Mi") -> int | None:
-    """Peak bytes of one container: handlers in flight plus a base per process.
-
-    None when the pool declares no ``handler_memory``.
-    """
-    if pool.handler_memory is None:
+def memory_needed(pool: PoolSpec, memory_base: int = DEFAULT_MEMORY_BASE) -> int | None:
+    """Peak bytes of one container: handlers in flight, a base per process, the supervisor
+    and the exec probes. None when the pool declares no ``handler_memory``."""
+    if pool.handler_memory_bytes is None:
         return None
-    handlers = memory_bytes(pool.handler_memory) * pool.concurrency * pool.processes
-    return handlers + memory_bytes(memory_base) * pool.processes
+    handlers = pool.handler_memory_bytes * pool.concurrency * pool.processes
+    return (
+        handlers
+        + memory_base * pool.processes
+        + SUPERVISOR_MEMORY
+        + CONCURRENT_PROBES * PROBE_MEMORY
+    )
 
 
-def check_memory(pool: PoolSpec, memory_base: str = "96Mi") -> None:
+def check_memory(pool: PoolSpec, memory_base: int = DEFAULT_MEMORY_BASE) -> None:
     """Refuse a pool whose peak (see :func:`memory_needed`) exceeds its memory limit."""
     needed = memory_needed(pool, memory_base)
-    limit = memory_bytes(pool.memory)
-    if needed is not None and needed > limit:
+    if needed is not None and needed > pool.memory_bytes:
         raise GuardError(
             f"memory guard: pool {pool.name!r} needs {mib(needed)} = handler_memory "
             f"{pool.handler_memory} x concurrency {pool.concurrency} x processes "
-            f"{pool.processes} + base {memory_base} x processes {pool.processes}, "
-            f"above its memory limit {pool.memory}"
+            f"{pool.processes} + base {mib(memory_base)} x processes {pool.processes} "
+            f"+ supervisor {mib(SUPERVISOR_MEMORY)} + {CONCURRENT_PROBES} probes x "
+            f"{mib(PROBE_MEMORY)}, above its memory limit {pool.memory}"
         )
 
 
@@ -74,12 +122,7 @@ def grace_period_s(pool: PoolSpec, margin_s: int = 15) -> int:
 
 
 def check_timing(pool: PoolSpec, grace_s: int) -> None:
-    """Refuse unless ``job_timeout_ms < shutdown_timeout_ms < grace_s x 1000``."""
-    if pool.job_timeout_ms >= pool.shutdown_timeout_ms:
-        raise GuardError(
-            f"timing guard: pool {pool.name!r} job timeout {pool.job_timeout_ms} ms >= "
-            f"shutdown timeout {pool.shutdown_timeout_ms} ms; a job must end before the drain does"
-        )
+    """Refuse unless ``shutdown_timeout_ms < grace_s x 1000`` (drain < grace)."""
     if grace_s * 1000 <= pool.shutdown_timeout_ms:
         raise GuardError(
             f"timing guard: pool {pool.name!r} grace period {grace_s} s <= "
@@ -141,7 +184,7 @@ def plan(
     pools: Sequence[PoolSpec],
     downstream: Sequence[DownstreamSpec],
     grace_margin_s: int = 15,
-    memory_base: str = "96Mi",
+    memory_base: int = DEFAULT_MEMORY_BASE,
 ) -> ServicePlan:
     """Run every guard; return the derived numbers or raise :class:`GuardError`."""
     check_isolation(pools)
@@ -152,7 +195,11 @@ def plan(
     report = check_capacity(pools, downstream)
     return ServicePlan(
         pools=tuple(
-            PoolPlan(p, capped_max_replicas(p, downstream), grace_period_s(p, grace_margin_s))
+            PoolPlan(
+                p,
+                capped_max_replicas(p, downstream),
+                grace_period_s(p, grace_margin_s),
+            )
             for p in pools
         ),
         capacity=report,

@@ -12,6 +12,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 K8S_VERSION = "1.30"
+#: Custom resources and where their schemas come from (module, version).
+CRD_MODELS = {
+    "ScaledObject": ("cloudcoil.models.keda", "v1alpha1"),
+    "TriggerAuthentication": ("cloudcoil.models.keda", "v1alpha1"),
+    "PodMonitor": ("cloudcoil.models.prometheus_operator", "v1"),
+    "PrometheusRule": ("cloudcoil.models.prometheus_operator", "v1"),
+}
 KEDA_KINDS = ("ScaledObject", "TriggerAuthentication")
 Obj = Mapping[str, Any]
 
@@ -29,34 +36,30 @@ def _forbid_unknown(schema: Any) -> Any:
 
 
 @functools.cache
-def keda_validator(kind: str) -> Any:
-    """A jsonschema validator of KEDA's ``kind`` that rejects unknown fields."""
-    import jsonschema
-    from cloudcoil.models.keda import v1alpha1
+def crd_validator(kind: str) -> Any:
+    """A jsonschema validator of custom resource ``kind`` that rejects unknown fields."""
+    import importlib
 
-    model = getattr(v1alpha1, kind)
+    import jsonschema
+
+    module, version = CRD_MODELS[kind]
+    model = getattr(importlib.import_module(f"{module}.{version}"), kind)
     schema = _forbid_unknown(model.model_json_schema(by_alias=True))
     return jsonschema.Draft202012Validator(schema)
 
 
-@functools.cache
+keda_validator = crd_validator
+
+
 def prometheus_rule_validator() -> Any:
     """A jsonschema validator of the Prometheus Operator's PrometheusRule (no unknown fields)."""
-    import jsonschema
-    from cloudcoil.models.prometheus_operator import v1
-
-    schema = _forbid_unknown(v1.PrometheusRule.model_json_schema(by_alias=True))
-    return jsonschema.Draft202012Validator(schema)
+    return crd_validator("PrometheusRule")
 
 
 def validate_strict(obj: Obj) -> None:
     """Raise if ``obj`` is not a valid object of its kind, unknown fields included."""
-    if obj["kind"] in (*KEDA_KINDS, "PrometheusRule"):
-        validator = (
-            prometheus_rule_validator()
-            if obj["kind"] == "PrometheusRule"
-            else keda_validator(obj["kind"])
-        )
+    if obj["kind"] in CRD_MODELS:
+        validator = crd_validator(obj["kind"])
         errors = sorted(validator.iter_errors(dict(obj)), key=lambda e: list(e.path))
         if errors:
             raise ValueError(
@@ -67,6 +70,43 @@ def validate_strict(obj: Obj) -> None:
     import kubernetes_validate
 
     kubernetes_validate.validate(dict(obj), K8S_VERSION, strict=True)
+
+
+def workers(objects: Iterable[Obj]) -> list[Obj]:
+    """The pools' Deployments (component ``worker``; the scheduler's is not a pool)."""
+    return [
+        d
+        for d in of_kind(objects, "Deployment")
+        if d["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "worker"
+    ]
+
+
+def pod_env(deployment: Obj) -> dict[str, Any]:
+    """The worker container's environment: name -> value (or its ``valueFrom``)."""
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
+
+
+def pod_pools_file(objects: Iterable[Obj], deployment: Obj) -> dict[str, Any]:
+    """The pools file a Deployment's pods read: its ConfigMap volume's ``pools.toml``, parsed."""
+    import tomllib
+
+    from .poolsfile import POOLS_KEY
+
+    namespace = deployment["metadata"]["namespace"]
+    pod = deployment["spec"]["template"]["spec"]
+    names = [v["configMap"]["name"] for v in pod.get("volumes", []) if "configMap" in v]
+    for obj in of_kind(objects, "ConfigMap"):
+        meta = obj["metadata"]
+        if meta.get("namespace") == namespace and meta["name"] in names:
+            return tomllib.loads(obj["data"][POOLS_KEY])
+    raise LookupError(f"{deployment['metadata']['name']}: no pools file ConfigMap")
+
+
+def pod_pool(objects: Iterable[Obj], deployment: Obj) -> dict[str, Any]:
+    """The pools-file entry a Deployment's pods run (``WORKER_POOL`` in the mounted file)."""
+    pools: dict[str, Any] = pod_pools_file(objects, deployment)["pools"]
+    return dict(pools[pod_env(deployment)["WORKER_POOL"]])
 
 
 def of_kind(objects: Iterable[Obj], kind: str) -> list[Obj]:
@@ -146,10 +186,7 @@ def isolation_problems(objects: Sequence[Obj]) -> list[str]:
         key = (d["metadata"]["namespace"], d["metadata"]["name"])
         if targets.count(key) != 1:
             problems.append(f"{key[1]}: {targets.count(key)} ScaledObjects")
-        env = {
-            e["name"]: e.get("value") for e in d["spec"]["template"]["spec"]["containers"][0]["env"]
-        }
-        for queue in (env.get("WORKER_QUEUES") or "").split(","):
+        for queue in pod_pool(objects, d)["queues"]:
             if queue in owner:
                 problems.append(f"queue {queue} served by {owner[queue]} and {key[1]}")
             owner[queue] = key[1]
@@ -158,9 +195,18 @@ def isolation_problems(objects: Sequence[Obj]) -> list[str]:
     return problems
 
 
-def sandbox_problems(objects: Sequence[Obj], namespace: str, broker_port: int = 6379) -> list[str]:
+def sandbox_problems(
+    objects: Sequence[Obj],
+    namespace: str,
+    broker_port: int = 6379,
+    metrics_port: int = 9191,
+    monitoring_namespace: str = "monitoring",
+) -> list[str]:
     """The sandbox namespace: enforced "restricted", default-deny, egress only DNS + broker,
-    quota and limits, and no Secret but the broker's."""
+    ingress only the monitoring namespace to the metrics port, quota and limits, no Secret
+    but the broker's, and no secret in the pods' environment (references or plain values)."""
+    from .guards import secret_like
+
     problems = []
     ns = [o for o in of_kind(objects, "Namespace") if o["metadata"]["name"] == namespace]
     if (
@@ -180,8 +226,19 @@ def sandbox_problems(objects: Sequence[Obj], namespace: str, broker_port: int = 
     ]
     if len(deny) != 1:
         problems.append(f"{namespace}: {len(deny)} default-deny policies")
-    if any(p["spec"].get("ingress") for p in policies):
-        problems.append(f"{namespace}: an ingress rule is allowed")
+    ingress = [r for p in policies for r in p["spec"].get("ingress", [])]
+    scrape = {
+        "from": [
+            {
+                "namespaceSelector": {
+                    "matchLabels": {"kubernetes.io/metadata.name": monitoring_namespace}
+                }
+            }
+        ],
+        "ports": [{"port": metrics_port, "protocol": "TCP"}],
+    }
+    if ingress not in ([], [scrape]):
+        problems.append(f"{namespace}: ingress rules {ingress} admit more than the scrape")
     rules = [r for p in policies for r in p["spec"].get("egress", [])]
     ports = sorted(
         (port.get("protocol", "TCP"), port["port"]) for r in rules for port in r.get("ports", [])
@@ -194,14 +251,17 @@ def sandbox_problems(objects: Sequence[Obj], namespace: str, broker_port: int = 
                 problems.append(f"{namespace}: egress peer {peer} is not a selected pod set")
     if not of_kind(inside, "ResourceQuota") or not of_kind(inside, "LimitRange"):
         problems.append(f"{namespace}: no ResourceQuota or LimitRange")
-    secrets = of_kind(inside, "Secret")
-    if [s["metadata"]["name"] for s in secrets] != [
-        n for n in [s["metadata"]["name"] for s in secrets] if n.endswith("-broker")
-    ] or len(secrets) != 1:
-        problems.append(f"{namespace}: secrets {[s['metadata']['name'] for s in secrets]}")
+    secrets = [s["metadata"]["name"] for s in of_kind(inside, "Secret")]
+    if len(secrets) != 1 or not secrets[0].endswith("-broker"):
+        problems.append(f"{namespace}: secrets {secrets}")
     for d in of_kind(inside, "Deployment"):
         env = d["spec"]["template"]["spec"]["containers"][0]["env"]
         refs = {e["name"] for e in env if "valueFrom" in e}
         if refs != {"REDIS_URL"}:
             problems.append(f"{namespace}: pod gets secrets {sorted(refs)}")
+        for e in env:
+            if "value" in e and (
+                e["name"] in ("DATABASE_URL", "DB_POOL_SIZE") or secret_like(e["name"], e["value"])
+            ):
+                problems.append(f"{namespace}: pod gets {e['name']} in plain text")
     return problems

@@ -8,7 +8,14 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from .args import PoolSpec
-from .guards import check_memory, check_replicas, check_timing, grace_period_s
+from .guards import (
+    DEFAULT_MEMORY_BASE,
+    check_memory,
+    check_replicas,
+    check_timing,
+    grace_period_s,
+)
+from .poolsfile import CHECKSUM_ANNOTATION, POOLS_FILE, POOLS_KEY, POOLS_MOUNT
 
 POOL_LABEL = "worker-template/pool"
 BROKER_URL_KEY = "redis-url"
@@ -55,13 +62,17 @@ class WorkerPoolArgs:
       image: image reference with tag.
       namespace: namespace of every object.
       broker_secret: Secret holding ``redis-url`` (mounted as ``REDIS_URL``).
+      pools_config_map: ConfigMap holding the stack-merged pools file (see :mod:`.poolsfile`).
+      pools_checksum: SHA-256 of that file (pod-template annotation: a change rolls the pods).
       database_secret: Secret holding ``database-url`` (``DATABASE_URL``); None: no database.
       grace_margin_s: ``terminationGracePeriodSeconds`` = drain window + this (default 15).
-      memory_base: per-process allowance of the memory guard (default ``"96Mi"``).
+      memory_base: per-process bytes of the memory guard (default 96 MiB).
       metrics_port: port of /metrics, /livez, /readyz (default 9191).
       runtime_class: RuntimeClass of the pods (e.g. ``"gvisor"``), None for the default.
+      priority_class: PriorityClass of the pods, None for the cluster default.
       run_as_user: UID and GID of the container (default 10001, non-root).
-      env: extra plain environment variables.
+      labels: extra labels on every object (``app.kubernetes.io/instance``, ...).
+      env: extra plain environment variables (already checked by the environment guard).
     """
 
     pool: PoolSpec
@@ -69,12 +80,16 @@ class WorkerPoolArgs:
     image: str
     namespace: pulumi.Input[str]
     broker_secret: str
+    pools_config_map: str
+    pools_checksum: str
     database_secret: str | None = None
     grace_margin_s: int = 15
-    memory_base: str = "96Mi"
+    memory_base: int = DEFAULT_MEMORY_BASE
     metrics_port: int = 9191
     runtime_class: str | None = None
+    priority_class: str | None = None
     run_as_user: int = 10001
+    labels: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
 
 
@@ -83,8 +98,14 @@ class WorkerPool(pulumi.ComponentResource):
 
     Refuses (``GuardError``) before creating anything when the pool's timing or memory
     guard fails. The Deployment's replica count belongs to the pool's scaler: Pulumi sets
-    the floor once and then ignores ``spec.replicas``. Rollouts never surge
-    (``maxSurge: 0``) so a rollout at ``max_replicas`` stays inside the capacity budget.
+    the floor once and then ignores ``spec.replicas``. The pool's shape reaches the pod
+    only through the mounted pools file (``WORKER_POOL`` picks the entry).
+
+    Transitions stay inside the capacity budget (see :mod:`.capacity`): rollouts never
+    surge (``maxSurge: 0``) and, for a pool holding downstream resources, wait a grace
+    period between replacements (``minReadySeconds``), so at most one old pod drains at a
+    time. The PodDisruptionBudget lets one pod go at a time and always lets an unhealthy
+    pod be evicted (a database outage must not block a node drain).
 
     Outputs: ``deployment_name``, ``service_account_name``.
     """
@@ -102,7 +123,7 @@ class WorkerPool(pulumi.ComponentResource):
 
         full_name = f"{args.project}-{pool.slug}"
         labels = pool_labels(args.project, pool)
-        all_labels = {**labels, "app.kubernetes.io/component": "worker"}
+        all_labels = {**args.labels, **labels, "app.kubernetes.io/component": "worker"}
         meta = k8s.meta.v1.ObjectMetaArgs(
             name=full_name, namespace=args.namespace, labels=all_labels
         )
@@ -116,6 +137,7 @@ class WorkerPool(pulumi.ComponentResource):
             spec=k8s.apps.v1.DeploymentSpecArgs(
                 replicas=pool.min_replicas,
                 revision_history_limit=5,
+                min_ready_seconds=grace_s if pool.uses else None,
                 selector=k8s.meta.v1.LabelSelectorArgs(match_labels=labels),
                 strategy=k8s.apps.v1.DeploymentStrategyArgs(
                     type="RollingUpdate",
@@ -126,13 +148,9 @@ class WorkerPool(pulumi.ComponentResource):
                 template=k8s.core.v1.PodTemplateSpecArgs(
                     metadata=k8s.meta.v1.ObjectMetaArgs(
                         labels=all_labels,
-                        annotations={
-                            "prometheus.io/scrape": "true",
-                            "prometheus.io/port": str(args.metrics_port),
-                            "prometheus.io/path": "/metrics",
-                        },
+                        annotations={CHECKSUM_ANNOTATION: args.pools_checksum},
                     ),
-                    spec=self._pod_spec(args, full_name, grace_s),
+                    spec=self._pod_spec(args, full_name, grace_s, labels),
                 ),
             ),
             opts=pulumi.ResourceOptions(parent=self, ignore_changes=["spec.replicas"]),
@@ -143,6 +161,7 @@ class WorkerPool(pulumi.ComponentResource):
             spec=k8s.policy.v1.PodDisruptionBudgetSpecArgs(
                 max_unavailable=1,
                 selector=k8s.meta.v1.LabelSelectorArgs(match_labels=labels),
+                unhealthy_pod_eviction_policy="AlwaysAllow",
             ),
             opts=child,
         )
@@ -159,22 +178,19 @@ class WorkerPool(pulumi.ComponentResource):
 
     @staticmethod
     def env(args: WorkerPoolArgs) -> list[k8s.core.v1.EnvVarArgs]:
-        """The container's environment (DESIGN 2.1); secrets come from Secret references."""
+        """The container's environment (DESIGN 2.1); secrets come from Secret references.
+
+        The pool's shape (queues, concurrency, processes, timeouts, prefetch, DB pool) is
+        not here: the worker reads it from the mounted pools file.
+        """
         pool = args.pool
         plain: dict[str, str] = {
             "WORKER_POOL": pool.name,
-            "WORKER_QUEUES": ",".join(pool.queues),
-            "WORKER_CONCURRENCY": str(pool.concurrency),
-            "WORKER_PROCESSES": str(pool.processes),
-            "WORKER_JOB_TIMEOUT_MS": str(pool.job_timeout_ms),
-            "WORKER_SHUTDOWN_TIMEOUT_MS": str(pool.shutdown_timeout_ms),
-            "WORKER_MAX_ATTEMPTS": str(pool.max_attempts),
-            "HEALTH_STALLED_AFTER_S": str(pool.effective_stalled_after_s),
+            "WORKER_POOLS_FILE": POOLS_FILE,
+            "HEALTH_STALLED_AFTER_S": str(pool.stalled_after_s),
             "METRICS_PORT": str(args.metrics_port),
             "OTEL_SERVICE_NAME": args.project,
         }
-        if args.database_secret is not None:
-            plain["DB_POOL_SIZE"] = str(pool.effective_db_pool_size)
         plain.update(args.env)
         env = [k8s.core.v1.EnvVarArgs(name=k, value=v) for k, v in plain.items()]
         secrets = [("REDIS_URL", args.broker_secret, BROKER_URL_KEY)]
@@ -192,15 +208,29 @@ class WorkerPool(pulumi.ComponentResource):
         return env
 
     @staticmethod
-    def _pod_spec(args: WorkerPoolArgs, name: str, grace_s: int) -> k8s.core.v1.PodSpecArgs:
+    def _pod_spec(
+        args: WorkerPoolArgs, name: str, grace_s: int, selector: dict[str, str]
+    ) -> k8s.core.v1.PodSpecArgs:
         pool = args.pool
         command = [args.project]
+        spread = [
+            k8s.core.v1.TopologySpreadConstraintArgs(
+                max_skew=1,
+                topology_key=key,
+                when_unsatisfiable="ScheduleAnyway",
+                label_selector=k8s.meta.v1.LabelSelectorArgs(match_labels=selector),
+                match_label_keys=["pod-template-hash"],
+            )
+            for key in ("topology.kubernetes.io/zone", "kubernetes.io/hostname")
+        ]
         return k8s.core.v1.PodSpecArgs(
             service_account_name=name,
             automount_service_account_token=False,
             enable_service_links=False,
             termination_grace_period_seconds=grace_s,
             runtime_class_name=args.runtime_class,
+            priority_class_name=args.priority_class,
+            topology_spread_constraints=spread,
             security_context=restricted_pod_security(args.run_as_user),
             containers=[
                 k8s.core.v1.ContainerArgs(
@@ -225,7 +255,7 @@ class WorkerPool(pulumi.ComponentResource):
                                 "healthcheck",
                                 "live",
                                 "--stalled-after",
-                                str(pool.effective_stalled_after_s),
+                                str(pool.stalled_after_s),
                             ]
                         ),
                         initial_delay_seconds=10,
@@ -242,12 +272,24 @@ class WorkerPool(pulumi.ComponentResource):
                         failure_threshold=3,
                     ),
                     security_context=restricted_container_security(),
-                    volume_mounts=[k8s.core.v1.VolumeMountArgs(name="tmp", mount_path="/tmp")],
+                    volume_mounts=[
+                        k8s.core.v1.VolumeMountArgs(name="tmp", mount_path="/tmp"),
+                        k8s.core.v1.VolumeMountArgs(
+                            name="pools", mount_path=POOLS_MOUNT, read_only=True
+                        ),
+                    ],
                 )
             ],
             volumes=[
                 k8s.core.v1.VolumeArgs(
                     name="tmp", empty_dir=k8s.core.v1.EmptyDirVolumeSourceArgs(size_limit=TMP_SIZE)
-                )
+                ),
+                k8s.core.v1.VolumeArgs(
+                    name="pools",
+                    config_map=k8s.core.v1.ConfigMapVolumeSourceArgs(
+                        name=args.pools_config_map,
+                        items=[k8s.core.v1.KeyToPathArgs(key=POOLS_KEY, path=POOLS_KEY)],
+                    ),
+                ),
             ],
         )

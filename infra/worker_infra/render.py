@@ -24,8 +24,10 @@ _SECRET_SIG = "4dabf18193072939515e22adb298388d"
 KIND_ORDER = (
     "Namespace",
     "RuntimeClass",
+    "PriorityClass",
     "ServiceAccount",
     "Secret",
+    "ConfigMap",
     "ResourceQuota",
     "LimitRange",
     "NetworkPolicy",
@@ -33,6 +35,7 @@ KIND_ORDER = (
     "PodDisruptionBudget",
     "TriggerAuthentication",
     "ScaledObject",
+    "PodMonitor",
 )
 
 
@@ -195,9 +198,25 @@ def read_stack(infra_dir: Path, stack: str, secrets: Sequence[str] = ()) -> Stac
     return StackFiles(project, stack, config, tuple(found))
 
 
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings (the pools file) as literal blocks, readable in a review."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value and not value.startswith(" ") else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
 def to_yaml(objects: Sequence[Mapping[str, Any]]) -> str:
     """One YAML document per object."""
-    text: str = yaml.safe_dump_all(
-        [dict(o) for o in objects], sort_keys=False, default_flow_style=False, width=100
+    text: str = yaml.dump_all(
+        [dict(o) for o in objects],
+        Dumper=_Dumper,
+        sort_keys=False,
+        default_flow_style=False,
+        width=100,
     )
     return text

@@ -10,8 +10,11 @@ import pulumi_kubernetes as k8s
 
 from .acl import acl_broker_url, acl_rule
 from .args import BrokerSpec, PoolSpec, SandboxSpec, ScalingSpec
-from .guards import memory_bytes, mib
-from .pool import BROKER_PASSWORD_KEY, BROKER_URL_KEY, WorkerPool, WorkerPoolArgs
+from .capacity import TRANSITION_PODS
+from .guards import DEFAULT_MEMORY_BASE, mib
+from .monitoring import pod_monitor
+from .pool import BROKER_PASSWORD_KEY, BROKER_URL_KEY, POOL_LABEL, WorkerPool, WorkerPoolArgs
+from .poolsfile import checksum, pools_config_map
 from .scaler import BacklogScaler, BacklogScalerArgs
 
 RESTRICTED_LABELS = {
@@ -20,13 +23,6 @@ RESTRICTED_LABELS = {
     "pod-security.kubernetes.io/audit": "restricted",
     "pod-security.kubernetes.io/warn": "restricted",
 }
-
-
-def cpu_millis(quantity: str) -> int:
-    """Millicores of a CPU quantity such as ``250m`` or ``1.5``."""
-    if quantity.endswith("m"):
-        return int(quantity[:-1])
-    return int(float(quantity) * 1000)
 
 
 def broker_secret(
@@ -104,10 +100,14 @@ class SandboxPoolArgs:
       image: image reference with tag.
       namespace: the sandbox namespace (created here, labelled "restricted").
       broker: the broker; its pods and port are the only egress besides DNS.
+      pools_file: the stack-merged pools file (mounted from a ConfigMap in this namespace).
       max_replicas: the scaler's capped maximum (default: the pool's).
       sandbox: RuntimeClass, quota and DNS options.
-      scaling: KEDA settings.
-      grace_margin_s, memory_base, metrics_port, env: as for :class:`WorkerPoolArgs`.
+      scaling: KEDA and scrape settings; only ``scaling.monitoring_namespace`` may reach
+        the pods, on the metrics port.
+      grace_margin_s, memory_base, metrics_port, labels, env: as for :class:`WorkerPoolArgs`.
+      create_namespace: create the namespace (default True); a pre-created one must carry
+        the Pod Security "restricted" labels (:data:`RESTRICTED_LABELS`).
     """
 
     pool: PoolSpec
@@ -115,22 +115,27 @@ class SandboxPoolArgs:
     image: str
     namespace: str
     broker: BrokerSpec
+    pools_file: str
     max_replicas: int | None = None
     sandbox: SandboxSpec = field(default_factory=SandboxSpec)
     scaling: ScalingSpec = field(default_factory=ScalingSpec)
     grace_margin_s: int = 15
-    memory_base: str = "96Mi"
+    memory_base: int = DEFAULT_MEMORY_BASE
     metrics_port: int = 9191
+    labels: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] | None = None
+    create_namespace: bool = True
 
 
 class SandboxPool(pulumi.ComponentResource):
     """A :class:`WorkerPool` (and its scaler) in a namespace of its own.
 
     Creates: the Namespace (Pod Security "restricted" enforced), a Secret with the broker
-    credentials only, a default-deny NetworkPolicy (ingress and egress), egress rules to
-    DNS and to the broker pods on the broker port, a ResourceQuota and a LimitRange, an
-    optional RuntimeClass, then the pool and its BacklogScaler.
+    credentials only, the pools file's ConfigMap, a default-deny NetworkPolicy (ingress
+    and egress), egress rules to DNS and to the broker pods on the broker port, an ingress
+    rule admitting only the monitoring namespace to the metrics port, a ResourceQuota and
+    a LimitRange, an optional RuntimeClass, a PodMonitor (``scaling.pod_monitor``), then the
+    pool and its BacklogScaler.
     """
 
     def __init__(
@@ -139,17 +144,22 @@ class SandboxPool(pulumi.ComponentResource):
         super().__init__("worker-infra:index:SandboxPool", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         pool, sb, ns = args.pool, args.sandbox, args.namespace
-        labels = {"app.kubernetes.io/name": args.project, "worker-template/pool": pool.slug}
+        labels = {**args.labels, "app.kubernetes.io/name": args.project, POOL_LABEL: pool.slug}
 
         def meta(obj: str) -> k8s.meta.v1.ObjectMetaArgs:
             return k8s.meta.v1.ObjectMetaArgs(name=obj, namespace=ns, labels=labels)
 
-        self.namespace = k8s.core.v1.Namespace(
-            f"{name}-namespace",
-            metadata=k8s.meta.v1.ObjectMetaArgs(name=ns, labels={**labels, **RESTRICTED_LABELS}),
-            opts=child,
-        )
-        after_ns = pulumi.ResourceOptions(parent=self, depends_on=[self.namespace])
+        self.namespace: k8s.core.v1.Namespace | None = None
+        after_ns = child
+        if args.create_namespace:
+            self.namespace = k8s.core.v1.Namespace(
+                f"{name}-namespace",
+                metadata=k8s.meta.v1.ObjectMetaArgs(
+                    name=ns, labels={**labels, **RESTRICTED_LABELS}
+                ),
+                opts=child,
+            )
+            after_ns = pulumi.ResourceOptions(parent=self, depends_on=[self.namespace])
         if sb.runtime_class and sb.runtime_handler:
             k8s.node.v1.RuntimeClass(
                 f"{name}-runtime-class",
@@ -172,6 +182,10 @@ class SandboxPool(pulumi.ComponentResource):
             username_key = BROKER_USERNAME_KEY
         else:
             secret = broker_secret(f"{name}-broker", secret_name, ns, args.broker, labels, after_ns)
+        config_map_name = f"{args.project}-pools"
+        config_map = pools_config_map(
+            f"{name}-pools", config_map_name, ns, args.pools_file, labels, after_ns
+        )
         k8s.networking.v1.NetworkPolicy(
             f"{name}-default-deny",
             metadata=meta("default-deny"),
@@ -215,17 +229,52 @@ class SandboxPool(pulumi.ComponentResource):
         allow_egress("allow-dns", sb.dns_namespace, sb.dns_selector, [("UDP", 53), ("TCP", 53)])
         broker = args.broker
         allow_egress("allow-broker", broker.namespace, broker.pod_selector, [("TCP", broker.port)])
+        monitoring = args.scaling.monitoring_namespace
+        k8s.networking.v1.NetworkPolicy(
+            f"{name}-allow-scrape",
+            metadata=meta("allow-scrape"),
+            spec=k8s.networking.v1.NetworkPolicySpecArgs(
+                pod_selector=k8s.meta.v1.LabelSelectorArgs(),
+                policy_types=["Ingress"],
+                ingress=[
+                    k8s.networking.v1.NetworkPolicyIngressRuleArgs(
+                        from_=[
+                            k8s.networking.v1.NetworkPolicyPeerArgs(
+                                namespace_selector=k8s.meta.v1.LabelSelectorArgs(
+                                    match_labels={"kubernetes.io/metadata.name": monitoring}
+                                )
+                            )
+                        ],
+                        ports=[
+                            k8s.networking.v1.NetworkPolicyPortArgs(
+                                protocol="TCP", port=args.metrics_port
+                            )
+                        ],
+                    )
+                ],
+            ),
+            opts=after_ns,
+        )
+        if args.scaling.pod_monitor:
+            pod_monitor(
+                f"{name}-pod-monitor",
+                ns,
+                args.project,
+                args.scaling.scrape_interval_s,
+                labels,
+                after_ns,
+            )
         max_replicas = args.max_replicas or pool.max_replicas
-        pods = sb.quota_pods or max_replicas + 1
+        pods = sb.quota_pods or max_replicas + TRANSITION_PODS
         k8s.core.v1.ResourceQuota(
             f"{name}-quota",
             metadata=meta("sandbox-quota"),
             spec=k8s.core.v1.ResourceQuotaSpecArgs(
                 hard={
                     "pods": str(pods),
-                    "requests.cpu": sb.quota_cpu or f"{cpu_millis(pool.cpu) * pods}m",
-                    "requests.memory": sb.quota_memory or mib(memory_bytes(pool.memory) * pods),
-                    "limits.memory": sb.quota_memory or mib(memory_bytes(pool.memory) * pods),
+                    "requests.cpu": sb.quota_cpu or f"{pool.cpu_millis * pods}m",
+                    "requests.memory": sb.quota_memory or mib(pool.memory_bytes * pods),
+                    "limits.memory": sb.quota_memory or mib(pool.memory_bytes * pods),
                     "secrets": "1",
                     "services": "0",
                     "persistentvolumeclaims": "0",
@@ -256,14 +305,20 @@ class SandboxPool(pulumi.ComponentResource):
                 image=args.image,
                 namespace=ns,
                 broker_secret=secret_name,
+                pools_config_map=config_map_name,
+                pools_checksum=checksum(args.pools_file),
                 database_secret=None,
                 grace_margin_s=args.grace_margin_s,
                 memory_base=args.memory_base,
                 metrics_port=args.metrics_port,
                 runtime_class=sb.runtime_class,
+                labels=args.labels,
                 env=without_trace_export(args.env or {}),
             ),
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.namespace, secret]),
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                depends_on=[r for r in (self.namespace, secret, config_map) if r is not None],
+            ),
         )
         self.scaler = BacklogScaler(
             f"{name}-scaler",
@@ -276,10 +331,12 @@ class SandboxPool(pulumi.ComponentResource):
                 min_replicas=pool.min_replicas,
                 max_replicas=max_replicas,
                 backlog_age_target_s=pool.backlog_age_target_s,
-                list_length=pool.processes * pool.concurrency,
+                per_replica=pool.processes * pool.concurrency,
+                processes=pool.processes,
                 broker=args.broker,
                 broker_secret=secret_name,
                 scaling=args.scaling,
+                labels=args.labels,
                 broker_username_key=username_key,
             ),
             opts=after_ns,

@@ -1,4 +1,23 @@
-"""BacklogScaler: a KEDA ScaledObject on backlog (depth and age), never on CPU."""
+"""BacklogScaler: a KEDA ScaledObject on backlog (load and age), never on CPU.
+
+Triggers of a pool (the HPA follows the largest desired count of them):
+
+- ``load`` (prometheus, ``AverageValue``): messages waiting in the pool's queues plus the
+  handlers running in its pods, against what one replica serves (``processes x
+  concurrency``): desired = ceil((waiting + in flight) / per replica). A busy pool with a
+  short list keeps its replicas; a backlog adds them.
+- ``age`` (prometheus, ``Value``): the oldest waiting message's age against
+  ``backlog_age_target_s``: desired = ceil(replicas x age / target).
+- ``ready-<q>`` and ``delayed-<q>`` (redis list length): the ready list ``dramatiq:<q>``
+  and the delay list ``dramatiq:<q>.DQ``. They need no scrape, so they wake a pool at
+  zero (for new messages and for retries waiting their backoff) and keep scaling up
+  when Prometheus is down.
+
+Queries are scoped to the pool's namespace and pool label. No data is an error, never 0
+(``ignoreNullValues: false``): the HPA then never scales down on a missing metric, and the
+redis triggers still scale up. (KEDA's ``fallback`` cannot be used with a ``Value``
+trigger.)
+"""
 
 from __future__ import annotations
 
@@ -9,20 +28,48 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from .args import BrokerSpec, ScalingSpec
-from .pool import BROKER_PASSWORD_KEY
+from .pool import BROKER_PASSWORD_KEY, POOL_LABEL
+
+#: Label of the pool on the scraped series (the PodMonitor copies the pod label;
+#: Prometheus turns ``worker-template/pool`` into ``worker_template_pool``).
+POOL_SERIES_LABEL = "worker_template_pool"
+
+
+def _queues_regex(queues: tuple[str, ...]) -> str:
+    return "|".join(queues)
+
+
+def load_query(namespace: str, pool: str, queues: tuple[str, ...]) -> str:
+    """Waiting plus in-flight messages of a pool (PromQL)."""
+    waiting = (
+        f'sum(max by (queue) (queue_depth{{namespace="{namespace}",'
+        f'queue=~"{_queues_regex(queues)}"}}))'
+    )
+    running = f'sum(worker_inflight_jobs{{namespace="{namespace}",{POOL_SERIES_LABEL}="{pool}"}})'
+    return f"{waiting} + {running}"
+
+
+def age_query(namespace: str, queues: tuple[str, ...]) -> str:
+    """Age of the oldest waiting message of the pool's queues (PromQL)."""
+    return (
+        f'max(queue_oldest_message_seconds{{namespace="{namespace}",'
+        f'queue=~"{_queues_regex(queues)}"}})'
+    )
 
 
 def redis_trigger(
-    queue: str, broker: BrokerSpec, list_length: int, auth: str | None
+    name: str, list_name: str, broker: BrokerSpec, target: int, auth: str | None
 ) -> dict[str, Any]:
-    """A ``redis`` listLength trigger on Dramatiq's ready list ``dramatiq:<queue>``."""
+    """A ``redis`` list-length trigger, active as soon as the list holds one message."""
     trigger: dict[str, Any] = {
         "type": "redis",
-        "name": f"depth-{queue}".replace("_", "-"),
+        "name": name.replace("_", "-"),
+        "metricType": "AverageValue",
         "metadata": {
             "address": broker.address,
-            "listName": f"dramatiq:{queue}",
-            "listLength": str(list_length),
+            "listName": list_name,
+            "listLength": str(target),
+            "activationListLength": "0",
             "databaseIndex": str(broker.db),
             "enableTLS": "true" if broker.tls else "false",
         },
@@ -32,16 +79,19 @@ def redis_trigger(
     return trigger
 
 
-def age_trigger(queue: str, server: str, target_s: int) -> dict[str, Any]:
-    """A ``prometheus`` trigger on ``queue_oldest_message_seconds{queue=...}``."""
+def prometheus_trigger(
+    name: str, server: str, query: str, threshold: int, metric_type: str
+) -> dict[str, Any]:
+    """A ``prometheus`` trigger; no data is an error (never read as 0)."""
     return {
         "type": "prometheus",
-        "name": f"age-{queue}".replace("_", "-"),
+        "name": name,
+        "metricType": metric_type,
         "metadata": {
             "serverAddress": server,
-            "query": f'max(queue_oldest_message_seconds{{queue="{queue}"}})',
-            "threshold": str(target_s),
-            "ignoreNullValues": "true",
+            "query": query,
+            "threshold": str(threshold),
+            "ignoreNullValues": "false",
         },
     }
 
@@ -51,45 +101,114 @@ class BacklogScalerArgs:
     """Arguments of :class:`BacklogScaler`.
 
     Parameters:
-      pool: pool name (for names and labels).
+      pool: pool slug (for names, labels and the series' pool label).
       project: the service (name prefix).
       namespace: namespace of the ScaledObject, the TriggerAuthentication and the target.
       target: name of the Deployment to scale.
-      queues: the pool's queues; one redis and one prometheus trigger each.
+      queues: the pool's queues.
       min_replicas: ``minReplicaCount``, the pool's floor.
       max_replicas: ``maxReplicaCount``, the capacity-capped maximum.
-      backlog_age_target_s: the age trigger's threshold (oldest message, seconds).
-      list_length: ready messages per replica (the redis trigger's target); usually
-        ``processes x concurrency``.
+      backlog_age_target_s: the age trigger's target (oldest message, seconds).
+      per_replica: messages one replica runs at once (``processes x concurrency``): the
+        load trigger's and the ready lists' target.
+      processes: processes per replica (the delay trigger holds ``delayed_per_replica`` each).
       broker: the broker (address, db, TLS, whether there is a password).
       broker_secret: Secret holding ``redis-password`` for the TriggerAuthentication.
       broker_username_key: key of that Secret holding a Redis ACL user name, if any.
-      scaling: polling, cooldown, slow scale-down and fallback settings.
-      fallback_replicas: replicas while metrics fail; None means ``max(min_replicas, 1)``.
+      scaling: polling, cooldown and HPA behaviour.
+      scale_down_period_s: the pool's scale-down period (default: ``scaling``'s).
+      labels: extra labels on every object.
     """
 
     pool: str
     project: str
-    namespace: pulumi.Input[str]
+    namespace: str
     target: pulumi.Input[str]
     queues: tuple[str, ...]
     min_replicas: int
     max_replicas: int
     backlog_age_target_s: int
-    list_length: int
+    per_replica: int
+    processes: int
     broker: BrokerSpec
     broker_secret: str
     scaling: ScalingSpec = field(default_factory=ScalingSpec)
-    fallback_replicas: int | None = None
+    scale_down_period_s: int | None = None
+    labels: dict[str, str] = field(default_factory=dict)
     broker_username_key: str | None = None
+
+
+def triggers(args: BacklogScalerArgs, auth: str | None) -> list[dict[str, Any]]:
+    """The ScaledObject's triggers (see the module docstring)."""
+    s = args.scaling
+    out = [
+        prometheus_trigger(
+            "load",
+            s.prometheus_server,
+            load_query(args.namespace, args.pool, args.queues),
+            args.per_replica,
+            "AverageValue",
+        ),
+        prometheus_trigger(
+            "age",
+            s.prometheus_server,
+            age_query(args.namespace, args.queues),
+            args.backlog_age_target_s,
+            "Value",
+        ),
+    ]
+    for queue in args.queues:
+        out.append(
+            redis_trigger(
+                f"ready-{queue}", f"dramatiq:{queue}", args.broker, args.per_replica, auth
+            )
+        )
+        out.append(
+            redis_trigger(
+                f"delayed-{queue}",
+                f"dramatiq:{queue}.DQ",
+                args.broker,
+                s.delayed_per_replica * args.processes,
+                auth,
+            )
+        )
+    return out
+
+
+def behavior(args: BacklogScalerArgs) -> dict[str, Any]:
+    """The HPA behaviour: prompt scale-up, slow scale-down."""
+    s = args.scaling
+    return {
+        "scaleUp": {
+            "stabilizationWindowSeconds": s.scale_up_window_s,
+            "selectPolicy": "Max",
+            "policies": [
+                {
+                    "type": "Percent",
+                    "value": s.scale_up_percent,
+                    "periodSeconds": s.scale_up_period_s,
+                },
+                {"type": "Pods", "value": s.scale_up_pods, "periodSeconds": s.scale_up_period_s},
+            ],
+        },
+        "scaleDown": {
+            "stabilizationWindowSeconds": s.scale_down_window_s,
+            "selectPolicy": "Min",
+            "policies": [
+                {
+                    "type": "Pods",
+                    "value": s.scale_down_pods,
+                    "periodSeconds": args.scale_down_period_s or s.scale_down_period_s,
+                }
+            ],
+        },
+    }
 
 
 class BacklogScaler(pulumi.ComponentResource):
     """KEDA ScaledObject (plus a TriggerAuthentication for the Redis password).
 
-    Triggers: per queue, a ``redis`` listLength trigger on ``dramatiq:<queue>`` and a
-    ``prometheus`` trigger on the queue's oldest-message age. Scale-down is slow: an HPA
-    stabilization window and at most ``scale_down_pods`` per ``scale_down_period_s``.
+    Triggers and their semantics: see the module docstring.
     """
 
     def __init__(
@@ -98,7 +217,7 @@ class BacklogScaler(pulumi.ComponentResource):
         super().__init__("worker-infra:index:BacklogScaler", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         full_name = f"{args.project}-{args.pool}".replace("_", "-")
-        labels = {"app.kubernetes.io/name": args.project, "worker-template/pool": args.pool}
+        labels = {**args.labels, "app.kubernetes.io/name": args.project, POOL_LABEL: args.pool}
         auth_name: str | None = None
         self.trigger_auth: k8s.apiextensions.CustomResource | None = None
         if args.broker.password is not None:
@@ -131,13 +250,6 @@ class BacklogScaler(pulumi.ComponentResource):
                 opts=child,
             )
         s = args.scaling
-        triggers: list[dict[str, Any]] = []
-        for queue in args.queues:
-            triggers.append(redis_trigger(queue, args.broker, args.list_length, auth_name))
-            triggers.append(age_trigger(queue, s.prometheus_server, args.backlog_age_target_s))
-        fallback = args.fallback_replicas
-        if fallback is None:
-            fallback = max(args.min_replicas, 1)
         self.scaled_object = k8s.apiextensions.CustomResource(
             f"{name}-scaled-object",
             api_version="keda.sh/v1alpha1",
@@ -153,29 +265,11 @@ class BacklogScaler(pulumi.ComponentResource):
                 "cooldownPeriod": s.cooldown_period_s,
                 "minReplicaCount": args.min_replicas,
                 "maxReplicaCount": args.max_replicas,
-                "fallback": {
-                    "failureThreshold": s.fallback_failures,
-                    "replicas": min(fallback, args.max_replicas),
-                },
                 "advanced": {
                     "restoreToOriginalReplicaCount": False,
-                    "horizontalPodAutoscalerConfig": {
-                        "behavior": {
-                            "scaleDown": {
-                                "stabilizationWindowSeconds": s.scale_down_window_s,
-                                "selectPolicy": "Min",
-                                "policies": [
-                                    {
-                                        "type": "Pods",
-                                        "value": s.scale_down_pods,
-                                        "periodSeconds": s.scale_down_period_s,
-                                    }
-                                ],
-                            }
-                        }
-                    },
+                    "horizontalPodAutoscalerConfig": {"behavior": behavior(args)},
                 },
-                "triggers": triggers,
+                "triggers": triggers(args, auth_name),
             },
             opts=pulumi.ResourceOptions(
                 parent=self, depends_on=[self.trigger_auth] if self.trigger_auth else None

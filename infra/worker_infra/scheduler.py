@@ -20,6 +20,7 @@ from .pool import (
     restricted_container_security,
     restricted_pod_security,
 )
+from .poolsfile import CHECKSUM_ANNOTATION, POOLS_FILE, POOLS_KEY, POOLS_MOUNT
 
 COMPONENT = "scheduler"
 
@@ -76,6 +77,9 @@ class SchedulerArgs:
       metrics_port: port of /metrics, /livez, /readyz (default 9191).
       run_as_user: UID and GID of the container (default 10001, non-root).
       env: extra plain environment variables.
+      labels: extra labels on every object (``app.kubernetes.io/instance``, ...).
+      pools_config_map, pools_checksum: the stack-merged pools file's ConfigMap and its
+        SHA-256 (:mod:`.poolsfile`); None: the image's pools.toml.
     """
 
     spec: SchedulerSpec
@@ -86,6 +90,9 @@ class SchedulerArgs:
     metrics_port: int = 9191
     run_as_user: int = 10001
     env: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    pools_config_map: str | None = None
+    pools_checksum: str | None = None
 
 
 def scheduler_labels(project: str) -> dict[str, str]:
@@ -100,6 +107,7 @@ def scheduler_env(args: SchedulerArgs) -> list[k8s.core.v1.EnvVarArgs]:
         "HEALTH_STALLED_AFTER_S": str(args.spec.stalled_after_s),
         "METRICS_PORT": str(args.metrics_port),
         "OTEL_SERVICE_NAME": args.project,
+        **({"WORKER_POOLS_FILE": POOLS_FILE} if args.pools_config_map else {}),
         **args.env,
     }
     env = [k8s.core.v1.EnvVarArgs(name=k, value=v) for k, v in plain.items()]
@@ -130,7 +138,31 @@ class SchedulerDeployment(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         full_name = f"{args.project}-{COMPONENT}"
         labels = scheduler_labels(args.project)
-        meta = k8s.meta.v1.ObjectMetaArgs(name=full_name, namespace=args.namespace, labels=labels)
+        all_labels = {**args.labels, **labels}
+        meta = k8s.meta.v1.ObjectMetaArgs(
+            name=full_name, namespace=args.namespace, labels=all_labels
+        )
+        mounts = [k8s.core.v1.VolumeMountArgs(name="tmp", mount_path="/tmp")]
+        volumes = [
+            k8s.core.v1.VolumeArgs(
+                name="tmp", empty_dir=k8s.core.v1.EmptyDirVolumeSourceArgs(size_limit=TMP_SIZE)
+            )
+        ]
+        annotations: dict[str, str] = {}
+        if args.pools_config_map:
+            mounts.append(
+                k8s.core.v1.VolumeMountArgs(name="pools", mount_path=POOLS_MOUNT, read_only=True)
+            )
+            volumes.append(
+                k8s.core.v1.VolumeArgs(
+                    name="pools",
+                    config_map=k8s.core.v1.ConfigMapVolumeSourceArgs(
+                        name=args.pools_config_map,
+                        items=[k8s.core.v1.KeyToPathArgs(key=POOLS_KEY, path=POOLS_KEY)],
+                    ),
+                )
+            )
+            annotations[CHECKSUM_ANNOTATION] = args.pools_checksum or ""
         command = [args.project]
         port = args.metrics_port
         k8s.core.v1.ServiceAccount(
@@ -171,7 +203,7 @@ class SchedulerDeployment(pulumi.ComponentResource):
                 failure_threshold=3,
             ),
             security_context=restricted_container_security(),
-            volume_mounts=[k8s.core.v1.VolumeMountArgs(name="tmp", mount_path="/tmp")],
+            volume_mounts=mounts,
         )
         self.deployment = k8s.apps.v1.Deployment(
             f"{name}-deployment",
@@ -188,12 +220,7 @@ class SchedulerDeployment(pulumi.ComponentResource):
                 ),
                 template=k8s.core.v1.PodTemplateSpecArgs(
                     metadata=k8s.meta.v1.ObjectMetaArgs(
-                        labels=labels,
-                        annotations={
-                            "prometheus.io/scrape": "true",
-                            "prometheus.io/port": str(port),
-                            "prometheus.io/path": "/metrics",
-                        },
+                        labels=all_labels, annotations=annotations or None
                     ),
                     spec=k8s.core.v1.PodSpecArgs(
                         service_account_name=full_name,
@@ -202,12 +229,7 @@ class SchedulerDeployment(pulumi.ComponentResource):
                         termination_grace_period_seconds=args.spec.grace_period_s,
                         security_context=restricted_pod_security(args.run_as_user),
                         containers=[container],
-                        volumes=[
-                            k8s.core.v1.VolumeArgs(
-                                name="tmp",
-                                empty_dir=k8s.core.v1.EmptyDirVolumeSourceArgs(size_limit=TMP_SIZE),
-                            )
-                        ],
+                        volumes=volumes,
                     ),
                 ),
             ),
@@ -219,6 +241,7 @@ class SchedulerDeployment(pulumi.ComponentResource):
             spec=k8s.policy.v1.PodDisruptionBudgetSpecArgs(
                 max_unavailable=1,
                 selector=k8s.meta.v1.LabelSelectorArgs(match_labels=labels),
+                unhealthy_pod_eviction_policy="AlwaysAllow",
             ),
             opts=child,
         )

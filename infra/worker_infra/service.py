@@ -2,31 +2,50 @@
 
 from __future__ import annotations
 
+import re
+
 import pulumi
 import pulumi_kubernetes as k8s
 
 from .alerts import alert_groups
-from .args import ServiceSpec
-from .guards import ServicePlan, plan
+from .args import PoolSpec, ServiceSpec
+from .guards import PoolPlan, ServicePlan, check_env, plan
+from .monitoring import pod_monitor
 from .pool import DATABASE_URL_KEY, WorkerPool, WorkerPoolArgs
+from .poolsfile import checksum, pools_config_map
 from .sandbox import RESTRICTED_LABELS, SandboxPool, SandboxPoolArgs, broker_secret
 from .scaler import BacklogScaler, BacklogScalerArgs
 from .scheduler import SchedulerArgs, SchedulerDeployment
 
+#: PriorityClass value of critical pools (above the default 0, below system classes).
+CRITICAL_PRIORITY = 100_000
+_LABEL_VALUE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def label_value(text: str) -> str:
+    """``text`` as a valid label value (at most 63 characters, alphanumeric at both ends)."""
+    return _LABEL_VALUE.sub("-", text)[:63].strip("-._") or "none"
+
 
 class WorkerService(pulumi.ComponentResource):
     """A service's pools: per pool a :class:`WorkerPool` and a :class:`BacklogScaler`
-    (the sandbox pool as a :class:`SandboxPool`), plus the namespace and the Secrets.
+    (the sandbox pool as a :class:`SandboxPool`), plus the namespace, the Secrets, the
+    pools file's ConfigMap, a PodMonitor and the PriorityClass of critical pools.
 
-    Every guard (isolation, replicas, timing, memory, capacity; see :mod:`.guards`) runs
-    first: a refused stack raises ``GuardError`` before any resource is registered.
+    Every guard (environment, isolation, replicas, timing, memory, capacity; see
+    :mod:`.guards`) runs first: a refused stack raises ``GuardError`` before any resource
+    is registered.
 
-    Attributes: ``plan`` (the derived numbers), ``pools`` (name -> component).
+    Attributes for components added next to the pools (they reuse the same objects):
+    ``plan`` (the derived numbers), ``pools`` (name -> component), ``labels`` (common
+    labels), ``broker_secret_name``, ``database_secret_name``, ``pools_config_map_name``,
+    ``pools_checksum``, ``namespace_opts`` (options of objects in the namespace).
     """
 
     def __init__(
         self, name: str, spec: ServiceSpec, opts: pulumi.ResourceOptions | None = None
     ) -> None:
+        check_env(spec.env, spec.pool_env)
         self.plan: ServicePlan = plan(
             spec.pools, spec.downstream, spec.grace_margin_s, spec.memory_base
         )
@@ -34,98 +53,30 @@ class WorkerService(pulumi.ComponentResource):
         if scheduler is not None:
             scheduler.check()
         super().__init__("worker-infra:index:WorkerService", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
-        labels = {"app.kubernetes.io/name": spec.project}
-        ns_opts = child
-        if spec.create_namespace:
-            namespace = k8s.core.v1.Namespace(
-                f"{name}-namespace",
-                metadata=k8s.meta.v1.ObjectMetaArgs(
-                    name=spec.namespace, labels={**labels, **RESTRICTED_LABELS}
-                ),
-                opts=child,
-            )
-            ns_opts = pulumi.ResourceOptions(parent=self, depends_on=[namespace])
+        self.spec = spec
+        self._name = name
+        self.labels = {
+            "app.kubernetes.io/name": spec.project,
+            "app.kubernetes.io/instance": label_value(spec.instance or spec.project),
+            "app.kubernetes.io/version": label_value(spec.version),
+            "app.kubernetes.io/managed-by": "pulumi",
+        }
+        self.namespace_opts = self._namespace()
+        self.pools_checksum = checksum(spec.pools_file)
+        self.pools_config_map_name = f"{spec.project}-pools"
+        self.broker_secret_name = f"{spec.project}-broker"
+        self.database_secret_name: str | None = None
+        self.priority_class_name: str | None = None
         ordinary = [p for p in self.plan.pools if not p.pool.sandbox]
-        broker_name = f"{spec.project}-broker"
-        broker: pulumi.Resource | None = None
+        depends: list[pulumi.Resource] = []
         if ordinary or scheduler is not None:
-            broker = broker_secret(
-                f"{name}-broker", broker_name, spec.namespace, spec.broker, labels, ns_opts
-            )
-        database_name: str | None = None
-        depends: list[pulumi.Resource] = [broker] if broker else []
-        if spec.database_url is not None and any(self._uses_db(spec, p.pool) for p in ordinary):
-            database_name = f"{spec.project}-database"
-            depends.append(
-                k8s.core.v1.Secret(
-                    f"{name}-database",
-                    metadata=k8s.meta.v1.ObjectMetaArgs(
-                        name=database_name, namespace=spec.namespace, labels=labels
-                    ),
-                    type="Opaque",
-                    string_data={DATABASE_URL_KEY: pulumi.Output.secret(spec.database_url)},
-                    opts=ns_opts,
-                )
-            )
+            depends = self._shared_objects(ordinary)
         self.pools: dict[str, pulumi.ComponentResource] = {}
         for pool_plan in self.plan.pools:
-            pool = pool_plan.pool
-            if pool.sandbox:
-                self.pools[pool.name] = SandboxPool(
-                    f"{name}-{pool.slug}",
-                    SandboxPoolArgs(
-                        pool=pool,
-                        project=spec.project,
-                        image=spec.image,
-                        namespace=spec.sandbox.namespace or f"{spec.namespace}-sandbox",
-                        broker=spec.broker,
-                        max_replicas=pool_plan.max_replicas,
-                        sandbox=spec.sandbox,
-                        scaling=spec.scaling,
-                        grace_margin_s=spec.grace_margin_s,
-                        memory_base=spec.memory_base,
-                        metrics_port=spec.metrics_port,
-                        env=spec.env,
-                    ),
-                    opts=child,
-                )
-                continue
-            worker = WorkerPool(
-                f"{name}-{pool.slug}",
-                WorkerPoolArgs(
-                    pool=pool,
-                    project=spec.project,
-                    image=spec.image,
-                    namespace=spec.namespace,
-                    broker_secret=broker_name,
-                    database_secret=database_name if self._uses_db(spec, pool) else None,
-                    grace_margin_s=spec.grace_margin_s,
-                    memory_base=spec.memory_base,
-                    metrics_port=spec.metrics_port,
-                    env=spec.env,
-                ),
-                opts=pulumi.ResourceOptions(parent=self, depends_on=depends),
-            )
-            BacklogScaler(
-                f"{name}-{pool.slug}-scaler",
-                BacklogScalerArgs(
-                    pool=pool.slug,
-                    project=spec.project,
-                    namespace=spec.namespace,
-                    target=worker.deployment_name,
-                    queues=pool.queues,
-                    min_replicas=pool.min_replicas,
-                    max_replicas=pool_plan.max_replicas,
-                    backlog_age_target_s=pool.backlog_age_target_s,
-                    list_length=pool.processes * pool.concurrency,
-                    broker=spec.broker,
-                    broker_secret=broker_name,
-                    scaling=spec.scaling,
-                ),
-                opts=pulumi.ResourceOptions(parent=self, depends_on=depends),
-            )
-            self.pools[pool.name] = worker
+            if pool_plan.pool.sandbox:
+                self.pools[pool_plan.pool.name] = self._sandbox(pool_plan)
+            else:
+                self.pools[pool_plan.pool.name] = self._pool(pool_plan, depends)
         self.scheduler: SchedulerDeployment | None = None
         if scheduler is not None:
             self.scheduler = SchedulerDeployment(
@@ -135,14 +86,17 @@ class WorkerService(pulumi.ComponentResource):
                     project=spec.project,
                     image=spec.image,
                     namespace=spec.namespace,
-                    broker_secret=broker_name,
+                    broker_secret=self.broker_secret_name,
                     metrics_port=spec.metrics_port,
                     env=spec.env,
+                    labels=self.labels,
+                    pools_config_map=self.pools_config_map_name,
+                    pools_checksum=self.pools_checksum,
                 ),
                 opts=pulumi.ResourceOptions(parent=self, depends_on=depends),
             )
         if spec.prometheus_rule:
-            self._prometheus_rule(name, spec, labels, ns_opts)
+            self._prometheus_rule(name, spec, self.labels, self.namespace_opts)
         self.register_outputs(
             {
                 "pools": sorted(self.pools),
@@ -174,8 +128,159 @@ class WorkerService(pulumi.ComponentResource):
             opts=opts,
         )
 
-    @staticmethod
-    def _uses_db(spec: ServiceSpec, pool: object) -> bool:
+    def _namespace(self) -> pulumi.ResourceOptions:
+        spec = self.spec
+        if not spec.create_namespace:
+            return pulumi.ResourceOptions(parent=self)
+        namespace = k8s.core.v1.Namespace(
+            f"{self._name}-namespace",
+            metadata=k8s.meta.v1.ObjectMetaArgs(
+                name=spec.namespace, labels={**self.labels, **RESTRICTED_LABELS}
+            ),
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        return pulumi.ResourceOptions(parent=self, depends_on=[namespace])
+
+    def _shared_objects(self, ordinary: list[PoolPlan]) -> list[pulumi.Resource]:
+        """Secrets, the pools file, the PodMonitor and the PriorityClass of the namespace."""
+        spec, name, opts = self.spec, self._name, self.namespace_opts
+        depends: list[pulumi.Resource] = [
+            broker_secret(
+                f"{name}-broker",
+                self.broker_secret_name,
+                spec.namespace,
+                spec.broker,
+                self.labels,
+                opts,
+            ),
+            pools_config_map(
+                f"{name}-pools",
+                self.pools_config_map_name,
+                spec.namespace,
+                spec.pools_file,
+                self.labels,
+                opts,
+            ),
+        ]
+        if spec.database_url is not None and any(self._uses_db(p.pool) for p in ordinary):
+            self.database_secret_name = f"{spec.project}-database"
+            depends.append(
+                k8s.core.v1.Secret(
+                    f"{name}-database",
+                    metadata=k8s.meta.v1.ObjectMetaArgs(
+                        name=self.database_secret_name,
+                        namespace=spec.namespace,
+                        labels=self.labels,
+                    ),
+                    type="Opaque",
+                    string_data={DATABASE_URL_KEY: pulumi.Output.secret(spec.database_url)},
+                    opts=opts,
+                )
+            )
+        if spec.scaling.pod_monitor:
+            pod_monitor(
+                f"{name}-pod-monitor",
+                spec.namespace,
+                spec.project,
+                spec.scaling.scrape_interval_s,
+                self.labels,
+                opts,
+            )
+        if any(p.pool.critical for p in ordinary):
+            self.priority_class_name = f"{spec.project}-critical"
+            depends.append(
+                k8s.scheduling.v1.PriorityClass(
+                    f"{name}-critical",
+                    metadata=k8s.meta.v1.ObjectMetaArgs(
+                        name=self.priority_class_name, labels=self.labels
+                    ),
+                    value=CRITICAL_PRIORITY,
+                    global_default=False,
+                    preemption_policy="PreemptLowerPriority",
+                    description=f"{spec.project}: pools that must not starve (pools.toml)",
+                    opts=pulumi.ResourceOptions(parent=self),
+                )
+            )
+        return depends
+
+    def _pool(self, pool_plan: PoolPlan, depends: list[pulumi.Resource]) -> WorkerPool:
+        spec, pool = self.spec, pool_plan.pool
+        opts = pulumi.ResourceOptions(parent=self, depends_on=depends)
+        worker = WorkerPool(
+            f"{self._name}-{pool.slug}",
+            WorkerPoolArgs(
+                pool=pool,
+                project=spec.project,
+                image=spec.image,
+                namespace=spec.namespace,
+                broker_secret=self.broker_secret_name,
+                pools_config_map=self.pools_config_map_name,
+                pools_checksum=self.pools_checksum,
+                database_secret=self.database_secret_name if self._uses_db(pool) else None,
+                grace_margin_s=spec.grace_margin_s,
+                memory_base=spec.memory_base,
+                metrics_port=spec.metrics_port,
+                priority_class=self.priority_class_name if pool.critical else None,
+                labels=self.labels,
+                env=spec.env,
+            ),
+            opts=opts,
+        )
+        BacklogScaler(
+            f"{self._name}-{pool.slug}-scaler",
+            BacklogScalerArgs(
+                pool=pool.slug,
+                project=spec.project,
+                namespace=spec.namespace,
+                target=worker.deployment_name,
+                queues=pool.queues,
+                min_replicas=pool.min_replicas,
+                max_replicas=pool_plan.max_replicas,
+                backlog_age_target_s=pool.backlog_age_target_s,
+                per_replica=pool.processes * pool.concurrency,
+                processes=pool.processes,
+                broker=spec.broker,
+                broker_secret=self.broker_secret_name,
+                scaling=spec.scaling,
+                scale_down_period_s=self.scale_down_period_s(pool_plan),
+                labels=self.labels,
+            ),
+            opts=opts,
+        )
+        return worker
+
+    def _sandbox(self, pool_plan: PoolPlan) -> SandboxPool:
+        spec, pool = self.spec, pool_plan.pool
+        return SandboxPool(
+            f"{self._name}-{pool.slug}",
+            SandboxPoolArgs(
+                pool=pool,
+                project=spec.project,
+                image=spec.image,
+                namespace=spec.sandbox.namespace or f"{spec.namespace}-sandbox",
+                broker=spec.broker,
+                pools_file=spec.pools_file,
+                max_replicas=pool_plan.max_replicas,
+                sandbox=spec.sandbox,
+                scaling=spec.scaling,
+                grace_margin_s=spec.grace_margin_s,
+                memory_base=spec.memory_base,
+                metrics_port=spec.metrics_port,
+                labels=self.labels,
+                env=spec.env,
+                create_namespace=spec.create_namespace,
+            ),
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+
+    def scale_down_period_s(self, pool_plan: PoolPlan) -> int:
+        """A pool holding downstream resources removes one pod per grace period at most, so
+        a removed pod has released its connections before the next one goes."""
+        period = self.spec.scaling.scale_down_period_s
+        return max(period, pool_plan.grace_s) if pool_plan.pool.uses else period
+
+    def _uses_db(self, pool: PoolSpec) -> bool:
         """Whether the pool holds DB connections (uses a ``db_pool_size`` resource)."""
-        uses = getattr(pool, "uses", ())
-        return any(r.per_process == "db_pool_size" and r.name in uses for r in spec.downstream)
+        return any(
+            r.per_process == "db_pool_size" and r.name in pool.uses for r in self.spec.downstream
+        )

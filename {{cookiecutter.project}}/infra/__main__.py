@@ -1,20 +1,28 @@
 """Pulumi program: pools.toml + this stack's config -> the service's worker pools.
 
-pools.toml is read by the service's own loader (``src/<package>/pools.py``), so it has one
-parser. The stack file (``Pulumi.<stack>.yaml``) may override numbers per environment:
+pools.toml is read and validated by the service's own pool model (``src/<package>/pools.py``),
+the one definition of a pool's fields, bounds and defaults. The stack file
+(``Pulumi.<stack>.yaml``) may override numbers per environment; the overrides are merged
+into pools.toml and validated by that same model, and the merged file is what the pods
+mount (a ConfigMap at ``WORKER_POOLS_FILE``): what the guards checked is what runs.
 
   pools:        {<pool>: {<pools.toml key>: value}}   e.g. replica ranges
   downstream:   {<resource>: {capacity: n, reserved: n}}
-  imageTag, image, namespace, prometheusServer, graceMarginS, memoryBase, env
+  cluster:      {context, kubeconfig, allowAmbient}   the cluster (explicit provider)
+  imageTag, image, namespace, createNamespace, prometheusServer, podMonitor,
+  monitoringNamespace, graceMarginS, memoryBase, env
   redis:        {host, port, db, tls, namespace, podSelector}
   redisPassword, databaseUrl: secrets (``pulumi config set --secret``)
   sandbox:      {namespace, runtimeClass, runtimeHandler, brokerUser}
   sandboxRedisPassword: secret of the sandbox pool's own Redis ACL user (required with a
                 sandbox pool); the stack output ``sandboxBrokerAcl`` is the rule to install
                 on the broker (``ACL SETUSER`` or an aclfile line)
+  otlpEndpoint: OTLP/HTTP collector (sets OTEL_EXPORTER_OTLP_ENDPOINT; the sandbox never exports)
   scheduler:    {replicas, leaderTtlMs, cpu, memory}   (rendered when pools.toml has schedules)
   prometheusRule: false where the Prometheus Operator's CRD is not installed (default true)
 
+``env`` adds plain variables to every pool; it may not set a pool-shaping variable
+(``WORKER_CONCURRENCY``, ``DB_POOL_SIZE``, ...), one worker_infra sets, or a secret.
 Every guard of worker_infra runs before anything is created; a refused stack fails
 ``pulumi preview`` (and ``make manifests``) with the pools and numbers named.
 """
@@ -28,8 +36,10 @@ from types import ModuleType
 from typing import Any
 
 import pulumi
+import tomli_w
 from worker_infra import (
     BrokerSpec,
+    ClusterSpec,
     DownstreamSpec,
     GuardError,
     PoolSpec,
@@ -39,6 +49,7 @@ from worker_infra import (
     SchedulerSpec,
     ServiceSpec,
     WorkerService,
+    cluster_provider,
 )
 
 PROJECT = "{{ cookiecutter.project }}"
@@ -46,6 +57,8 @@ PACKAGE = "{{ cookiecutter.package }}"
 IMAGE = "{{ cookiecutter.image }}"
 NAMESPACE = "{{ cookiecutter.k8s_namespace }}"
 ROOT = Path(__file__).resolve().parent.parent
+#: The downstream resource of pools.toml that DATABASE_URL points at (database option).
+DATABASE_RESOURCE = "postgres"
 
 
 def pools_module() -> ModuleType:
@@ -57,72 +70,32 @@ def pools_module() -> ModuleType:
     return importlib.import_module(f"{PACKAGE}.pools")
 
 
-def _merge(base: dict[str, Any], overrides: dict[str, Any], table: str) -> None:
-    for name, values in overrides.items():
-        if name not in base:
-            raise GuardError(f"stack config {table}.{name}: no such entry in pools.toml")
-        if not isinstance(values, dict):
-            raise GuardError(f"stack config {table}.{name}: expected a mapping of pools.toml keys")
-        base[name] = {**base[name], **values}
-
-
 def load_stack_pools(config: pulumi.Config) -> Any:
-    """pools.toml with this stack's ``pools`` and ``downstream`` overrides, validated again."""
+    """pools.toml with this stack's ``pools`` and ``downstream`` overrides, validated by the
+    service's pool model."""
     module = pools_module()
-    stack = pulumi.get_stack()
     try:
-        pools_file = module.load_pools(ROOT / "pools.toml")
+        base = module.load_pools(ROOT / "pools.toml")
+        overrides = {table: config.get_object(table) or {} for table in ("pools", "downstream")}
+        return base.with_overrides(overrides, f"Pulumi.{pulumi.get_stack()}.yaml")
     except module.PoolsFileError as error:
         raise GuardError(str(error).replace("\n", "; ")) from None
-    data = pools_file.model_dump(exclude_unset=True)
-    data.setdefault("downstream", {})
-    _merge(data["pools"], config.get_object("pools") or {}, "pools")
-    _merge(data["downstream"], config.get_object("downstream") or {}, "downstream")
-    try:
-        return module.PoolsFile.model_validate(data)
-    except Exception as error:  # pydantic.ValidationError, without importing pydantic here
-        errors = getattr(error, "errors", None)
-        if errors is None:
-            raise
-        lines = [
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg'].removeprefix('Value error, ')}"
-            for e in errors()
-        ]
-        raise GuardError(f"Pulumi.{stack}.yaml with pools.toml: " + "; ".join(lines)) from None
-
-
-#: The downstream resource of pools.toml that DATABASE_URL points at (database option).
-DATABASE_RESOURCE = "postgres"
 
 
 def specs(pools_file: Any) -> tuple[tuple[PoolSpec, ...], tuple[DownstreamSpec, ...]]:
-    """The typed arguments of worker_infra from the validated pools file."""
-    pools = tuple(
-        PoolSpec(
-            name=name,
-            queues=tuple(p.queues),
-            processes=p.processes,
-            concurrency=p.concurrency,
-            job_timeout_ms=p.job_timeout_ms,
-            shutdown_timeout_ms=p.shutdown_timeout_ms,
-            max_attempts=p.max_attempts,
-            db_pool_size=p.db_pool_size,
-            memory=p.memory,
-            cpu=p.cpu,
-            handler_memory=p.handler_memory,
-            min_replicas=p.min_replicas,
-            max_replicas=p.max_replicas,
-            backlog_age_target_s=p.backlog_age_target_s,
-            uses=tuple(p.uses),
-            sandbox=p.sandbox,
-        )
-        for name, p in pools_file.pools.items()
-    )
-    downstream = tuple(
-        DownstreamSpec(name=n, capacity=d.capacity, reserved=d.reserved, per_process=d.per_process)
-        for n, d in pools_file.downstream.items()
-    )
+    """worker_infra's typed views of the validated pools file (no defaults of their own)."""
+    pools = tuple(PoolSpec.of(name, pool) for name, pool in pools_file.pools.items())
+    downstream = tuple(DownstreamSpec.of(n, d) for n, d in pools_file.downstream.items())
     return pools, downstream
+
+
+def pools_text(pools_file: Any) -> str:
+    """The merged file as the pods read it: every value explicit."""
+    header = (
+        f"# pools.toml of {PROJECT}, merged with stack {pulumi.get_stack()!r} and validated\n"
+        "# by the service's pool model (written by infra/__main__.py; do not edit).\n"
+    )
+    return header + tomli_w.dumps(pools_file.model_dump(mode="json", exclude_none=True))
 
 
 def scheduler_spec(pools_file: Any, config: pulumi.Config) -> SchedulerSpec:
@@ -149,12 +122,23 @@ def plain_env(config: pulumi.Config) -> dict[str, str]:
 
 
 def main() -> None:
-    """Build the stack: one WorkerService holding every pool of pools.toml."""
+    """Build the stack: one WorkerService holding every pool of the merged pools file."""
     config = pulumi.Config()
+    stack = pulumi.get_stack()
+    module = pools_module()
     pools_file = load_stack_pools(config)
     pools, downstream = specs(pools_file)
     redis: dict[str, Any] = config.get_object("redis") or {}
     sandbox: dict[str, Any] = config.get_object("sandbox") or {}
+    cluster: dict[str, Any] = config.get_object("cluster") or {}
+    provider = cluster_provider(
+        stack,
+        ClusterSpec(
+            context=cluster.get("context"),
+            kubeconfig=cluster.get("kubeconfig"),
+            allow_ambient=bool(cluster.get("allowAmbient", False)),
+        ),
+    )
     broker = BrokerSpec(
         host=str(redis.get("host", "redis-master.redis.svc.cluster.local")),
         port=int(redis.get("port", 6379)),
@@ -167,8 +151,10 @@ def main() -> None:
             for k, v in (redis.get("podSelector") or {"app.kubernetes.io/name": "redis"}).items()
         },
     )
+    tag = config.get("imageTag")
     image = config.get("image") or f"{IMAGE}:{config.require('imageTag')}"
-    prometheus = config.get("prometheusServer") or ScalingSpec().prometheus_server
+    defaults = ScalingSpec()
+    pod_monitor = config.get_bool("podMonitor")
     margin = config.get_int("graceMarginS")
     service = WorkerService(
         PROJECT,
@@ -179,12 +165,20 @@ def main() -> None:
             pools=pools,
             downstream=downstream,
             broker=broker,
+            pools_file=pools_text(pools_file),
+            pool_env=frozenset(module.pool_env_fields().values()),
             database_url=(
                 config.require_secret("databaseUrl")
                 if any(d.name == DATABASE_RESOURCE for d in downstream)
                 else None
             ),
-            scaling=ScalingSpec(prometheus_server=prometheus),
+            scaling=ScalingSpec(
+                prometheus_server=config.get("prometheusServer") or defaults.prometheus_server,
+                pod_monitor=defaults.pod_monitor if pod_monitor is None else pod_monitor,
+                monitoring_namespace=(
+                    config.get("monitoringNamespace") or defaults.monitoring_namespace
+                ),
+            ),
             sandbox=SandboxSpec(
                 namespace=sandbox.get("namespace"),
                 runtime_class=sandbox.get("runtimeClass"),
@@ -197,11 +191,15 @@ def main() -> None:
                 ),
             ),
             grace_margin_s=15 if margin is None else margin,
-            memory_base=config.get("memoryBase") or "96Mi",
+            memory_base=module.memory_bytes(config.get("memoryBase") or "96Mi"),
+            create_namespace=config.get_bool("createNamespace") is not False,
+            instance=f"{PROJECT}-{stack}",
+            version=tag or image.rpartition(":")[2],
             env=plain_env(config),
             scheduler=scheduler_spec(pools_file, config),
             prometheus_rule=config.get_bool("prometheusRule") is not False,
         ),
+        opts=pulumi.ResourceOptions(providers=[provider]),
     )
     pulumi.export("pools", sorted(service.pools))
     for pool in service.pools.values():

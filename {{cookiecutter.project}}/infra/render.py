@@ -13,6 +13,7 @@ import argparse
 import runpy
 import sys
 from pathlib import Path
+from typing import Any
 
 from worker_infra.errors import GuardError
 from worker_infra.render import read_stack, render, to_yaml
@@ -23,20 +24,25 @@ ROOT = INFRA.parent
 SECRETS = ("redisPassword", "databaseUrl", "sandboxRedisPassword")
 
 
+def stack_objects(stack: str) -> list[dict[str, Any]]:
+    """The stack's Kubernetes objects, rendered offline (raises ``GuardError`` if refused)."""
+    files = read_stack(INFRA, stack, secrets=SECRETS)
+    return render(
+        lambda: runpy.run_path(str(INFRA / "__main__.py"), run_name="__main__"),
+        project=files.project,
+        stack=files.stack,
+        config=files.config,
+        secret_keys=files.secret_keys,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Render a stack's Kubernetes objects offline.")
     parser.add_argument("stack", nargs="?", default="dev", help="stack name (default: dev)")
     parser.add_argument("-o", "--output", type=Path, help="default: build/manifests/<stack>.yaml")
     args = parser.parse_args(argv)
     try:
-        files = read_stack(INFRA, args.stack, secrets=SECRETS)
-        objects = render(
-            lambda: runpy.run_path(str(INFRA / "__main__.py"), run_name="__main__"),
-            project=files.project,
-            stack=files.stack,
-            config=files.config,
-            secret_keys=files.secret_keys,
-        )
+        objects = stack_objects(args.stack)
     except (GuardError, FileNotFoundError) as error:
         message = " ".join(str(error).split())
         print(f"manifests: stack {args.stack!r} refused: {message}", file=sys.stderr)

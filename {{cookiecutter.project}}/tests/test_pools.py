@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
-from {{ cookiecutter.package }}.pools import PoolsFileError, load_pools, memory_bytes
+from {{ cookiecutter.package }}.pools import (
+    Pool,
+    PoolsFileError,
+    load_pools,
+    memory_bytes,
+    pool_env_fields,
+    reaches,
+)
 
 SHIPPED = Path(__file__).resolve().parents[1] / "pools.toml"
 
@@ -43,6 +51,16 @@ def test_shipped_pools_are_valid_and_disjoint() -> None:
             "[pools.a]\nqueues = ['q']\nconcurrency = 4\nprefetch = 2",
             "prefetch (2) is below concurrency (4)",
         ),
+        (
+            "[pools.a]\nqueues = ['q']\nconcurrency = 8\ndb_pool_size = 2",
+            "db_pool_size (2) is below concurrency (8)",
+        ),
+        (
+            "[downstream.db]\ncapacity = 10\n[pools.a]\nqueues = ['q']\nsandbox = true\n"
+            "uses = ['db']",
+            "a sandbox pool uses no downstream resource",
+        ),
+        ("[pools.a]\nqueues = ['q']\nprocesses = 65", "pools.a.processes: Input should be less"),
     ],
 )
 def test_malformed_pools_are_refused(tmp_path: Path, text: str, problem: str) -> None:
@@ -63,3 +81,27 @@ def test_memory_quantities() -> None:
     assert memory_bytes("512Mi") == 512 * 2**20
     assert memory_bytes("1G") == 10**9
     assert memory_bytes("1.5Gi") == int(1.5 * 2**30)
+
+
+def test_every_pool_field_says_how_it_reaches_a_pod() -> None:
+    fields = {name: reaches(name) for name in Pool.model_fields}
+    assert set(fields.values()) <= {"worker", "infra"} | {
+        f"env:{var}" for var in pool_env_fields().values()
+    }
+    assert pool_env_fields()["concurrency"] == "WORKER_CONCURRENCY"
+
+
+def test_stack_overrides_are_validated_by_the_same_model(tmp_path: Path) -> None:
+    path = tmp_path / "pools.toml"
+    path.write_text("[pools.a]\nqueues = ['q']\n[pools.s]\nqueues = ['u']\nsandbox = true\n")
+    base = load_pools(path)
+    merged = base.with_overrides({"pools": {"a": {"concurrency": 6}}}, "Pulumi.prod.yaml")
+    assert merged.pools["a"].concurrency == 6 and merged.pools["a"].processes == 1
+    for overrides, problem in [
+        ({"pools": {"a": {"concurrency": 999}}}, "Pulumi.prod.yaml: pools.a.concurrency"),
+        ({"pools": {"b": {"concurrency": 2}}}, "pools.b: no such entry in pools.toml"),
+        ({"pools": {"s": {"sandbox": False}}}, "cannot turn off the sandbox"),
+        ({"pools": {"a": {"db_pool_size": 1, "concurrency": 4}}}, "db_pool_size (1) is below"),
+    ]:
+        with pytest.raises(PoolsFileError, match=re.escape(problem)):
+            base.with_overrides(overrides, "Pulumi.prod.yaml")

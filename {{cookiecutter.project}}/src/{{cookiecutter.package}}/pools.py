@@ -11,8 +11,9 @@ from __future__ import annotations
 import os
 import re
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -28,6 +29,26 @@ _DECIMAL_UNITS = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "": 1}
 PositiveInt = Annotated[int, Field(ge=1)]
 QueueName = Annotated[str, Field(pattern=_NAME, max_length=64)]
 
+# Bounds of the pool-shaping numbers, stated once: the pool model and the worker's
+# settings (which read the same numbers from the environment) both use these types.
+Processes = Annotated[int, Field(ge=1, le=64)]
+Concurrency = Annotated[int, Field(ge=1, le=256)]
+JobTimeoutMs = Annotated[int, Field(ge=100, le=86_400_000)]
+ShutdownTimeoutMs = Annotated[int, Field(ge=1_000, le=86_400_000)]
+MaxAttempts = Annotated[int, Field(ge=1, le=100)]
+Prefetch = Annotated[int, Field(ge=1, le=65_535)]
+DbPoolSize = Annotated[int, Field(ge=1, le=1000)]
+
+#: How a pool field reaches a running pod (``json_schema_extra["reaches"]`` of each field):
+#: ``"env:<VAR>"``: the worker's settings take it as the default of ``<VAR>``;
+#: ``"worker"``: the worker reads it from the pools file itself;
+#: ``"infra"``: only the infra program reads it (Deployment, scaler, guards).
+REACHES = "reaches"
+
+
+def _reaches(how: str) -> Any:
+    return Field(json_schema_extra={REACHES: how})
+
 
 def memory_bytes(quantity: str) -> int:
     """Bytes of a Kubernetes memory quantity such as ``512Mi`` or ``1G``."""
@@ -37,6 +58,32 @@ def memory_bytes(quantity: str) -> int:
     unit = match.group(2) or ""
     number = float(quantity[: len(quantity) - len(unit)])
     return int(number * _BINARY_UNITS.get(unit, _DECIMAL_UNITS.get(unit, 1)))
+
+
+def cpu_millis(quantity: str) -> int:
+    """Millicores of a Kubernetes CPU quantity such as ``250m`` or ``1.5``."""
+    if not _CPU.match(quantity):
+        raise ValueError(f"cpu {quantity!r} is not a Kubernetes CPU quantity such as 250m")
+    if quantity.endswith("m"):
+        return int(float(quantity[:-1]))
+    return int(float(quantity) * 1000)
+
+
+def drain_outlasts_job(job_timeout_ms: int, shutdown_timeout_ms: int) -> bool:
+    """The timing rule's first half, job < drain (DESIGN 2.8): a running job can finish
+    within the drain window. Its second half, drain < grace, is the infra's timing guard
+    (the grace period exists only there)."""
+    return job_timeout_ms < shutdown_timeout_ms
+
+
+def prefetch_feeds_every_thread(prefetch: int, concurrency: int) -> bool:
+    """``prefetch >= concurrency``: no handler thread sits idle for want of a message."""
+    return prefetch >= concurrency
+
+
+def pool_holds_every_handler(db_pool_size: int, concurrency: int) -> bool:
+    """``DB_POOL_SIZE >= WORKER_CONCURRENCY``: every handler thread may hold a connection."""
+    return db_pool_size >= concurrency
 
 
 class _Strict(BaseModel):
@@ -69,48 +116,70 @@ class Pool(_Strict):
     Defaults: 1 process, 4 threads, 30 s job timeout, 40 s drain window,
     5 attempts, 512Mi memory, 1 to 2 replicas, prefetch = concurrency (a process
     holds no message it cannot start at once, so none waits behind a long job while
-    another replica is idle; raise it for very short jobs).
+    another replica is idle; raise it for very short jobs), DB pool = concurrency.
+
+    This is the only definition of a pool's fields, bounds and defaults: the worker's
+    settings take their defaults from it (fields marked ``env:``), the infra program
+    validates the stack-merged file with it and mounts the result into the pods.
     """
 
-    queues: Annotated[list[QueueName], Field(min_length=1)]
-    processes: Annotated[int, Field(ge=1, le=64)] = 1
-    concurrency: Annotated[int, Field(ge=1, le=256)] = 4
-    job_timeout_ms: Annotated[int, Field(ge=100, le=86_400_000)] = 30_000
-    shutdown_timeout_ms: Annotated[int, Field(ge=1_000, le=86_400_000)] = 40_000
-    max_attempts: Annotated[int, Field(ge=1, le=100)] = 5
-    prefetch: Annotated[int, Field(ge=1, le=65_535)] | None = None
-    db_pool_size: PositiveInt | None = None
-    memory: str = "512Mi"
-    cpu: str = "250m"
-    handler_memory: str | None = None
-    min_replicas: Annotated[int, Field(ge=0, le=1000)] = 1
-    max_replicas: Annotated[int, Field(ge=1, le=1000)] = 2
-    backlog_age_target_s: Annotated[int, Field(ge=1)] = 30
-    uses: list[str] = []
-    sandbox: bool = False
+    queues: Annotated[list[QueueName], Field(min_length=1), _reaches("env:WORKER_QUEUES")]
+    processes: Annotated[Processes, _reaches("env:WORKER_PROCESSES")] = 1
+    concurrency: Annotated[Concurrency, _reaches("env:WORKER_CONCURRENCY")] = 4
+    job_timeout_ms: Annotated[JobTimeoutMs, _reaches("env:WORKER_JOB_TIMEOUT_MS")] = 30_000
+    shutdown_timeout_ms: Annotated[
+        ShutdownTimeoutMs, _reaches("env:WORKER_SHUTDOWN_TIMEOUT_MS")
+    ] = 40_000
+    max_attempts: Annotated[MaxAttempts, _reaches("env:WORKER_MAX_ATTEMPTS")] = 5
+    prefetch: Annotated[Prefetch | None, _reaches("env:WORKER_PREFETCH")] = None
+    db_pool_size: Annotated[DbPoolSize | None, _reaches("env:DB_POOL_SIZE")] = None
+    memory: Annotated[str, _reaches("infra")] = "512Mi"
+    cpu: Annotated[str, _reaches("infra")] = "250m"
+    handler_memory: Annotated[str | None, _reaches("infra")] = None
+    min_replicas: Annotated[int, Field(ge=0, le=1000), _reaches("infra")] = 1
+    max_replicas: Annotated[int, Field(ge=1, le=1000), _reaches("infra")] = 2
+    backlog_age_target_s: Annotated[int, Field(ge=1, le=86_400), _reaches("infra")] = 30
+    uses: Annotated[list[str], _reaches("worker")] = []
+    sandbox: Annotated[bool, _reaches("infra")] = False
+    critical: Annotated[bool, _reaches("infra")] = False
 
     @model_validator(mode="after")
     def _consistent(self) -> Pool:
         memory_bytes(self.memory)
         if self.handler_memory is not None:
             memory_bytes(self.handler_memory)
-        if not _CPU.match(self.cpu):
-            raise ValueError(f"cpu {self.cpu!r} is not a Kubernetes CPU quantity such as 250m")
+        cpu_millis(self.cpu)
         if len(set(self.queues)) != len(self.queues):
             raise ValueError("queues lists a queue twice")
-        if self.job_timeout_ms >= self.shutdown_timeout_ms:
+        if len(set(self.uses)) != len(self.uses):
+            raise ValueError("uses lists a resource twice")
+        if not drain_outlasts_job(self.job_timeout_ms, self.shutdown_timeout_ms):
             raise ValueError(
                 f"job_timeout_ms ({self.job_timeout_ms}) must be below "
                 f"shutdown_timeout_ms ({self.shutdown_timeout_ms})"
             )
-        if self.prefetch is not None and self.prefetch < self.concurrency:
+        if self.prefetch is not None and not prefetch_feeds_every_thread(
+            self.prefetch, self.concurrency
+        ):
             raise ValueError(
                 f"prefetch ({self.prefetch}) is below concurrency ({self.concurrency}): "
                 "handler threads would sit idle"
             )
+        if self.db_pool_size is not None and not pool_holds_every_handler(
+            self.db_pool_size, self.concurrency
+        ):
+            raise ValueError(
+                f"db_pool_size ({self.db_pool_size}) is below concurrency ({self.concurrency}): "
+                "every handler thread may hold a connection"
+            )
         if self.min_replicas > self.max_replicas:
             raise ValueError(
                 f"min_replicas ({self.min_replicas}) exceeds max_replicas ({self.max_replicas})"
+            )
+        if self.sandbox and self.uses:
+            raise ValueError(
+                f"a sandbox pool uses no downstream resource (uses {self.uses}): "
+                "it reaches nothing but DNS and the broker"
             )
         return self
 
@@ -118,6 +187,56 @@ class Pool(_Strict):
     def effective_db_pool_size(self) -> int:
         """Connections per process: ``db_pool_size``, by default the pool's concurrency."""
         return self.db_pool_size or self.concurrency
+
+    @property
+    def effective_prefetch(self) -> int:
+        """Messages one process holds, running or waiting: ``prefetch``, else concurrency."""
+        return self.prefetch or self.concurrency
+
+    @property
+    def memory_bytes(self) -> int:
+        """The container memory limit in bytes."""
+        return memory_bytes(self.memory)
+
+    @property
+    def handler_memory_bytes(self) -> int | None:
+        """Peak bytes of one handler, None when not declared."""
+        return None if self.handler_memory is None else memory_bytes(self.handler_memory)
+
+    @property
+    def cpu_millis(self) -> int:
+        """The CPU request in millicores."""
+        return cpu_millis(self.cpu)
+
+    def worker_defaults(self) -> dict[str, Any]:
+        """The defaults this pool gives the worker's environment variables (``env:`` fields)."""
+        values: dict[str, Any] = {}
+        for name, var in pool_env_fields().items():
+            value = getattr(self, name)
+            if name == "db_pool_size":
+                value = self.effective_db_pool_size
+            values[var] = value
+        return values
+
+
+def reaches(field: str) -> str:
+    """How pool field ``field`` reaches a pod: ``env:<VAR>``, ``worker`` or ``infra``."""
+    extra = Pool.model_fields[field].json_schema_extra
+    if not isinstance(extra, dict) or not isinstance(extra.get(REACHES), str):
+        raise LookupError(f"pool field {field!r} does not say how it reaches a pod")
+    return str(extra[REACHES])
+
+
+def pool_env_fields() -> dict[str, str]:
+    """Pool field -> the environment variable whose default it is (``WORKER_*``, ``DB_POOL_SIZE``).
+
+    These variables shape a pool: a deployment sets them only through the pools file.
+    """
+    return {
+        name: how.removeprefix("env:")
+        for name in Pool.model_fields
+        if (how := reaches(name)).startswith("env:")
+    }
 
 
 class PoolsFile(_Strict):
@@ -144,6 +263,50 @@ class PoolsFile(_Strict):
                         f"pool {name!r} uses {resource!r}, which is not a [downstream.*] table"
                     )
         return self
+
+    def with_overrides(self, overrides: Mapping[str, Any], source: str) -> PoolsFile:
+        """This file with a deployment's overrides merged in, validated by this same model.
+
+        ``overrides`` maps a table (``pools``, ``downstream``) to entries of this file and
+        their new values, e.g. ``{"pools": {"bulk": {"max_replicas": 8}}}``. An override
+        may not add an entry, nor turn a sandbox pool into an ordinary one. Raises
+        :class:`PoolsFileError` naming ``source``, the key and the problem.
+        """
+        data = self.model_dump(exclude_unset=True)
+        problems: list[str] = []
+        for table, entries in overrides.items():
+            if table not in data and table not in type(self).model_fields:
+                problems.append(f"{source}: {table}: not a table of pools.toml")
+                continue
+            base = data.setdefault(table, {})
+            if not isinstance(entries, Mapping):
+                problems.append(f"{source}: {table}: expected a mapping of entries")
+                continue
+            for name, values in entries.items():
+                if name not in base:
+                    problems.append(f"{source}: {table}.{name}: no such entry in pools.toml")
+                elif not isinstance(values, Mapping):
+                    problems.append(f"{source}: {table}.{name}: expected a mapping of keys")
+                else:
+                    base[name] = {**base[name], **values}
+        pool_overrides = overrides.get("pools", {})
+        for name, pool in self.pools.items():
+            override = pool_overrides.get(name, {}) if isinstance(pool_overrides, Mapping) else {}
+            if (
+                pool.sandbox
+                and isinstance(override, Mapping)
+                and override.get("sandbox", True) is not True
+            ):
+                problems.append(
+                    f"{source}: pools.{name}.sandbox: a deployment cannot turn off the "
+                    "sandbox of an untrusted-code pool (set it in pools.toml and review it)"
+                )
+        if problems:
+            raise PoolsFileError("\n".join(problems))
+        try:
+            return type(self).model_validate(data)
+        except ValidationError as error:
+            raise PoolsFileError("\n".join(_problems(error, source))) from None
 
     def pool_of_queue(self, queue: str) -> str | None:
         """The pool that serves ``queue``, or None."""
@@ -179,8 +342,13 @@ def load_pools(path: Path | None = None) -> PoolsFile:
     try:
         return PoolsFile.model_validate(data)
     except ValidationError as error:
-        lines = []
-        for problem in error.errors():
-            key = ".".join(str(part) for part in problem["loc"]) or "(top level)"
-            lines.append(f"{path}: {key}: {problem['msg']}")
-        raise PoolsFileError("\n".join(lines)) from None
+        raise PoolsFileError("\n".join(_problems(error, str(path)))) from None
+
+
+def _problems(error: ValidationError, source: str) -> list[str]:
+    """One line per problem: ``<source>: <key>: <message>``."""
+    lines = []
+    for problem in error.errors():
+        key = ".".join(str(part) for part in problem["loc"]) or "(top level)"
+        lines.append(f"{source}: {key}: {problem['msg']}")
+    return lines

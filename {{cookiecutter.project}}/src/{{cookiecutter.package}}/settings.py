@@ -26,7 +26,39 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from .boards import DEFAULT_STALLED_AFTER_S, DEFAULT_STATE_DIR
 from .exitcodes import EX_CONFIG
-from .pools import Pool, PoolsFile, PoolsFileError, load_pools
+{%- if cookiecutter.database == "postgres" %}
+from .pools import (
+    Concurrency,
+    DbPoolSize,
+    JobTimeoutMs,
+    MaxAttempts,
+    Pool,
+    PoolsFile,
+    PoolsFileError,
+    Prefetch,
+    Processes,
+    ShutdownTimeoutMs,
+    drain_outlasts_job,
+    load_pools,
+    pool_holds_every_handler,
+    prefetch_feeds_every_thread,
+)
+{%- else %}
+from .pools import (
+    Concurrency,
+    JobTimeoutMs,
+    MaxAttempts,
+    Pool,
+    PoolsFile,
+    PoolsFileError,
+    Prefetch,
+    Processes,
+    ShutdownTimeoutMs,
+    drain_outlasts_job,
+    load_pools,
+    prefetch_feeds_every_thread,
+)
+{%- endif %}
 
 PROJECT = "{{ cookiecutter.project }}"
 VERSION = "0.1.0"
@@ -34,15 +66,6 @@ DATABASE_ENABLED = {{ "True" if cookiecutter.database == "postgres" else "False"
 #: The downstream resource of pools.toml that DATABASE_URL points at.
 DATABASE_RESOURCE = "postgres"
 
-_POOL_DEFAULTS = {
-    "worker_queues": "queues",
-    "worker_concurrency": "concurrency",
-    "worker_processes": "processes",
-    "worker_job_timeout_ms": "job_timeout_ms",
-    "worker_shutdown_timeout_ms": "shutdown_timeout_ms",
-    "worker_max_attempts": "max_attempts",
-    "worker_prefetch": "prefetch",
-}
 _SECRET_FIELDS = {"redis_url", "database_url"}
 #: Days a dead letter is kept before the worker deletes it (the runbook's rule).
 DLQ_RETENTION_DAYS = 14
@@ -72,17 +95,17 @@ class Settings(BaseSettings):
     """Pool of pools.toml this process runs; supplies the WORKER_* defaults."""
     worker_queues: Annotated[list[str], NoDecode]
     """Comma list of queues served, all of this pool."""
-    worker_concurrency: Annotated[int, Field(ge=1, le=256)]
+    worker_concurrency: Concurrency
     """Handler threads per process."""
-    worker_processes: Annotated[int, Field(ge=1, le=64)]
+    worker_processes: Processes
     """Worker processes per container."""
-    worker_job_timeout_ms: Annotated[int, Field(ge=100, le=86_400_000)]
+    worker_job_timeout_ms: JobTimeoutMs
     """Hard limit per job; below WORKER_SHUTDOWN_TIMEOUT_MS."""
-    worker_shutdown_timeout_ms: Annotated[int, Field(ge=1_000, le=86_400_000)]
+    worker_shutdown_timeout_ms: ShutdownTimeoutMs
     """Drain window after SIGTERM; below the pod's grace period."""
-    worker_max_attempts: Annotated[int, Field(ge=1, le=100)]
+    worker_max_attempts: MaxAttempts
     """Deliveries, crashes included, before a message is dead-lettered."""
-    worker_prefetch: Annotated[int, Field(ge=1, le=65_535)] | None = None
+    worker_prefetch: Prefetch | None = None
     """Messages a process holds, running or waiting; unset: WORKER_CONCURRENCY."""
     worker_heartbeat_timeout_ms: Annotated[int, Field(ge=2_000, le=600_000)] = 30_000
     """How long a silent worker keeps its messages before others recover them."""
@@ -99,7 +122,7 @@ class Settings(BaseSettings):
 {%- if cookiecutter.database == "postgres" %}
     database_url: Annotated[SecretStr | None, Field(validate_default=True)] = None
     """PostgreSQL; required by pools that use postgres; the password is masked."""
-    db_pool_size: Annotated[int, Field(ge=1, le=1000)]
+    db_pool_size: DbPoolSize
     """Connections per process; at least WORKER_CONCURRENCY."""
 {%- endif %}
     otel_service_name: Annotated[str, Field(min_length=1, max_length=100)] = PROJECT
@@ -110,17 +133,18 @@ class Settings(BaseSettings):
     @model_validator(mode="before")
     @classmethod
     def _pool_defaults(cls, data: Any) -> Any:
-        """Fill unset WORKER_* values from the pool that WORKER_POOL names."""
+        """Fill unset WORKER_* values from the pool that WORKER_POOL names.
+
+        The pool model says which variables a pool supplies (:meth:`Pool.worker_defaults`).
+        """
         if not isinstance(data, dict):
             return data
         pool = load_pools().pools.get(str(data.get("worker_pool", "")))
         if pool is None:
             return data
-        for field, key in _POOL_DEFAULTS.items():
-            data.setdefault(field, getattr(pool, key))
-{%- if cookiecutter.database == "postgres" %}
-        data.setdefault("db_pool_size", pool.effective_db_pool_size)
-{%- endif %}
+        for var, value in pool.worker_defaults().items():
+            if var.lower() in cls.model_fields:
+                data.setdefault(var.lower(), value)
         return data
 
     @field_validator("worker_pool")
@@ -160,7 +184,11 @@ class Settings(BaseSettings):
     @classmethod
     def _prefetch_feeds_every_thread(cls, value: int | None, info: ValidationInfo) -> int | None:
         concurrency = info.data.get("worker_concurrency")
-        if value is not None and concurrency is not None and value < concurrency:
+        if (
+            value is not None
+            and concurrency is not None
+            and not prefetch_feeds_every_thread(value, concurrency)
+        ):
             raise ValueError(
                 f"must be at least WORKER_CONCURRENCY ({concurrency}): threads would sit idle"
             )
@@ -170,7 +198,7 @@ class Settings(BaseSettings):
     @classmethod
     def _drain_outlasts_job(cls, value: int, info: ValidationInfo) -> int:
         job = info.data.get("worker_job_timeout_ms")
-        if job is not None and job >= value:
+        if job is not None and not drain_outlasts_job(job, value):
             raise ValueError(
                 f"must exceed WORKER_JOB_TIMEOUT_MS ({job}) so a running job can finish "
                 "within the drain window"
@@ -213,7 +241,7 @@ class Settings(BaseSettings):
     @classmethod
     def _pool_holds_every_handler(cls, value: int, info: ValidationInfo) -> int:
         concurrency = info.data.get("worker_concurrency")
-        if concurrency is not None and value < concurrency:
+        if concurrency is not None and not pool_holds_every_handler(value, concurrency):
             raise ValueError(
                 f"must be at least WORKER_CONCURRENCY ({concurrency}): "
                 "every handler thread may hold a connection"

@@ -1,0 +1,74 @@
+"""The service's pool model (the template's own ``pools.py``) for worker_infra's tests.
+
+worker_infra takes its pools from that model (:meth:`PoolSpec.of`), so the tests build
+them the same way: every pool here passed the model's bounds and defaults.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from worker_infra import DownstreamSpec, PoolSpec
+
+TEMPLATE = Path(__file__).resolve().parents[2]
+PACKAGE_DIR = TEMPLATE / "{{cookiecutter.project}}" / "src" / "{{cookiecutter.package}}"
+_PACKAGE = "_template_package"
+
+
+@functools.cache
+def pools_module() -> ModuleType:
+    """The template's pools.py (no Jinja in it nor in what it imports), loaded as a
+    submodule of a stand-in package so its relative imports (``.schedules``) resolve."""
+    package = ModuleType(_PACKAGE)
+    package.__path__ = [str(PACKAGE_DIR)]
+    sys.modules[_PACKAGE] = package
+    spec = importlib.util.spec_from_file_location(f"{_PACKAGE}.pools", PACKAGE_DIR / "pools.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+#: The variables a pool shapes, as the model names them.
+POOL_ENV: frozenset[str] = frozenset(pools_module().pool_env_fields().values())
+
+
+def pool(name: str, queues: Sequence[str] = ("q",), **fields: Any) -> PoolSpec:
+    """A pool validated by the service's model, as worker_infra receives it."""
+    model = pools_module().Pool(queues=list(queues), **fields)
+    return PoolSpec.of(name, model)
+
+
+def downstream(
+    name: str, capacity: int, reserved: int = 0, per_process: str = "db_pool_size"
+) -> DownstreamSpec:
+    """A downstream resource validated by the service's model."""
+    model = pools_module().Downstream(capacity=capacity, reserved=reserved, per_process=per_process)
+    return DownstreamSpec.of(name, model)
+
+
+def pools_file_text() -> str:
+    """A small pools file, as the pods would mount it."""
+    return '[pools.interactive]\nqueues = ["notifications", "emails"]\n'
+
+
+def pools_file(
+    data: dict[str, Any],
+) -> tuple[tuple[PoolSpec, ...], tuple[DownstreamSpec, ...], str]:
+    """Specs and TOML text of a whole pools file validated by the model (as the infra
+    program hands them to worker_infra)."""
+    import tomli_w
+
+    model = pools_module().PoolsFile.model_validate(data)
+    return (
+        tuple(PoolSpec.of(n, p) for n, p in model.pools.items()),
+        tuple(DownstreamSpec.of(n, d) for n, d in model.downstream.items()),
+        tomli_w.dumps(model.model_dump(mode="json", exclude_none=True)),
+    )
