@@ -40,6 +40,7 @@ from .pools import (
     ShutdownTimeoutMs,
     drain_outlasts_job,
     load_pools,
+    pool_env_fields,
     pool_holds_every_handler,
     prefetch_feeds_every_thread,
 )
@@ -56,6 +57,7 @@ from .pools import (
     ShutdownTimeoutMs,
     drain_outlasts_job,
     load_pools,
+    pool_env_fields,
     prefetch_feeds_every_thread,
 )
 {%- endif %}
@@ -66,6 +68,11 @@ DATABASE_ENABLED = {{ "True" if cookiecutter.database == "postgres" else "False"
 #: The downstream resource of pools.toml that DATABASE_URL points at.
 DATABASE_RESOURCE = "postgres"
 
+#: Settings field -> the pool field that supplies its default, as the pool model states it
+#: (``DB_POOL_SIZE`` defaults to the pool's effective size: ``db_pool_size``, else concurrency).
+_POOL_DEFAULTS = {
+    var.lower(): name for name, var in pool_env_fields().items() if name != "db_pool_size"
+}
 _SECRET_FIELDS = {"redis_url", "database_url"}
 #: Days a dead letter is kept before the worker deletes it (the runbook's rule).
 DLQ_RETENTION_DAYS = 14
