@@ -1146,6 +1146,9 @@ def test_run_untrusted_never_raises_for_a_forged_result(data: bytes) -> None:
 def test_the_cached_filter_with_a_pid_written_in_is_the_filter_built_for_it(
     pid: int, max_processes: int
 ) -> None:
-    from {{ cookiecutter.package }}._sandbox_seccomp import build_filter, compile_filter
+    from {{ cookiecutter.package }}._sandbox_seccomp import (
+        build_filter,
+        compile_filter,
+    )
 
     assert build_filter(pid, max_processes) == compile_filter(pid, max_processes)

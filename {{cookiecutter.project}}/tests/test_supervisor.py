@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from {{ cookiecutter.package }}.supervisor import RESTART_BACKOFF_S, STABLE_AFTER_S, next_backoff
+from {{ cookiecutter.package }}.supervisor import (
+    RESTART_BACKOFF_S,
+    STABLE_AFTER_S,
+    next_backoff,
+)
 
 
 def test_restart_pause_doubles_up_to_its_cap() -> None:
