@@ -17,6 +17,7 @@ from .errors import GuardError
 from .pool import (
     BROKER_URL_KEY,
     TMP_SIZE,
+    checkov_annotations,
     restricted_container_security,
     restricted_pod_security,
 )
@@ -207,7 +208,12 @@ class SchedulerDeployment(pulumi.ComponentResource):
         )
         self.deployment = k8s.apps.v1.Deployment(
             f"{name}-deployment",
-            metadata=meta,
+            metadata=k8s.meta.v1.ObjectMetaArgs(
+                name=full_name,
+                namespace=args.namespace,
+                labels=all_labels,
+                annotations=checkov_annotations(),
+            ),
             spec=k8s.apps.v1.DeploymentSpecArgs(
                 replicas=args.spec.replicas,
                 revision_history_limit=5,
