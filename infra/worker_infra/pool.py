@@ -30,11 +30,11 @@ CHECKOV_SKIPS = {
         " every pod start depend on the registry"
     ),
     "CKV_K8S_35": (
-        "the worker reads REDIS_URL and DATABASE_URL from its environment (the settings"
-        " contract); both come from secretKeyRef and never as plain values (guarded)"
+        "the worker reads its broker and database URLs from its environment (the settings"
+        " contract); they come from secretKeyRef and never as plain values (guarded)"
     ),
     "CKV_K8S_43": (
-        "the image reference is the stack's image setting: set it to repo@sha256:<digest>"
+        "the image reference is the stack image setting: set it to repo@sha256:<digest>"
         " to pin a digest"
     ),
 }
