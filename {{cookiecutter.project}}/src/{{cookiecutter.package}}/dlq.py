@@ -146,10 +146,30 @@ def dead_letters(client: redis.Redis, queue: str, limit: int | None = None) -> l
         return []
     ids = [layout.text(raw_id) for raw_id, _ in entries]
     stored = client.hmget(bodies, ids)
-    return [
+    letters = [
         DeadLetter(queue, redis_id, int(score), layout.raw_bytes(body))
         for (redis_id, (_, score), body) in zip(ids, entries, stored, strict=True)
     ]
+    return _still_dead(client, zset, letters)
+
+
+def _still_dead(client: redis.Redis, zset: str, letters: list[DeadLetter]) -> list[DeadLetter]:
+    """``letters`` without those replayed or purged by someone else between our two reads.
+
+    The zset entry and its body are read in two commands; a body missing because a
+    concurrent ``dlq replay`` moved the letter is not a letter without a body.
+    """
+    bodiless = [letter for letter in letters if letter.body is None]
+    if not bodiless:
+        return letters
+    pipe = client.pipeline(transaction=False)
+    for letter in bodiless:
+        pipe.zscore(zset, letter.redis_id)
+    scores = pipe.execute()
+    gone = {
+        letter.redis_id for letter, score in zip(bodiless, scores, strict=True) if score is None
+    }
+    return [letter for letter in letters if letter.redis_id not in gone]
 
 
 def find(client: redis.Redis, queues: Iterable[str], redis_id: str) -> DeadLetter:
@@ -164,7 +184,9 @@ def find(client: redis.Redis, queues: Iterable[str], redis_id: str) -> DeadLette
         score = client.zscore(zset, redis_id)
         if score is not None:
             body = layout.raw_bytes(client.hget(bodies, redis_id))
-            return DeadLetter(queue, redis_id, int(score), body)
+            letter = DeadLetter(queue, redis_id, int(score), body)
+            if _still_dead(client, zset, [letter]):
+                return letter
     raise DeadLetterError(f"no dead letter {redis_id!r} on queue(s) {', '.join(queues)}")
 
 
