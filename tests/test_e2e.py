@@ -3,6 +3,7 @@ to boot (exit 78, variable named) on bad configuration."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import subprocess
@@ -58,6 +59,17 @@ def test_worker_processes_200_jobs_exactly_once(project: Path, redis_url: str,
     worker = subprocess.Popen([PYTHON, "-m", package_of(project), "worker"], cwd=project, env=env,
                               stderr=log.open("w"), start_new_session=True)
     try:
+        # Both processes booted before the jobs arrive: one that boots seconds earlier may
+        # otherwise run all 200 before the other fetches (the supervisor's status file).
+        status = tmp_path / "state" / "supervisor.json"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if json.loads(status.read_text())["live"] == 2:
+                    break
+            except (OSError, ValueError, KeyError):
+                pass
+            time.sleep(0.05)
         broker = RedisBroker(url=redis_url)
         for n in range(200):
             broker.enqueue(Message(queue_name="notifications", actor_name="probe", args=(n,),
