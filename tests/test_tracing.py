@@ -159,6 +159,8 @@ class Receiver:
                 resource = {a.key: _value(a.value) for a in resource_spans.resource.attributes}
                 for scope_spans in resource_spans.scope_spans:
                     for span in scope_spans.spans:
+                        if any(seen.span_id == span.span_id.hex() for seen in self.spans):
+                            continue  # an exporter's retry: OTLP delivers at least once
                         self.spans.append(Span(
                             service=str(resource.get("service.name")),
                             trace_id=span.trace_id.hex(), span_id=span.span_id.hex(),
@@ -473,9 +475,11 @@ def test_a_handlers_sql_query_is_a_child_span_of_its_delivery(
 
         wait_for(lambda: query_span() and consumer_spans(receiver.trace(sent["trace_id"])), 30,
                  "the query's span and its delivery's")
-        (delivery,) = consumer_spans(receiver.trace(sent["trace_id"]))
-        (query,) = query_span()
-        assert query.parent_id == delivery.span_id
-        assert "SELECT" in query.name or "SELECT 1" in str(query.attributes), query
+        # Under load a first attempt may fail (a slow connect) and be retried: every
+        # query span must still be the child of one of the job's deliveries.
+        deliveries = {span.span_id: span for span in consumer_spans(receiver.trace(sent["trace_id"]))}
+        for query in query_span():
+            assert query.parent_id in deliveries, (query, list(deliveries.values()))
+            assert "SELECT" in query.name or "SELECT 1" in str(query.attributes), query
     finally:
         worker.kill()
