@@ -59,9 +59,10 @@ import dramatiq
 from dramatiq import Message
 
 from orders_worker import actors  # noqa: F401
-from orders_worker import lifecycle
+from orders_worker.lifecycle import LIFECYCLE
 from orders_worker.boards import ProgressBoard
-from orders_worker.broker import broker, settings
+from orders_worker.broker import broker
+from orders_worker.settings import load_settings
 from orders_worker.consumer import SettlingConsumer
 from orders_worker.runtime import FETCH_TIMEOUT_MS
 
@@ -122,8 +123,10 @@ class Clock(dramatiq.Middleware):
         ends.append(time.perf_counter())
 broker.add_middleware(Clock())
 
+settings = load_settings()
+broker.emit_after("process_boot")
 board = ProgressBoard(settings.worker_state_dir, threads, broker.broker_id)
-lifecycle.attach(board)
+LIFECYCLE.attach(board)
 queue = "notifications"
 for _ in range(jobs):
     message = Message(queue_name=queue, actor_name="profile_job", args=(ms,), kwargs={},
@@ -187,7 +190,7 @@ def main() -> int:
             env["WORKER_CONCURRENCY"] = str(threads)
             out = subprocess.run([sys.executable, str(root / "driver.py"), str(jobs), str(ms),
                                   str(threads), wake], env=env, cwd=project, check=True,
-                                 capture_output=True, text=True, timeout=600)
+                                 stdout=subprocess.PIPE, text=True, timeout=600)
             row = json.loads(out.stdout.strip().splitlines()[-1])
             print(json.dumps(row), flush=True)
             results.append(row)
