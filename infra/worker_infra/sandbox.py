@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import pulumi
@@ -23,6 +23,8 @@ RESTRICTED_LABELS = {
     "pod-security.kubernetes.io/audit": "restricted",
     "pod-security.kubernetes.io/warn": "restricted",
 }
+#: DNS on both protocols, the sandbox's only egress besides the broker.
+DNS_PORTS = (("UDP", 53), ("TCP", 53))
 
 
 def broker_secret(
@@ -88,6 +90,95 @@ def without_trace_export(env: Mapping[str, str]) -> dict[str, str]:
     }
     kept["OTEL_SDK_DISABLED"] = "true"
     return kept
+
+
+Ports = Sequence[tuple[str, int]]
+Meta = Callable[[str], k8s.meta.v1.ObjectMetaArgs]
+
+
+def namespace_peer(
+    namespace: str, pods: Mapping[str, str] | None = None
+) -> k8s.networking.v1.NetworkPolicyPeerArgs:
+    """The pods labelled ``pods`` in ``namespace`` (default None: the whole namespace),
+    the namespace selected by the ``kubernetes.io/metadata.name`` label the API server sets."""
+    return k8s.networking.v1.NetworkPolicyPeerArgs(
+        namespace_selector=k8s.meta.v1.LabelSelectorArgs(
+            match_labels={"kubernetes.io/metadata.name": namespace}
+        ),
+        pod_selector=None if pods is None else k8s.meta.v1.LabelSelectorArgs(match_labels=pods),
+    )
+
+
+def policy_ports(ports: Ports) -> list[k8s.networking.v1.NetworkPolicyPortArgs]:
+    """``ports`` as (protocol, port) pairs, in order."""
+    return [k8s.networking.v1.NetworkPolicyPortArgs(protocol=p, port=port) for p, port in ports]
+
+
+def network_policy(
+    resource: str,
+    metadata: k8s.meta.v1.ObjectMetaArgs,
+    opts: pulumi.ResourceOptions,
+    *,
+    ingress: k8s.networking.v1.NetworkPolicyIngressRuleArgs | None = None,
+    egress: k8s.networking.v1.NetworkPolicyEgressRuleArgs | None = None,
+) -> k8s.networking.v1.NetworkPolicy:
+    """A NetworkPolicy over every pod of the namespace.
+
+    With neither rule (the defaults) it denies all ingress and egress; with ``ingress``
+    or ``egress`` it is of that one type and admits that one rule.
+    """
+    types = [t for t, rule in (("Ingress", ingress), ("Egress", egress)) if rule is not None]
+    return k8s.networking.v1.NetworkPolicy(
+        resource,
+        metadata=metadata,
+        spec=k8s.networking.v1.NetworkPolicySpecArgs(
+            pod_selector=k8s.meta.v1.LabelSelectorArgs(),
+            policy_types=types or ["Ingress", "Egress"],
+            ingress=None if ingress is None else [ingress],
+            egress=None if egress is None else [egress],
+        ),
+        opts=opts,
+    )
+
+
+def network_policies(
+    name: str,
+    meta: Meta,
+    sandbox: SandboxSpec,
+    broker: BrokerSpec,
+    monitoring_namespace: str,
+    metrics_port: int,
+    opts: pulumi.ResourceOptions,
+) -> None:
+    """The sandbox namespace's policies: default-deny, egress to DNS (``sandbox``'s
+    ``dns_namespace``/``dns_selector``, port 53) and to the broker pods on the broker port,
+    ingress from ``monitoring_namespace`` to ``metrics_port`` only.
+
+    ``name`` prefixes the resource names, ``meta(policy)`` gives each policy's metadata.
+    """
+
+    def allow_egress(policy: str, namespace: str, pods: Mapping[str, str], ports: Ports) -> None:
+        network_policy(
+            f"{name}-{policy}",
+            meta(policy),
+            opts,
+            egress=k8s.networking.v1.NetworkPolicyEgressRuleArgs(
+                to=[namespace_peer(namespace, pods)], ports=policy_ports(ports)
+            ),
+        )
+
+    network_policy(f"{name}-default-deny", meta("default-deny"), opts)
+    allow_egress("allow-dns", sandbox.dns_namespace, sandbox.dns_selector, DNS_PORTS)
+    allow_egress("allow-broker", broker.namespace, broker.pod_selector, [("TCP", broker.port)])
+    network_policy(
+        f"{name}-allow-scrape",
+        meta("allow-scrape"),
+        opts,
+        ingress=k8s.networking.v1.NetworkPolicyIngressRuleArgs(
+            from_=[namespace_peer(monitoring_namespace)],
+            ports=policy_ports([("TCP", metrics_port)]),
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -186,74 +277,14 @@ class SandboxPool(pulumi.ComponentResource):
         config_map = pools_config_map(
             f"{name}-pools", config_map_name, ns, args.pools_file, labels, after_ns
         )
-        k8s.networking.v1.NetworkPolicy(
-            f"{name}-default-deny",
-            metadata=meta("default-deny"),
-            spec=k8s.networking.v1.NetworkPolicySpecArgs(
-                pod_selector=k8s.meta.v1.LabelSelectorArgs(),
-                policy_types=["Ingress", "Egress"],
-            ),
-            opts=after_ns,
-        )
-
-        def allow_egress(
-            policy: str, namespace: str, pods: dict[str, str], ports: list[tuple[str, int]]
-        ) -> None:
-            """Egress from every sandbox pod to ``pods`` in ``namespace`` on ``ports`` only."""
-            k8s.networking.v1.NetworkPolicy(
-                f"{name}-{policy}",
-                metadata=meta(policy),
-                spec=k8s.networking.v1.NetworkPolicySpecArgs(
-                    pod_selector=k8s.meta.v1.LabelSelectorArgs(),
-                    policy_types=["Egress"],
-                    egress=[
-                        k8s.networking.v1.NetworkPolicyEgressRuleArgs(
-                            to=[
-                                k8s.networking.v1.NetworkPolicyPeerArgs(
-                                    namespace_selector=k8s.meta.v1.LabelSelectorArgs(
-                                        match_labels={"kubernetes.io/metadata.name": namespace}
-                                    ),
-                                    pod_selector=k8s.meta.v1.LabelSelectorArgs(match_labels=pods),
-                                )
-                            ],
-                            ports=[
-                                k8s.networking.v1.NetworkPolicyPortArgs(protocol=p, port=port)
-                                for p, port in ports
-                            ],
-                        )
-                    ],
-                ),
-                opts=after_ns,
-            )
-
-        allow_egress("allow-dns", sb.dns_namespace, sb.dns_selector, [("UDP", 53), ("TCP", 53)])
-        broker = args.broker
-        allow_egress("allow-broker", broker.namespace, broker.pod_selector, [("TCP", broker.port)])
-        monitoring = args.scaling.monitoring_namespace
-        k8s.networking.v1.NetworkPolicy(
-            f"{name}-allow-scrape",
-            metadata=meta("allow-scrape"),
-            spec=k8s.networking.v1.NetworkPolicySpecArgs(
-                pod_selector=k8s.meta.v1.LabelSelectorArgs(),
-                policy_types=["Ingress"],
-                ingress=[
-                    k8s.networking.v1.NetworkPolicyIngressRuleArgs(
-                        from_=[
-                            k8s.networking.v1.NetworkPolicyPeerArgs(
-                                namespace_selector=k8s.meta.v1.LabelSelectorArgs(
-                                    match_labels={"kubernetes.io/metadata.name": monitoring}
-                                )
-                            )
-                        ],
-                        ports=[
-                            k8s.networking.v1.NetworkPolicyPortArgs(
-                                protocol="TCP", port=args.metrics_port
-                            )
-                        ],
-                    )
-                ],
-            ),
-            opts=after_ns,
+        network_policies(
+            name,
+            meta,
+            sb,
+            args.broker,
+            args.scaling.monitoring_namespace,
+            args.metrics_port,
+            after_ns,
         )
         if args.scaling.pod_monitor:
             pod_monitor(
