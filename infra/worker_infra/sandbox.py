@@ -39,11 +39,23 @@ def broker_secret(
     data: dict[str, pulumi.Input[str]] = {BROKER_URL_KEY: broker.url()}
     if broker.password is not None:
         data[BROKER_PASSWORD_KEY] = pulumi.Output.secret(broker.password)
+    return opaque_secret(name, secret_name, namespace, data, labels, opts)
+
+
+def opaque_secret(
+    name: str,
+    secret_name: str,
+    namespace: pulumi.Input[str],
+    data: Mapping[str, pulumi.Input[str]],
+    labels: dict[str, str],
+    opts: pulumi.ResourceOptions,
+) -> k8s.core.v1.Secret:
+    """The Opaque Secret ``secret_name`` holding ``data`` (Pulumi resource ``name``)."""
     return k8s.core.v1.Secret(
         name,
         metadata=k8s.meta.v1.ObjectMetaArgs(name=secret_name, namespace=namespace, labels=labels),
         type="Opaque",
-        string_data=data,
+        string_data=dict(data),
         opts=opts,
     )
 
@@ -68,13 +80,7 @@ def acl_broker_secret(
         BROKER_USERNAME_KEY: sandbox.broker_user,
         BROKER_PASSWORD_KEY: pulumi.Output.secret(sandbox.broker_password),
     }
-    return k8s.core.v1.Secret(
-        name,
-        metadata=k8s.meta.v1.ObjectMetaArgs(name=secret_name, namespace=namespace, labels=labels),
-        type="Opaque",
-        string_data=data,
-        opts=opts,
-    )
+    return opaque_secret(name, secret_name, namespace, data, labels, opts)
 
 
 def without_trace_export(env: Mapping[str, str]) -> dict[str, str]:
