@@ -104,7 +104,7 @@ def test_checkov_passes_every_stack_and_every_skip_has_its_reason(
     manifests: dict[str, tuple[Path, Path]],
     minimal_manifests: dict[str, tuple[Path, Path]],
 ) -> None:
-    from worker_infra.pool import CHECKOV_SKIPS
+    from worker_infra.workload import CHECKOV_SKIPS
 
     files = [m for _, m in [*manifests.values(), *minimal_manifests.values()]]
     (report,) = checkov(checks_bin, files)
@@ -134,7 +134,7 @@ def test_checkov_would_fail_without_the_reasoned_skips(
 ) -> None:
     """The skips are what stands between the stack and a failure, and nothing else is skipped:
     stripped of its annotations, prod fails exactly the skipped checks."""
-    from worker_infra.pool import CHECKOV_SKIPS
+    from worker_infra.workload import CHECKOV_SKIPS
 
     _, prod = manifests["prod"]
     objects = list(yaml.safe_load_all(prod.read_text()))

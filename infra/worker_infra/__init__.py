@@ -5,6 +5,8 @@
 - :class:`BacklogScaler`: KEDA ScaledObject on backlog load and age (+ TriggerAuthentication).
 - :class:`SandboxPool`: a WorkerPool in its own locked-down namespace.
 - :class:`SchedulerDeployment`: the leader-elected replicas of ``<project> scheduler``.
+- :mod:`.workload`: the restricted Deployment, ServiceAccount and PodDisruptionBudget
+  both of them run (pod security, probes, mounts, checkov skips).
 - :mod:`.capacity`, :mod:`.guards`: the pure arithmetic of the guards.
 - :mod:`.poolsfile`: the stack-merged pools file the pods mount.
 - :mod:`.cluster`: the stack's explicit Kubernetes provider.

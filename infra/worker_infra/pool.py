@@ -15,72 +15,18 @@ from .guards import (
     check_timing,
     grace_period_s,
 )
-from .poolsfile import CHECKSUM_ANNOTATION, POOLS_FILE, POOLS_KEY, POOLS_MOUNT
-
-#: Checkov checks the worker Deployments do not meet on purpose, each with its reason. They
-#: render as ``checkov.io/skipN: CHECK=reason`` annotations on each Deployment, so the reason
-#: sits next to the object it excuses (a reason must not contain "=": checkov splits on it).
-CHECKOV_SKIPS = {
-    "CKV_K8S_11": (
-        "no CPU limit on purpose: CFS throttling stalls heartbeats and probes under load;"
-        " CPU is reserved by the request (the sandbox quota caps its requests)"
-    ),
-    "CKV_K8S_15": (
-        "IfNotPresent on purpose: a release is an immutable tag or digest, and Always makes"
-        " every pod start depend on the registry"
-    ),
-    "CKV_K8S_35": (
-        "the worker reads its broker and database URLs from its environment (the settings"
-        " contract); they come from secretKeyRef and never as plain values (guarded)"
-    ),
-    "CKV_K8S_43": (
-        "the image reference is the stack image setting: set it to repo@sha256:<digest>"
-        " to pin a digest"
-    ),
-}
-
-
-def checkov_annotations() -> dict[str, str]:
-    """The ``checkov.io/skipN`` annotations of :data:`CHECKOV_SKIPS` (for a Deployment)."""
-    return {
-        f"checkov.io/skip{n}": f"{check}={reason}"
-        for n, (check, reason) in enumerate(sorted(CHECKOV_SKIPS.items()), 1)
-    }
-
+from .poolsfile import POOLS_FILE
+from .workload import Workload, container_env, readiness_probe, restricted_workload
 
 POOL_LABEL = "worker-template/pool"
 BROKER_URL_KEY = "redis-url"
 BROKER_PASSWORD_KEY = "redis-password"
 DATABASE_URL_KEY = "database-url"
-TMP_SIZE = "512Mi"
 
 
 def pool_labels(project: str, pool: PoolSpec) -> dict[str, str]:
     """Selector labels of a pool's pods (unique per pool within a namespace)."""
     return {"app.kubernetes.io/name": project, POOL_LABEL: pool.slug}
-
-
-def restricted_pod_security(run_as_user: int) -> k8s.core.v1.PodSecurityContextArgs:
-    """Pod-level part of the Pod Security Standard "restricted"."""
-    return k8s.core.v1.PodSecurityContextArgs(
-        run_as_non_root=True,
-        run_as_user=run_as_user,
-        run_as_group=run_as_user,
-        fs_group=run_as_user,
-        seccomp_profile=k8s.core.v1.SeccompProfileArgs(type="RuntimeDefault"),
-    )
-
-
-def restricted_container_security() -> k8s.core.v1.SecurityContextArgs:
-    """Container-level part of "restricted", plus a read-only root filesystem."""
-    return k8s.core.v1.SecurityContextArgs(
-        allow_privilege_escalation=False,
-        privileged=False,
-        run_as_non_root=True,
-        read_only_root_filesystem=True,
-        capabilities=k8s.core.v1.CapabilitiesArgs(drop=["ALL"]),
-        seccomp_profile=k8s.core.v1.SeccompProfileArgs(type="RuntimeDefault"),
-    )
 
 
 @dataclass(frozen=True)
@@ -150,57 +96,34 @@ class WorkerPool(pulumi.ComponentResource):
         check_timing(pool, grace_s)
         check_memory(pool, args.memory_base)
         super().__init__("worker-infra:index:WorkerPool", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
-
         full_name = f"{args.project}-{pool.slug}"
         labels = pool_labels(args.project, pool)
-        all_labels = {**args.labels, **labels, "app.kubernetes.io/component": "worker"}
-        meta = k8s.meta.v1.ObjectMetaArgs(
-            name=full_name, namespace=args.namespace, labels=all_labels
+        workload = Workload(
+            name=full_name,
+            namespace=args.namespace,
+            selector=labels,
+            labels={**args.labels, **labels, "app.kubernetes.io/component": "worker"},
+            project=args.project,
+            component="worker",
+            image=args.image,
+            env=WorkerPool.env(args),
+            replicas=pool.min_replicas,
+            cpu=pool.cpu,
+            memory=pool.memory,
+            stalled_after_s=pool.stalled_after_s,
+            readiness=readiness_probe(command=[args.project, "healthcheck", "ready"]),
+            grace_period_s=grace_s,
+            metrics_port=args.metrics_port,
+            run_as_user=args.run_as_user,
+            pools_config_map=args.pools_config_map,
+            pools_checksum=args.pools_checksum,
+            min_ready_seconds=grace_s if pool.uses else None,
+            runtime_class=args.runtime_class,
+            priority_class=args.priority_class,
+            spread=True,
+            owns_replicas=False,
         )
-
-        self.service_account = k8s.core.v1.ServiceAccount(
-            f"{name}-sa", metadata=meta, automount_service_account_token=False, opts=child
-        )
-        self.deployment = k8s.apps.v1.Deployment(
-            f"{name}-deployment",
-            metadata=k8s.meta.v1.ObjectMetaArgs(
-                name=full_name,
-                namespace=args.namespace,
-                labels=all_labels,
-                annotations=checkov_annotations(),
-            ),
-            spec=k8s.apps.v1.DeploymentSpecArgs(
-                replicas=pool.min_replicas,
-                revision_history_limit=5,
-                min_ready_seconds=grace_s if pool.uses else None,
-                selector=k8s.meta.v1.LabelSelectorArgs(match_labels=labels),
-                strategy=k8s.apps.v1.DeploymentStrategyArgs(
-                    type="RollingUpdate",
-                    rolling_update=k8s.apps.v1.RollingUpdateDeploymentArgs(
-                        max_surge=0, max_unavailable=1
-                    ),
-                ),
-                template=k8s.core.v1.PodTemplateSpecArgs(
-                    metadata=k8s.meta.v1.ObjectMetaArgs(
-                        labels=all_labels,
-                        annotations={CHECKSUM_ANNOTATION: args.pools_checksum},
-                    ),
-                    spec=self._pod_spec(args, full_name, grace_s, labels),
-                ),
-            ),
-            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["spec.replicas"]),
-        )
-        self.pdb = k8s.policy.v1.PodDisruptionBudget(
-            f"{name}-pdb",
-            metadata=meta,
-            spec=k8s.policy.v1.PodDisruptionBudgetSpecArgs(
-                max_unavailable=1,
-                selector=k8s.meta.v1.LabelSelectorArgs(match_labels=labels),
-                unhealthy_pod_eviction_policy="AlwaysAllow",
-            ),
-            opts=child,
-        )
+        self.service_account, self.deployment, self.pdb = restricted_workload(name, workload, self)
         self.deployment_name: pulumi.Output[str] = self.deployment.metadata.apply(
             lambda m: m.name or full_name
         )
@@ -228,104 +151,7 @@ class WorkerPool(pulumi.ComponentResource):
             "OTEL_SERVICE_NAME": args.project,
         }
         plain.update(args.env)
-        env = [k8s.core.v1.EnvVarArgs(name=k, value=v) for k, v in plain.items()]
         secrets = [("REDIS_URL", args.broker_secret, BROKER_URL_KEY)]
         if args.database_secret is not None:
             secrets.append(("DATABASE_URL", args.database_secret, DATABASE_URL_KEY))
-        env += [
-            k8s.core.v1.EnvVarArgs(
-                name=var,
-                value_from=k8s.core.v1.EnvVarSourceArgs(
-                    secret_key_ref=k8s.core.v1.SecretKeySelectorArgs(name=secret, key=key)
-                ),
-            )
-            for var, secret, key in secrets
-        ]
-        return env
-
-    @staticmethod
-    def _pod_spec(
-        args: WorkerPoolArgs, name: str, grace_s: int, selector: dict[str, str]
-    ) -> k8s.core.v1.PodSpecArgs:
-        pool = args.pool
-        command = [args.project]
-        spread = [
-            k8s.core.v1.TopologySpreadConstraintArgs(
-                max_skew=1,
-                topology_key=key,
-                when_unsatisfiable="ScheduleAnyway",
-                label_selector=k8s.meta.v1.LabelSelectorArgs(match_labels=selector),
-                match_label_keys=["pod-template-hash"],
-            )
-            for key in ("topology.kubernetes.io/zone", "kubernetes.io/hostname")
-        ]
-        return k8s.core.v1.PodSpecArgs(
-            service_account_name=name,
-            automount_service_account_token=False,
-            enable_service_links=False,
-            termination_grace_period_seconds=grace_s,
-            runtime_class_name=args.runtime_class,
-            priority_class_name=args.priority_class,
-            topology_spread_constraints=spread,
-            security_context=restricted_pod_security(args.run_as_user),
-            containers=[
-                k8s.core.v1.ContainerArgs(
-                    name="worker",
-                    image=args.image,
-                    image_pull_policy="IfNotPresent",
-                    command=[*command, "worker"],
-                    env=WorkerPool.env(args),
-                    ports=[
-                        k8s.core.v1.ContainerPortArgs(
-                            name="metrics", container_port=args.metrics_port, protocol="TCP"
-                        )
-                    ],
-                    resources=k8s.core.v1.ResourceRequirementsArgs(
-                        requests={"cpu": pool.cpu, "memory": pool.memory},
-                        limits={"memory": pool.memory},
-                    ),
-                    liveness_probe=k8s.core.v1.ProbeArgs(
-                        exec_=k8s.core.v1.ExecActionArgs(
-                            command=[
-                                *command,
-                                "healthcheck",
-                                "live",
-                                "--stalled-after",
-                                str(pool.stalled_after_s),
-                            ]
-                        ),
-                        initial_delay_seconds=10,
-                        period_seconds=15,
-                        timeout_seconds=5,
-                        failure_threshold=3,
-                    ),
-                    readiness_probe=k8s.core.v1.ProbeArgs(
-                        exec_=k8s.core.v1.ExecActionArgs(
-                            command=[*command, "healthcheck", "ready"]
-                        ),
-                        period_seconds=10,
-                        timeout_seconds=5,
-                        failure_threshold=3,
-                    ),
-                    security_context=restricted_container_security(),
-                    volume_mounts=[
-                        k8s.core.v1.VolumeMountArgs(name="tmp", mount_path="/tmp"),
-                        k8s.core.v1.VolumeMountArgs(
-                            name="pools", mount_path=POOLS_MOUNT, read_only=True
-                        ),
-                    ],
-                )
-            ],
-            volumes=[
-                k8s.core.v1.VolumeArgs(
-                    name="tmp", empty_dir=k8s.core.v1.EmptyDirVolumeSourceArgs(size_limit=TMP_SIZE)
-                ),
-                k8s.core.v1.VolumeArgs(
-                    name="pools",
-                    config_map=k8s.core.v1.ConfigMapVolumeSourceArgs(
-                        name=args.pools_config_map,
-                        items=[k8s.core.v1.KeyToPathArgs(key=POOLS_KEY, path=POOLS_KEY)],
-                    ),
-                ),
-            ],
-        )
+        return container_env(plain, secrets)

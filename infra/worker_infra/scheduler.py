@@ -14,14 +14,9 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from .errors import GuardError
-from .pool import (
-    BROKER_URL_KEY,
-    TMP_SIZE,
-    checkov_annotations,
-    restricted_container_security,
-    restricted_pod_security,
-)
-from .poolsfile import CHECKSUM_ANNOTATION, POOLS_FILE, POOLS_KEY, POOLS_MOUNT
+from .pool import BROKER_URL_KEY
+from .poolsfile import POOLS_FILE
+from .workload import Workload, container_env, readiness_probe, restricted_workload
 
 COMPONENT = "scheduler"
 
@@ -111,18 +106,7 @@ def scheduler_env(args: SchedulerArgs) -> list[k8s.core.v1.EnvVarArgs]:
         **({"WORKER_POOLS_FILE": POOLS_FILE} if args.pools_config_map else {}),
         **args.env,
     }
-    env = [k8s.core.v1.EnvVarArgs(name=k, value=v) for k, v in plain.items()]
-    env.append(
-        k8s.core.v1.EnvVarArgs(
-            name="REDIS_URL",
-            value_from=k8s.core.v1.EnvVarSourceArgs(
-                secret_key_ref=k8s.core.v1.SecretKeySelectorArgs(
-                    name=args.broker_secret, key=BROKER_URL_KEY
-                )
-            ),
-        )
-    )
-    return env
+    return container_env(plain, [("REDIS_URL", args.broker_secret, BROKER_URL_KEY)])
 
 
 class SchedulerDeployment(pulumi.ComponentResource):
@@ -136,120 +120,30 @@ class SchedulerDeployment(pulumi.ComponentResource):
     ) -> None:
         args.spec.check()
         super().__init__("worker-infra:index:SchedulerDeployment", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
         full_name = f"{args.project}-{COMPONENT}"
         labels = scheduler_labels(args.project)
-        all_labels = {**args.labels, **labels}
-        meta = k8s.meta.v1.ObjectMetaArgs(
-            name=full_name, namespace=args.namespace, labels=all_labels
-        )
-        mounts = [k8s.core.v1.VolumeMountArgs(name="tmp", mount_path="/tmp")]
-        volumes = [
-            k8s.core.v1.VolumeArgs(
-                name="tmp", empty_dir=k8s.core.v1.EmptyDirVolumeSourceArgs(size_limit=TMP_SIZE)
-            )
-        ]
-        annotations: dict[str, str] = {}
-        if args.pools_config_map:
-            mounts.append(
-                k8s.core.v1.VolumeMountArgs(name="pools", mount_path=POOLS_MOUNT, read_only=True)
-            )
-            volumes.append(
-                k8s.core.v1.VolumeArgs(
-                    name="pools",
-                    config_map=k8s.core.v1.ConfigMapVolumeSourceArgs(
-                        name=args.pools_config_map,
-                        items=[k8s.core.v1.KeyToPathArgs(key=POOLS_KEY, path=POOLS_KEY)],
-                    ),
-                )
-            )
-            annotations[CHECKSUM_ANNOTATION] = args.pools_checksum or ""
-        command = [args.project]
-        port = args.metrics_port
-        k8s.core.v1.ServiceAccount(
-            f"{name}-sa", metadata=meta, automount_service_account_token=False, opts=child
-        )
-        container = k8s.core.v1.ContainerArgs(
-            name=COMPONENT,
+        workload = Workload(
+            name=full_name,
+            namespace=args.namespace,
+            selector=labels,
+            labels={**args.labels, **labels},
+            project=args.project,
+            component=COMPONENT,
             image=args.image,
-            image_pull_policy="IfNotPresent",
-            command=[*command, COMPONENT],
             env=scheduler_env(args),
-            ports=[k8s.core.v1.ContainerPortArgs(name="metrics", container_port=port)],
-            resources=k8s.core.v1.ResourceRequirementsArgs(
-                requests={"cpu": args.spec.cpu, "memory": args.spec.memory},
-                limits={"memory": args.spec.memory},
-            ),
-            liveness_probe=k8s.core.v1.ProbeArgs(
-                exec_=k8s.core.v1.ExecActionArgs(
-                    command=[
-                        *command,
-                        "healthcheck",
-                        "live",
-                        "--stalled-after",
-                        str(args.spec.stalled_after_s),
-                    ]
-                ),
-                initial_delay_seconds=10,
-                period_seconds=15,
-                timeout_seconds=5,
-                failure_threshold=3,
-            ),
+            replicas=args.spec.replicas,
+            cpu=args.spec.cpu,
+            memory=args.spec.memory,
+            stalled_after_s=args.spec.stalled_after_s,
             # The scheduler's own /readyz (Redis answers); `healthcheck ready` reads the
             # worker's settings, which the scheduler does not have.
-            readiness_probe=k8s.core.v1.ProbeArgs(
-                http_get=k8s.core.v1.HTTPGetActionArgs(path="/readyz", port="metrics"),
-                period_seconds=10,
-                timeout_seconds=5,
-                failure_threshold=3,
-            ),
-            security_context=restricted_container_security(),
-            volume_mounts=mounts,
+            readiness=readiness_probe(http_path="/readyz"),
+            grace_period_s=args.spec.grace_period_s,
+            metrics_port=args.metrics_port,
+            run_as_user=args.run_as_user,
+            pools_config_map=args.pools_config_map,
+            pools_checksum=args.pools_checksum,
         )
-        self.deployment = k8s.apps.v1.Deployment(
-            f"{name}-deployment",
-            metadata=k8s.meta.v1.ObjectMetaArgs(
-                name=full_name,
-                namespace=args.namespace,
-                labels=all_labels,
-                annotations=checkov_annotations(),
-            ),
-            spec=k8s.apps.v1.DeploymentSpecArgs(
-                replicas=args.spec.replicas,
-                revision_history_limit=5,
-                selector=k8s.meta.v1.LabelSelectorArgs(match_labels=labels),
-                strategy=k8s.apps.v1.DeploymentStrategyArgs(
-                    type="RollingUpdate",
-                    rolling_update=k8s.apps.v1.RollingUpdateDeploymentArgs(
-                        max_surge=0, max_unavailable=1
-                    ),
-                ),
-                template=k8s.core.v1.PodTemplateSpecArgs(
-                    metadata=k8s.meta.v1.ObjectMetaArgs(
-                        labels=all_labels, annotations=annotations or None
-                    ),
-                    spec=k8s.core.v1.PodSpecArgs(
-                        service_account_name=full_name,
-                        automount_service_account_token=False,
-                        enable_service_links=False,
-                        termination_grace_period_seconds=args.spec.grace_period_s,
-                        security_context=restricted_pod_security(args.run_as_user),
-                        containers=[container],
-                        volumes=volumes,
-                    ),
-                ),
-            ),
-            opts=child,
-        )
-        k8s.policy.v1.PodDisruptionBudget(
-            f"{name}-pdb",
-            metadata=meta,
-            spec=k8s.policy.v1.PodDisruptionBudgetSpecArgs(
-                max_unavailable=1,
-                selector=k8s.meta.v1.LabelSelectorArgs(match_labels=labels),
-                unhealthy_pod_eviction_policy="AlwaysAllow",
-            ),
-            opts=child,
-        )
+        self.deployment = restricted_workload(name, workload, self).deployment
         self.deployment_name = pulumi.Output.from_input(full_name)
         self.register_outputs({"deployment_name": self.deployment_name})
