@@ -24,9 +24,10 @@ BROKER_PASSWORD_KEY = "redis-password"
 DATABASE_URL_KEY = "database-url"
 
 
-def pool_labels(project: str, pool: PoolSpec) -> dict[str, str]:
-    """Selector labels of a pool's pods (unique per pool within a namespace)."""
-    return {"app.kubernetes.io/name": project, POOL_LABEL: pool.slug}
+def pool_labels(project: str, slug: str) -> dict[str, str]:
+    """Selector labels of the pods of the pool ``slug`` (unique per pool within a
+    namespace), also on every object of the pool."""
+    return {"app.kubernetes.io/name": project, POOL_LABEL: slug}
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ class WorkerPool(pulumi.ComponentResource):
         check_memory(pool, args.memory_base)
         super().__init__("worker-infra:index:WorkerPool", name, None, opts)
         full_name = f"{args.project}-{pool.slug}"
-        labels = pool_labels(args.project, pool)
+        labels = pool_labels(args.project, pool.slug)
         workload = Workload(
             name=full_name,
             namespace=args.namespace,

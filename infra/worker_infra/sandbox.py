@@ -13,7 +13,7 @@ from .args import BrokerSpec, PoolSpec, SandboxSpec, ScalingSpec
 from .capacity import TRANSITION_PODS
 from .guards import DEFAULT_MEMORY_BASE, mib
 from .monitoring import pod_monitor
-from .pool import BROKER_PASSWORD_KEY, BROKER_URL_KEY, POOL_LABEL, WorkerPool, WorkerPoolArgs
+from .pool import BROKER_PASSWORD_KEY, BROKER_URL_KEY, WorkerPool, WorkerPoolArgs, pool_labels
 from .poolsfile import checksum, pools_config_map
 from .scaler import BacklogScaler, BacklogScalerArgs
 
@@ -96,6 +96,23 @@ def without_trace_export(env: Mapping[str, str]) -> dict[str, str]:
     }
     kept["OTEL_SDK_DISABLED"] = "true"
     return kept
+
+
+def quota(pool: PoolSpec, sandbox: SandboxSpec, max_replicas: int) -> dict[str, str]:
+    """The sandbox namespace's ResourceQuota: ``max_replicas`` pods plus the transition
+    budget (:data:`.capacity.TRANSITION_PODS`) at the pool's CPU and memory each, unless
+    ``sandbox`` states the pods, CPU or memory; one Secret, no Service, no volume claim."""
+    pods = sandbox.quota_pods or max_replicas + TRANSITION_PODS
+    memory = sandbox.quota_memory or mib(pool.memory_bytes * pods)
+    return {
+        "pods": str(pods),
+        "requests.cpu": sandbox.quota_cpu or f"{pool.cpu_millis * pods}m",
+        "requests.memory": memory,
+        "limits.memory": memory,
+        "secrets": "1",
+        "services": "0",
+        "persistentvolumeclaims": "0",
+    }
 
 
 Ports = Sequence[tuple[str, int]]
@@ -241,7 +258,7 @@ class SandboxPool(pulumi.ComponentResource):
         super().__init__("worker-infra:index:SandboxPool", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         pool, sb, ns = args.pool, args.sandbox, args.namespace
-        labels = {**args.labels, "app.kubernetes.io/name": args.project, POOL_LABEL: pool.slug}
+        labels = {**args.labels, **pool_labels(args.project, pool.slug)}
 
         def meta(obj: str) -> k8s.meta.v1.ObjectMetaArgs:
             return k8s.meta.v1.ObjectMetaArgs(name=obj, namespace=ns, labels=labels)
@@ -302,21 +319,10 @@ class SandboxPool(pulumi.ComponentResource):
                 after_ns,
             )
         max_replicas = args.max_replicas or pool.max_replicas
-        pods = sb.quota_pods or max_replicas + TRANSITION_PODS
         k8s.core.v1.ResourceQuota(
             f"{name}-quota",
             metadata=meta("sandbox-quota"),
-            spec=k8s.core.v1.ResourceQuotaSpecArgs(
-                hard={
-                    "pods": str(pods),
-                    "requests.cpu": sb.quota_cpu or f"{pool.cpu_millis * pods}m",
-                    "requests.memory": sb.quota_memory or mib(pool.memory_bytes * pods),
-                    "limits.memory": sb.quota_memory or mib(pool.memory_bytes * pods),
-                    "secrets": "1",
-                    "services": "0",
-                    "persistentvolumeclaims": "0",
-                }
-            ),
+            spec=k8s.core.v1.ResourceQuotaSpecArgs(hard=quota(pool, sb, max_replicas)),
             opts=after_ns,
         )
         k8s.core.v1.LimitRange(

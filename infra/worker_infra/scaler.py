@@ -28,7 +28,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from .args import BrokerSpec, ScalingSpec
-from .pool import BROKER_PASSWORD_KEY, POOL_LABEL
+from .pool import BROKER_PASSWORD_KEY, pool_labels
 
 #: Label of the pool on the scraped series (the PodMonitor copies the pod label;
 #: Prometheus turns ``worker-template/pool`` into ``worker_template_pool``).
@@ -217,7 +217,7 @@ class BacklogScaler(pulumi.ComponentResource):
         super().__init__("worker-infra:index:BacklogScaler", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         full_name = f"{args.project}-{args.pool}".replace("_", "-")
-        labels = {**args.labels, "app.kubernetes.io/name": args.project, POOL_LABEL: args.pool}
+        labels = {**args.labels, **pool_labels(args.project, args.pool)}
         auth_name: str | None = None
         self.trigger_auth: k8s.apiextensions.CustomResource | None = None
         if args.broker.password is not None:
