@@ -19,6 +19,7 @@ from dramatiq.brokers.redis import RedisBroker
 
 PROBE_ACTOR = '''
 import os
+import time
 
 import dramatiq
 import redis
@@ -28,6 +29,9 @@ _client = redis.Redis.from_url(os.environ["REDIS_URL"])
 
 @dramatiq.actor(queue_name="notifications")
 def probe(n: int) -> None:
+    # Long enough that one process cannot run all 200 before the other's next poll:
+    # a settlement refills its own slot, so a busy process keeps what it can run.
+    time.sleep(0.05)
     _client.rpush("probe:done", f"{n}:{os.getpid()}")
 '''
 

@@ -19,11 +19,14 @@ down at that moment. :class:`SettlingRedisBroker` and :class:`SettlingConsumer` 
   answer the settlement is retried (Dramatiq retries ``post_process_message`` every
   5 s) and the message stays held: if the process dies meanwhile, it is redelivered.
   Middleware asks for a settlement with :func:`settle_with`.
-* The consumer fetches the moment a handler frees its slot: a settlement wakes it.
-  With prefetch equal to the concurrency (no message waits behind a long job in a
-  busy process while another replica idles), Dramatiq's consumer instead slept until
-  its next timed fetch, up to ``worker_timeout`` per job. Only an empty queue is
-  polled on a timer (a growing pause up to ``timeout``).
+* A handler's freed slot is refilled by its settlement: the same Lua call that stores
+  the outcome takes the next message, so with prefetch equal to the concurrency (no
+  message waits behind a long job in a busy process while another replica idles) a
+  handler's next job costs no round trip of its own. Dramatiq's consumer instead slept
+  until its next timed fetch, up to ``worker_timeout`` per job. The consumer thread
+  fetches what the refills leave free at once (a settlement wakes it); only an empty
+  queue is polled on a timer (a growing pause up to ``timeout``). Slots are counted
+  under one lock, so fetched-and-unsettled messages never exceed the prefetch.
 * A consumer outlives the restarts of its consumer thread (one per queue), so its
   count of held messages stays right after an outage; the delay queue's consumer
   hands back what its thread dropped from memory on a connection error.
@@ -152,6 +155,9 @@ class SettlingConsumer(_RedisConsumer):
         super().__init__(broker, queue_name, prefetch, timeout)  # type: ignore[no-untyped-call]
         self.message_cache: list[tuple[str, bytes | None]] = []
         self.held: set[str] = set()
+        #: Slots claimed by a fetch or refill still on its way (see :meth:`_claim`).
+        self.claimed = 0
+        self._slots = threading.Lock()
         self._slot_freed = threading.Event()
         self.delayed = queue_name.endswith(".DQ")
         self._orphaned = False
@@ -159,7 +165,39 @@ class SettlingConsumer(_RedisConsumer):
 
     @property
     def outstanding_message_count(self) -> int:
-        return len(self.held) + len(self.message_cache)
+        return len(self.held) + len(self.message_cache) + self.claimed
+
+    # -- slots (both threads) ----------------------------------------------------------------
+
+    def _claim(self, most: int, releasing: str | None = None) -> int:
+        """Claim up to ``most`` free slots for a fetch; 0 once the broker stopped fetching.
+
+        ``releasing``: a held id whose settlement is about to free its slot (the refill
+        may take that slot)."""
+        with self._slots:
+            if releasing is not None:
+                self.held.discard(releasing)
+            if not self.broker.fetching:
+                return 0
+            count = max(0, min(most, int(self.prefetch) - self.outstanding_message_count))
+            self.claimed += count
+            return count
+
+    def _fill(self, claimed: int, fetched: list[tuple[str, bytes | None]]) -> None:
+        """A fetch that claimed ``claimed`` slots is back with ``fetched``."""
+        with self._slots:
+            self.claimed -= claimed
+            self.message_cache.extend(fetched)
+        self._slot_freed.set()
+
+    def _next_cached(self) -> tuple[str, bytes | None] | None:
+        """The first fetched message, now held; None when none is cached."""
+        with self._slots:
+            if not self.message_cache:
+                return None
+            redis_id, body = self.message_cache.pop(0)
+            self.held.add(redis_id)
+            return redis_id, body
 
     # -- fetching (the consumer thread) ------------------------------------------------------
 
@@ -168,23 +206,27 @@ class SettlingConsumer(_RedisConsumer):
             if self._orphaned:
                 self._hand_back_orphans()
             while True:
-                if self.message_cache:
-                    redis_id, body = self.message_cache[0]
-                    message = self._admit(redis_id, body)
-                    self.message_cache.pop(0)
+                cached = self._next_cached()
+                if cached is not None:
                     self.misses = 0
+                    message = self._admit(*cached)
                     if message is not None:
-                        self.held.add(redis_id)
                         return MessageProxy(message)
+                    self._release(cached[0])
                     continue
-                if self.outstanding_message_count >= self.prefetch:
+                if self.outstanding_message_count >= self.prefetch or not self.broker.fetching:
                     # Every slot is taken: sleep until a delivery is settled, not on a timer.
                     self._slot_freed.clear()
-                    if self.outstanding_message_count >= self.prefetch:
+                    if self.outstanding_message_count >= self.prefetch or not self.broker.fetching:
                         self._slot_freed.wait(self.timeout / 1000)
                     return None
-                self.message_cache = self._fetch(self.prefetch - self.outstanding_message_count)
-                if self.message_cache:
+                claimed = self._claim(self.prefetch)
+                fetched: list[tuple[str, bytes | None]] = []
+                try:
+                    fetched = self._fetch(claimed) if claimed else []
+                finally:
+                    self._fill(claimed, fetched)
+                if fetched:
                     continue
                 # The queue is empty: poll it again after a growing pause, up to ``timeout``.
                 self.misses, backoff_ms = compute_backoff(self.misses, max_backoff=self.timeout)
@@ -197,7 +239,7 @@ class SettlingConsumer(_RedisConsumer):
         raw = self.broker.fetch_script(
             keys=self._fetch_keys, args=[count, self.broker.broker_id, layout.now_ms()]
         )
-        return [(layout.text(raw[i]), raw[i + 1]) for i in range(0, len(raw), 2)]
+        return _pairs(raw)
 
     def _admit(self, redis_id: str, body: bytes | None) -> Message[Any] | None:
         """The message to hand on, or None when it was malformed (then dead-lettered)."""
@@ -236,7 +278,7 @@ class SettlingConsumer(_RedisConsumer):
             orphans = list(self.held)
             for redis_id in orphans:
                 self.broker.settle(self.queue_name, redis_id, Settlement("requeue"))
-                self.held.discard(redis_id)
+                self._release(redis_id)
             logger.warning(
                 "handed back delayed messages after a consumer restart",
                 extra={"queue": self.queue_name, "requeued": len(orphans)},
@@ -251,16 +293,19 @@ class SettlingConsumer(_RedisConsumer):
         self._settle(message, settlement_of(message) or Settlement("dead_letter"))
 
     def _settle(self, message: MessageProxy, settlement: Settlement) -> None:
+        """Store ``settlement`` and refill the slot it frees in the same call."""
         redis_id = message.options["redis_message_id"]
+        refill = self._claim(1, releasing=redis_id)
+        fetched: list[tuple[str, bytes | None]] = []
         try:
-            self.broker.settle(self.queue_name, redis_id, settlement)
+            _, fetched = self.broker.settle_and_take(self.queue_name, redis_id, settlement, refill)
         except redis.RedisError as error:
             # Still held: Dramatiq retries the settlement until Redis answers.
+            with self._slots:
+                self.held.add(redis_id)
             raise ConnectionClosed(error) from None
-        except BaseException:
-            self._release(redis_id)
-            raise
-        self._release(redis_id)
+        finally:
+            self._fill(refill, fetched)
         if settlement.sent is not None:
             self.broker.emit_after("enqueue", settlement.sent, settlement.delay)
 
@@ -273,9 +318,14 @@ class SettlingConsumer(_RedisConsumer):
         except redis.RedisError as error:
             raise ConnectionClosed(error) from None
 
+    def wake(self) -> None:
+        """Wake the consumer thread if it waits for a free slot."""
+        self._slot_freed.set()
+
     def _release(self, redis_id: str) -> None:
         """``redis_id`` is no longer held: wake the consumer thread to fill its slot now."""
-        self.held.discard(redis_id)
+        with self._slots:
+            self.held.discard(redis_id)
         self._slot_freed.set()
 
     def close(self) -> None:
@@ -295,6 +345,8 @@ class SettlingRedisBroker(RedisBroker):
         super().__init__(**parameters)  # type: ignore[no-untyped-call]
         self.fetch_script = self.client.register_script(layout.FETCH)
         self.settle_script = self.client.register_script(layout.SETTLE)
+        #: False once :meth:`stop_fetching` was called: consumers and refills take nothing.
+        self.fetching = True
         self._consumers: dict[str, SettlingConsumer] = {}
         self._consumers_lock = threading.Lock()
 
@@ -307,10 +359,24 @@ class SettlingRedisBroker(RedisBroker):
             consumer.prefetch, consumer.timeout = prefetch, timeout
             return consumer
 
+    def stop_fetching(self) -> None:
+        """Take no more messages (the drain): consumers and refills fetch nothing from now on."""
+        self.fetching = False
+        for consumer in list(self._consumers.values()):
+            consumer.wake()
+
     def settle(self, queue: str, redis_id: str, settlement: Settlement) -> bool:
         """Store ``settlement`` of the delivery ``redis_id`` held on ``queue``; False when
         this worker no longer held it (someone else recovered it)."""
-        done = self.settle_script(
+        settled, _ = self.settle_and_take(queue, redis_id, settlement, 0)
+        return settled
+
+    def settle_and_take(
+        self, queue: str, redis_id: str, settlement: Settlement, take: int
+    ) -> tuple[bool, list[tuple[str, bytes | None]]]:
+        """:meth:`settle`, then take up to ``take`` messages off ``queue`` into this worker's
+        acks set, in one call: (settled, [(redis id, body or None), ...])."""
+        raw = self.settle_script(
             keys=layout.settle_keys(self.broker_id, queue, settlement.target_queue or queue),
             args=[
                 settlement.kind,
@@ -319,9 +385,10 @@ class SettlingRedisBroker(RedisBroker):
                 settlement.target_id,
                 layout.now_ms(),
                 self.broker_id,
+                take,
             ],
         )
-        return bool(done)
+        return bool(raw[0]), _pairs(raw[1:])
 
     def rejected(
         self,
@@ -350,6 +417,11 @@ class SettlingRedisBroker(RedisBroker):
                 "reason": reason,
             },
         )
+
+
+def _pairs(raw: list[Any]) -> list[tuple[str, bytes | None]]:
+    """``[id1, body1, id2, body2, ...]`` from FETCH or SETTLE as (redis id, body) pairs."""
+    return [(layout.text(raw[i]), raw[i + 1]) for i in range(0, len(raw), 2)]
 
 
 def _str_or_none(value: Any) -> str | None:

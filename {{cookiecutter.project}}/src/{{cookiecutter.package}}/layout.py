@@ -304,53 +304,71 @@ end
 return 0
 """
 
+#: Lua: take up to ``count`` ids off the list ``queue`` into the acks set ``acks``, appending
+#: each id and its body from ``bodies`` (false: none) to ``out``. FETCH and SETTLE share it.
+_TAKE: Final = """
+local function take(queue, bodies, acks, count, out)
+  for i = 1, count do
+    local id = redis.call('lpop', queue)
+    if not id then break end
+    redis.call('sadd', acks, id)
+    out[#out + 1] = id
+    out[#out + 1] = redis.call('hget', bodies, id)
+  end
+  return out
+end
+"""
+
 #: Fetch up to ARGV[1] messages with their ids (Dramatiq's fetch returns bodies only, so a
 #: body that does not decode could not be dead-lettered by id), and heartbeat.
 #: KEYS: the queue, its bodies, this worker's acks set, heartbeats.
 #: ARGV: how many, broker id, ms.  Returns [id1, body1, id2, body2, ...] (false: no body).
-FETCH: Final = """
+FETCH: Final = (
+    _TAKE
+    + """
 redis.call('zadd', KEYS[4], ARGV[3], ARGV[2])
-local out = {}
-for i = 1, tonumber(ARGV[1]) do
-  local id = redis.call('lpop', KEYS[1])
-  if not id then break end
-  redis.call('sadd', KEYS[3], id)
-  out[#out + 1] = id
-  out[#out + 1] = redis.call('hget', KEYS[2], id)
-end
-return out
+return take(KEYS[1], KEYS[2], KEYS[3], tonumber(ARGV[1]), {})
 """
+)
 
 #: Settle a delivery: its ack and its outcome (a retry copy stored, a requeue, a dead
-#: letter) in one step, or nothing. The removal from the acks set is the guard.
+#: letter) in one step, or nothing (the removal from the acks set is the guard); then
+#: heartbeat and refill the freed slot: take up to ARGV[7] messages as FETCH does, so a
+#: handler's next job costs no round trip of its own.
 #: KEYS: acks set, bodies of the queue, target list, target bodies, dead zset, dead bodies,
-#: heartbeats.  ARGV: kind (ack, retry, requeue, dead_letter), redis id, body (retry copy,
-#: dead letter; '' keeps the stored one), target id (retry copy), ms, broker id.
-SETTLE: Final = """
-if redis.call('srem', KEYS[1], ARGV[2]) == 0 then return 0 end
-local kind = ARGV[1]
-if kind == 'ack' then
-  redis.call('hdel', KEYS[2], ARGV[2])
-elseif kind == 'retry' then
-  redis.call('hdel', KEYS[2], ARGV[2])
-  redis.call('hset', KEYS[4], ARGV[4], ARGV[3])
-  redis.call('rpush', KEYS[3], ARGV[4])
-elseif kind == 'requeue' then
-  if redis.call('hexists', KEYS[2], ARGV[2]) == 1 then
-    redis.call('rpush', KEYS[3], ARGV[2])
+#: heartbeats, the queue.  ARGV: kind (ack, retry, requeue, dead_letter), redis id, body
+#: (retry copy, dead letter; '' keeps the stored one), target id (retry copy), ms, broker
+#: id, how many to take.  Returns [settled (1 or 0), id1, body1, id2, body2, ...].
+SETTLE: Final = (
+    _TAKE
+    + """
+local settled = redis.call('srem', KEYS[1], ARGV[2])
+if settled == 1 then
+  local kind = ARGV[1]
+  if kind == 'ack' then
+    redis.call('hdel', KEYS[2], ARGV[2])
+  elseif kind == 'retry' then
+    redis.call('hdel', KEYS[2], ARGV[2])
+    redis.call('hset', KEYS[4], ARGV[4], ARGV[3])
+    redis.call('rpush', KEYS[3], ARGV[4])
+  elseif kind == 'requeue' then
+    if redis.call('hexists', KEYS[2], ARGV[2]) == 1 then
+      redis.call('rpush', KEYS[3], ARGV[2])
+    end
+  elseif kind == 'dead_letter' then
+    local body = ARGV[3]
+    if body == '' then body = redis.call('hget', KEYS[2], ARGV[2]) end
+    if body then
+      redis.call('zadd', KEYS[5], ARGV[5], ARGV[2])
+      redis.call('hset', KEYS[6], ARGV[2], body)
+    end
+    redis.call('hdel', KEYS[2], ARGV[2])
   end
-elseif kind == 'dead_letter' then
-  local body = ARGV[3]
-  if body == '' then body = redis.call('hget', KEYS[2], ARGV[2]) end
-  if body then
-    redis.call('zadd', KEYS[5], ARGV[5], ARGV[2])
-    redis.call('hset', KEYS[6], ARGV[2], body)
-  end
-  redis.call('hdel', KEYS[2], ARGV[2])
 end
 redis.call('zadd', KEYS[7], ARGV[5], ARGV[6])
-return 1
+return take(KEYS[8], KEYS[2], KEYS[1], tonumber(ARGV[7]), {settled})
 """
+)
 
 
 def fetch_keys(broker_id: str, queue: str) -> list[str]:
@@ -368,6 +386,7 @@ def settle_keys(broker_id: str, queue: str, target: str) -> list[str]:
         bodies_key(target),
         *dead_letter_keys(queue),
         HEARTBEATS,
+        queue_key(queue),
     ]
 
 

@@ -27,6 +27,7 @@ from dramatiq.errors import BrokerConnectionError
 
 from . import layout, recovery
 from .boards import ProgressBoard
+from .consumer import SettlingRedisBroker
 from .exitcodes import EX_OK
 from .lifecycle import LIFECYCLE, Lifecycle
 from .middleware import GracefulShutdown
@@ -104,7 +105,7 @@ class WorkerProcess:
     def __init__(
         self,
         settings: Settings,
-        broker: RedisBroker,
+        broker: SettlingRedisBroker,
         shutdown: GracefulShutdown,
         lifecycle: Lifecycle = LIFECYCLE,
         load_actors: Callable[[], object] = lambda: None,
@@ -157,6 +158,7 @@ class WorkerProcess:
         deadline = started + self.settings.worker_shutdown_timeout_ms / 1000
         finished_before = shutdown.finished
         self.lifecycle.request_shutdown()
+        broker.stop_fetching()
         broker.emit_before("worker_shutdown", worker)
         logger.info("draining", extra={"in_flight": shutdown.in_flight})
         for consumer in worker.consumers.values():

@@ -1,0 +1,126 @@
+"""The consumer refills a handler's slot with its settlement and never holds more than prefetch.
+
+Against a real Redis: a settlement takes the next message in the same Lua call (no
+fetch of its own), the acks set never holds more than the prefetch while several
+threads settle and fetch at once, and once the drain stops fetching a settlement
+takes nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import dramatiq
+import redis
+from dramatiq import Message
+
+from {{ cookiecutter.package }} import layout
+from {{ cookiecutter.package }}.consumer import SettlingRedisBroker
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def enqueue(broker: SettlingRedisBroker, queue: str, count: int) -> None:
+    for n in range(count):
+        message: Message[Any] = Message(
+            queue_name=queue, actor_name="job", args=(n,), kwargs={}, options={}
+        )
+        broker.enqueue(message)
+
+
+def declare_job(broker: SettlingRedisBroker, queue: str) -> None:
+    @dramatiq.actor(broker=broker, actor_name="job", queue_name=queue)
+    def job(n: int) -> None:
+        pass
+
+
+def counting_fetches(broker: SettlingRedisBroker) -> list[int]:
+    """Count the consumer thread's own fetches (FETCH calls) from now on."""
+    calls: list[int] = []
+    real = broker.fetch_script
+
+    def fetch(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    broker.fetch_script = fetch
+    return calls
+
+
+def test_a_settlement_takes_the_next_message_in_the_same_call(redis_url: str) -> None:
+    broker = SettlingRedisBroker(url=redis_url, middleware=[])
+    declare_job(broker, "refill")
+    enqueue(broker, "refill", 3)
+    fetches = counting_fetches(broker)
+    consumer = broker.consume("refill", prefetch=1, timeout=50)
+    try:
+        first = next(consumer)
+        assert first is not None and first.args == (0,) and len(fetches) == 1
+        consumer.ack(first)
+        second = next(consumer)  # taken by the ack: no fetch
+        assert second is not None and second.args == (1,)
+        consumer.ack(second)
+        third = next(consumer)
+        assert third is not None and third.args == (2,)
+        assert len(fetches) == 1, "a settlement's refill must spare the consumer's fetch"
+        consumer.ack(third)
+        client = redis.Redis.from_url(redis_url)
+        assert client.scard(layout.acks_key(broker.broker_id, "refill")) == 0
+        assert client.llen(layout.queue_key("refill")) == 0
+    finally:
+        broker.close()
+
+
+def test_held_messages_never_exceed_the_prefetch(redis_url: str) -> None:
+    broker = SettlingRedisBroker(url=redis_url, middleware=[])
+    client = redis.Redis.from_url(redis_url)
+    acks = layout.acks_key(broker.broker_id, "bounded")
+    done: list[int] = []
+    most: list[int] = [0]
+    lock = threading.Lock()
+
+    @dramatiq.actor(broker=broker, actor_name="job", queue_name="bounded")
+    def job(n: int) -> None:
+        held = int(client.scard(acks))
+        with lock:
+            most[0] = max(most[0], held)
+            done.append(n)
+
+    enqueue(broker, "bounded", 300)
+    worker = dramatiq.Worker(broker, worker_threads=4, worker_timeout=50)
+    worker.queue_prefetch = 4
+    worker.start()
+    try:
+        wait_for(lambda: len(done) == 300, 30, "every job")
+    finally:
+        worker.stop()
+        broker.close()
+    assert sorted(done) == list(range(300))
+    assert 1 <= most[0] <= 4, f"held {most[0]} messages with a prefetch of 4"
+
+
+def test_once_fetching_stopped_a_settlement_takes_nothing(redis_url: str) -> None:
+    broker = SettlingRedisBroker(url=redis_url, middleware=[])
+    declare_job(broker, "draining")
+    enqueue(broker, "draining", 2)
+    consumer = broker.consume("draining", prefetch=1, timeout=50)
+    try:
+        first = next(consumer)
+        assert first is not None
+        broker.stop_fetching()
+        consumer.ack(first)
+        assert next(consumer) is None
+        client = redis.Redis.from_url(redis_url)
+        assert client.scard(layout.acks_key(broker.broker_id, "draining")) == 0
+        assert client.llen(layout.queue_key("draining")) == 1
+    finally:
+        broker.close()
