@@ -6,15 +6,15 @@ Bakes the template (``database=none``), starts its own redis-server and runs, in
 one process, the service's broker and middleware stack with Dramatiq's Worker as
 the ``worker`` command builds it (prefetch = concurrency, 200 ms idle poll). Every
 middleware hook, the consumer's fetch and each delivery's settlement (the ack
-with its outcome, one Lua call) are timed with ``perf_counter``; the handler is a
+with its outcome and the refill of its slot, one Lua call) are timed with ``perf_counter``; the handler is a
 no-op. Three runs:
 
 1. no-op jobs, 1 thread: the per-job breakdown (mean microseconds per job);
 2. no-op jobs, 8 threads: the same, with the threads competing for the GIL;
-3. 100 ms jobs, 1 thread, with the consumer woken by each settlement (ours) and
+3. 100 ms jobs, 1 thread, with each settlement refilling its slot (ours) and
    with Dramatiq's timed fetch instead (a full consumer sleeps a growing backoff,
    5 ms doubling with jitter up to the 200 ms poll, reset at each message): the
-   idle gap between one job's end and the next job's start, which the wake removes.
+   idle gap between one job's end and the next job's start, which the refill removes.
 
 Prints JSON and writes ``bench/results/noop_profile-<UTC>.json``.
 """
@@ -90,7 +90,7 @@ for middleware in broker.middleware:
                 dramatiq.Middleware, hook, None):
             setattr(middleware, hook, timed(f"{type(middleware).__name__}.{hook}", method))
 SettlingConsumer._fetch = timed("consumer fetch (Redis, consumer thread)", SettlingConsumer._fetch)
-broker.settle = timed("settle: ack + outcome (Redis)", broker.settle)
+broker.settle_and_take = timed("settle: ack + outcome + refill (Redis)", broker.settle_and_take)
 if not wake:
     # Dramatiq's consumer: a full consumer sleeps its growing backoff (5 ms doubling, with
     # jitter, up to worker_timeout), reset each time it hands a message on; no wake.
@@ -112,8 +112,15 @@ if not wake:
     def admit(self, *args, **kwargs):
         self._slot_freed.misses = 0
         return original_admit(self, *args, **kwargs)
+    original_claim = SettlingConsumer._claim
+    def claim(self, most, releasing=None):
+        if releasing is not None:  # no refill by the settlement either
+            original_claim(self, 0, releasing)
+            return 0
+        return original_claim(self, most)
     SettlingConsumer.__init__ = init
     SettlingConsumer._admit = admit
+    SettlingConsumer._claim = claim
 
 starts, ends = [], []
 class Clock(dramatiq.Middleware):
