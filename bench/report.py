@@ -36,15 +36,17 @@ def throughput(results: dict[str, Any]) -> Iterator[Row]:
             "ideal " + "/".join(f"{r['ideal_slices']:g}" for r in law),
             "/".join(_f(r["service_vs_ideal"]) for r in law),
         )
+    prefetches = {"defaults": "both tools' defaults", "equal": "equal prefetch"}
     for shape, label in (("3000xnoop", "no-op jobs"), ("1000x10ms", "10 ms jobs")):
-        for r in rows:
-            if r["shape"] == shape:
-                yield (
-                    f"{label}: {r['jobs']} at {r['threads']} threads, both tools' defaults",
-                    f"{_f(r['service']['span_s'])} s",
-                    f"bare Dramatiq {_f(r['bare']['span_s'])} s",
-                    f"{_f(r['throughput_vs_bare'])} x bare throughput",
-                )
+        for prefetch, setting in prefetches.items():
+            for r in results["rows"]:
+                if r["shape"] == shape and r.get("prefetch") == prefetch:
+                    yield (
+                        f"{label}: {r['jobs']} at {r['threads']} threads, {setting}",
+                        f"{_f(r['service']['span_s'])} s",
+                        f"bare Dramatiq {_f(r['bare']['span_s'])} s",
+                        f"{_f(r['throughput_vs_bare'])} x bare throughput",
+                    )
 
 
 def lifecycle(results: dict[str, Any]) -> Iterator[Row]:
