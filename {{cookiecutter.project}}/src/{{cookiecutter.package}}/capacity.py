@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from . import layout
+from .arguments import positive_int
 from .exitcodes import EX_FAILURE, EX_INTERRUPTED, EX_OK
 from .layout import QueueKeys
 
@@ -458,13 +459,6 @@ def _json_of(kind: type) -> Any:
     return parse
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
-
-
 def add_command(commands: Any) -> None:
     """Add ``capacity`` to the CLI's ``commands`` (argparse subparsers)."""
     capacity = commands.add_parser(
@@ -490,7 +484,7 @@ def add_command(commands: Any) -> None:
     )
     capacity.add_argument(
         "--jobs",
-        type=_positive,
+        type=positive_int,
         default=200,
         metavar="N",
         help="jobs per concurrency level (default 200)",

@@ -46,6 +46,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
 
 from . import layout
+from .arguments import positive_int
 from .exitcodes import EX_FAILURE, EX_OK, EX_USAGE
 from .layout import dead_letter_keys
 
@@ -406,13 +407,6 @@ def _command(
     return command
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
-
-
 def add_commands(commands: Any) -> None:
     """Add ``dlq list|show|replay|purge`` to the CLI's ``commands`` (argparse subparsers)."""
     dlq = commands.add_parser(
@@ -426,7 +420,7 @@ def add_commands(commands: Any) -> None:
 
     listing = actions.add_parser("list", help="a table of dead letters, oldest first")
     listing.add_argument("--queue", help=queue_help)
-    listing.add_argument("--limit", type=_positive, metavar="N", help="show at most N")
+    listing.add_argument("--limit", type=positive_int, metavar="N", help="show at most N")
     listing.add_argument("--json", action="store_true", help="JSON instead of a table")
     listing.set_defaults(run=_command(_list))
 

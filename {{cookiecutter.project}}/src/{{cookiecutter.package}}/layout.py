@@ -234,7 +234,7 @@ def malformed_record(body: bytes, queue: str, reason: str, fields: Any) -> bytes
         "actor_name": str(known.get("actor_name") or "-"),
         "message_id": str(known.get("message_id") or "-"),
         "options": {
-            "dead_letter_reason": reason,
+            DEAD_LETTER_REASON: reason,
             "malformed_body": body.decode("utf-8", "backslashreplace"),
         },
     }

@@ -75,7 +75,7 @@ def dead_letter_delivery(broker: Broker, message: MessageProxy, reason: str) -> 
     """
     from .consumer import Settlement, settle_with, settles
 
-    message.options["dead_letter_reason"] = reason  # for the middleware that reports it
+    message.options[layout.DEAD_LETTER_REASON] = reason  # for the middleware that reports it
     if settles(broker):
         message.fail()
         body = message._message.copy(options={layout.DEAD_LETTER_REASON: reason}).encode()
@@ -154,7 +154,7 @@ def _recover_crashed(
     from .consumer import dead_letter_body, inspect
 
     problem, message, fields = inspect(body, queue, redis_id, None)
-    if message is None or (problem is not None and "redis_message_id" not in problem):
+    if message is None or (problem is not None and layout.REDIS_MESSAGE_ID not in problem):
         reason = f"malformed message: {problem}"
         stored = dead_letter_body(body, queue, reason, message, fields)
         return 0, int(_dead_letter_raw(client, broker_id, queue, redis_id, stored, reason))

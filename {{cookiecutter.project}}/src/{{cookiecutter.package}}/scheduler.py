@@ -54,6 +54,7 @@ from . import schedules as sched
 from .boards import DEFAULT_STALLED_AFTER_S, DEFAULT_STATE_DIR, ProgressBoard, progress_dir
 from .exitcodes import EX_FAILURE, EX_OK
 from .layout import (
+    REDIS_MESSAGE_ID,
     fire_tick,
     miss_ticks,
     release_lock,
@@ -317,7 +318,7 @@ class Scheduler:
                 sched.OPTION_SCHEDULE: name,
                 sched.OPTION_TICK: tick,
                 sched.OPTION_LEASE_MS: schedule.lease_ms,
-                "redis_message_id": message_id,
+                REDIS_MESSAGE_ID: message_id,
             },
             message_id=message_id,
             message_timestamp=int(time.time() * 1000),

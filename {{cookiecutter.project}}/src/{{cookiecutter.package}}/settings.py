@@ -26,41 +26,27 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from .boards import DEFAULT_STALLED_AFTER_S, DEFAULT_STATE_DIR
 from .exitcodes import EX_CONFIG
+from .pools import (
+    Concurrency,
 {%- if cookiecutter.database == "postgres" %}
-from .pools import (
-    Concurrency,
     DbPoolSize,
-    JobTimeoutMs,
-    MaxAttempts,
-    Pool,
-    PoolsFile,
-    PoolsFileError,
-    Prefetch,
-    Processes,
-    ShutdownTimeoutMs,
-    drain_outlasts_job,
-    load_pools,
-    pool_env_fields,
-    pool_holds_every_handler,
-    prefetch_feeds_every_thread,
-)
-{%- else %}
-from .pools import (
-    Concurrency,
-    JobTimeoutMs,
-    MaxAttempts,
-    Pool,
-    PoolsFile,
-    PoolsFileError,
-    Prefetch,
-    Processes,
-    ShutdownTimeoutMs,
-    drain_outlasts_job,
-    load_pools,
-    pool_env_fields,
-    prefetch_feeds_every_thread,
-)
 {%- endif %}
+    JobTimeoutMs,
+    MaxAttempts,
+    Pool,
+    PoolsFile,
+    PoolsFileError,
+    Prefetch,
+    Processes,
+    ShutdownTimeoutMs,
+    drain_outlasts_job,
+    load_pools,
+    pool_env_fields,
+{%- if cookiecutter.database == "postgres" %}
+    pool_holds_every_handler,
+{%- endif %}
+    prefetch_feeds_every_thread,
+)
 
 PROJECT = "{{ cookiecutter.project }}"
 VERSION = "0.1.0"

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
 
+from . import layout
 from .settings import DATABASE_ENABLED, PROJECT, VERSION, refuse
 
 if TYPE_CHECKING:
@@ -238,9 +239,7 @@ def record_lost_delivery(message: Message[Any], queue: str, dead_letter_reason: 
     from .middleware.tracing import delivery_attributes, message_context
 
     attributes = delivery_attributes(message, queue)
-    attributes["dramatiq.attempt"] = int(message.options.get("retries", 0)) + int(
-        message.options.get("crashes", 0)
-    )
+    attributes["dramatiq.attempt"] = layout.deliveries(message.options)
     attributes["dramatiq.outcome"] = "dead_letter" if dead_letter_reason else "crash"
     if dead_letter_reason:
         attributes["dramatiq.dead_letter_reason"] = dead_letter_reason

@@ -46,7 +46,7 @@ from dramatiq.broker import MessageProxy
 from dramatiq.worker import Worker
 from prometheus_client import Counter, Gauge, Histogram
 
-from ..layout import canonical
+from ..layout import RETRIES, canonical
 from ..lifecycle import Requeue
 from ..settings import DATABASE_ENABLED
 from .schedule_lock import SKIPPED_OPTION
@@ -288,7 +288,7 @@ class Metrics(Middleware):
                 "actor": actor,
                 "outcome": outcome,
                 "duration_s": round(duration, 6),
-                "retries": message.options.get("retries", 0),
+                "retries": message.options.get(RETRIES, 0),
             },
         )
 

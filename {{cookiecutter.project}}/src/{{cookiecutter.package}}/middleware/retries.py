@@ -12,7 +12,7 @@ from dramatiq.broker import MessageProxy
 from dramatiq.common import current_millis, dq_name
 
 from ..consumer import Settlement, settle_with, settles
-from ..layout import crashes
+from ..layout import REDIS_MESSAGE_ID, crashes
 from ..lifecycle import Requeue
 from ..recovery import dead_letter_delivery
 from .time_limit import TIME_LIMIT_REASON, TimeLimitExceeded
@@ -82,7 +82,7 @@ class CrashAwareRetries(dramatiq.middleware.Retries):
     def _retry(broker: Broker, message: Message[Any], delay: int | None) -> Settlement:
         """The retry copy as Dramatiq's ``RedisBroker.enqueue`` would build it."""
         queue = message.queue_name
-        options: dict[str, Any] = {"redis_message_id": str(uuid.uuid4())}
+        options: dict[str, Any] = {REDIS_MESSAGE_ID: str(uuid.uuid4())}
         if delay is not None:
             queue = dq_name(queue)
             options["eta"] = current_millis() + delay
@@ -92,7 +92,7 @@ class CrashAwareRetries(dramatiq.middleware.Retries):
             "retry",
             copy.encode(),
             target_queue=queue,
-            target_id=options["redis_message_id"],
+            target_id=options[REDIS_MESSAGE_ID],
             sent=copy,
             delay=delay,
         )

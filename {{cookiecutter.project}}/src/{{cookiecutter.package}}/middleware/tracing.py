@@ -45,7 +45,7 @@ from dramatiq import Broker, Middleware
 from dramatiq.broker import MessageProxy
 from opentelemetry import context, propagate, trace
 
-from ..layout import canonical
+from ..layout import DEAD_LETTER_REASON, canonical, deliveries
 from ..settings import VERSION
 from .metrics import job_outcome, skip_outcome
 
@@ -139,9 +139,7 @@ class Tracing(Middleware):
         parent = message_context(message._message)
         producer = trace.get_current_span(parent).get_span_context()
         attributes = delivery_attributes(message._message, message.queue_name)
-        attributes["dramatiq.attempt"] = (
-            int(message.options.get("retries", 0)) + int(message.options.get("crashes", 0)) + 1
-        )
+        attributes["dramatiq.attempt"] = deliveries(message.options) + 1
         span = self.tracer.start_span(
             f"process {attributes['messaging.destination.name']}",
             context=parent,
@@ -174,7 +172,7 @@ class Tracing(Middleware):
             return
         span = delivery[0]
         span.set_attribute("dramatiq.outcome", outcome)
-        reason = message.options.get("dead_letter_reason")
+        reason = message.options.get(DEAD_LETTER_REASON)
         if reason:
             span.set_attribute("dramatiq.dead_letter_reason", str(reason))
         if exception is not None and outcome != "requeued":
