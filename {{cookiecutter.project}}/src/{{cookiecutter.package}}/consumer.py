@@ -94,9 +94,28 @@ def settlement_of(message: MessageProxy) -> Settlement | None:
     return found
 
 
+def ending(message: MessageProxy, *, failed: bool) -> Settlement:
+    """The settlement that ends ``message``'s delivery: the one middleware asked for, else an
+    ack (a dead letter when ``failed``: Dramatiq nacks it)."""
+    return settlement_of(message) or (Settlement("dead_letter") if failed else ACK)
+
+
+class SettlingBroker:
+    """A broker whose consumers end each delivery with one :class:`Settlement`, stored with
+    its ack (:meth:`settle`, called from the consumer's ``ack`` and ``nack``). Middleware on
+    such a broker ask for a settlement (:func:`settle_with`) instead of enqueueing a retry
+    or requeueing themselves. :class:`SettlingRedisBroker` is the one the worker runs; the
+    middleware's unit tests settle on a StubBroker that records the settlements."""
+
+    def settle(self, queue: str, redis_id: str, settlement: Settlement) -> bool:
+        """Store ``settlement`` of the delivery ``redis_id`` held on ``queue``; False when
+        this worker no longer held it (someone else recovered it)."""
+        raise NotImplementedError
+
+
 def settles(broker: Any) -> bool:
     """True when ``broker`` stores settlements (else middleware falls back to Dramatiq's way)."""
-    return isinstance(broker, SettlingRedisBroker)
+    return isinstance(broker, SettlingBroker)
 
 
 def inspect(
@@ -116,11 +135,15 @@ def inspect(
     if problem is not None:
         return problem, None, fields
     message: Message[Any] = Message(**{**fields, "args": tuple(fields["args"])})
-    stored_id = message.options.get("redis_message_id")
+    stored_id = message.options.get(layout.REDIS_MESSAGE_ID)
     if stored_id is None:
-        return "no options.redis_message_id", message, fields
+        return f"no options.{layout.REDIS_MESSAGE_ID}", message, fields
     if stored_id != redis_id:
-        return f"options.redis_message_id {stored_id!r} is not its id {redis_id!r}", message, fields
+        return (
+            f"options.{layout.REDIS_MESSAGE_ID} {stored_id!r} is not its id {redis_id!r}",
+            message,
+            fields,
+        )
     if actors is not None and message.actor_name not in actors:
         return f"unknown actor {message.actor_name!r} (none declared here)", message, fields
     return None, message, fields
@@ -133,7 +156,7 @@ def dead_letter_body(
     body with the reason in its options (a replay can send it once its actor exists); any
     other body is kept as :func:`.layout.malformed_record` (``dlq replay`` refuses it)."""
     if message is not None:
-        return message.copy(options={"dead_letter_reason": reason}).encode()
+        return message.copy(options={layout.DEAD_LETTER_REASON: reason}).encode()
     return layout.malformed_record(body, queue, reason, fields)
 
 
@@ -159,7 +182,7 @@ class SettlingConsumer(_RedisConsumer):
         self.claimed = 0
         self._slots = threading.Lock()
         self._slot_freed = threading.Event()
-        self.delayed = queue_name.endswith(".DQ")
+        self.delayed = queue_name.endswith(layout.DELAY_SUFFIX)
         self._orphaned = False
         self._fetch_keys = layout.fetch_keys(broker.broker_id, queue_name)
 
@@ -287,14 +310,14 @@ class SettlingConsumer(_RedisConsumer):
     # -- settling (worker threads) -------------------------------------------------------------
 
     def ack(self, message: MessageProxy) -> None:
-        self._settle(message, settlement_of(message) or ACK)
+        self._settle(message, ending(message, failed=False))
 
     def nack(self, message: MessageProxy) -> None:
-        self._settle(message, settlement_of(message) or Settlement("dead_letter"))
+        self._settle(message, ending(message, failed=True))
 
     def _settle(self, message: MessageProxy, settlement: Settlement) -> None:
         """Store ``settlement`` and refill the slot it frees in the same call."""
-        redis_id = message.options["redis_message_id"]
+        redis_id = message.options[layout.REDIS_MESSAGE_ID]
         refill = self._claim(1, releasing=redis_id)
         fetched: list[tuple[str, bytes | None]] = []
         try:
@@ -310,7 +333,7 @@ class SettlingConsumer(_RedisConsumer):
             self.broker.emit_after("enqueue", settlement.sent, settlement.delay)
 
     def requeue(self, messages: Iterable[MessageProxy]) -> None:
-        redis_ids = [message.options["redis_message_id"] for message in messages]
+        redis_ids = [message.options[layout.REDIS_MESSAGE_ID] for message in messages]
         try:
             for redis_id in redis_ids:
                 self.broker.settle(self.queue_name, redis_id, Settlement("requeue"))
@@ -333,7 +356,7 @@ class SettlingConsumer(_RedisConsumer):
         self._orphaned = True
 
 
-class SettlingRedisBroker(RedisBroker):
+class SettlingRedisBroker(RedisBroker, SettlingBroker):
     """A :class:`~dramatiq.brokers.redis.RedisBroker` whose consumers settle deliveries
     atomically and never strand a malformed message (see the module docstring).
 

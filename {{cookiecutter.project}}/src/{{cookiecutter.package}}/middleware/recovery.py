@@ -43,9 +43,14 @@ class Recovery(Middleware):
         self.dead_message_ttl_ms = dead_message_ttl_ms
         self.interval_s = interval_s or min(5.0, heartbeat_timeout_ms / 5000)
         self._stopped = threading.Event()
+        #: The thread of the passes, once the worker has booted.
+        self.thread: threading.Thread | None = None
 
     def after_worker_boot(self, broker: Broker, worker: Worker) -> None:
-        threading.Thread(target=self._loop, args=(broker,), name="recovery", daemon=True).start()
+        self.thread = threading.Thread(
+            target=self._loop, args=(broker,), name="recovery", daemon=True
+        )
+        self.thread.start()
 
     def after_worker_shutdown(self, broker: Broker, worker: Worker) -> None:
         self._stopped.set()
