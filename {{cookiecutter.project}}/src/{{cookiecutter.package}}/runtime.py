@@ -42,6 +42,8 @@ INTERRUPT_GRACE_S = 2.0
 #: How long the consumers get to stop fetching (one fetch of ``FETCH_TIMEOUT_MS`` at most,
 #: plus the hand-back of their prefetch caches) before the drain goes on without them.
 CONSUMER_STOP_S = 2.0
+#: How long a drain step waits on one thread before it looks at the others and ticks.
+JOIN_POLL_S = 0.05
 #: Seconds between two ticks of the main loop on the progress board (liveness reads them).
 TICK_INTERVAL_S = 1.0
 #: Longest pause (ms) of a consumer polling an empty queue, and of a handler thread between
@@ -68,7 +70,7 @@ def _join(
     """Wait until ``threads`` end, ``deadline`` passes or ``stop`` is set; True if all ended."""
     pending = [thread for thread in threads if thread.is_alive()]
     while pending and time.monotonic() < deadline and not stop.is_set():
-        pending[0].join(timeout=0.05)
+        pending[0].join(timeout=JOIN_POLL_S)
         pending = [thread for thread in pending if thread.is_alive()]
         board.tick()
     return not pending

@@ -1,0 +1,344 @@
+"""docs/architecture.md's maintainer tasks, checked against the code.
+
+The doc says how many files "add a pool option", "add a metric" and "change the drain"
+touch and names them. These tests read the code (its syntax trees) and fail when a
+pool field's bound or default is copied outside ``pools.py``, when a metric is defined
+or recorded outside the files named, when the drain reaches outside the files named or
+keeps an unnamed constant, or when the doc's list or count is wrong.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import logging
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, get_origin
+
+from {{ cookiecutter.package }} import (
+    pools,
+    runtime,
+)
+from {{ cookiecutter.package }}.pools import (
+    Pool,
+    pool_env_fields,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "src" / "{{ cookiecutter.package }}"
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+#: Keywords of a pydantic ``Field`` (or annotated-types) that state a bound.
+BOUND_KEYWORDS = frozenset({"ge", "gt", "le", "lt", "min_length", "max_length", "multiple_of"})
+#: prometheus_client's metric classes: their first argument is the metric's name.
+METRIC_CLASSES = frozenset(
+    {
+        "Counter",
+        "Gauge",
+        "Histogram",
+        "Summary",
+        "Info",
+        "Enum",
+        "CounterMetricFamily",
+        "GaugeMetricFamily",
+        "HistogramMetricFamily",
+        "SummaryMetricFamily",
+    }
+)
+#: Numbers the drain may spell: nothing, one, and the ms-to-s factor.
+PLAIN_NUMBERS = frozenset({0, 1, 1000})
+
+
+@dataclass(frozen=True)
+class Task:
+    """A row of the doc's table of maintainer tasks.
+
+    Parameters:
+      most: the most files the row says the task touches.
+      files: the package's files the row names (paths relative to ``src/<package>``).
+    """
+
+    most: int
+    files: frozenset[str]
+
+
+def task(name: str) -> Task:
+    """The row of task ``name`` in docs/architecture.md's "Maintainer tasks" table."""
+    section = ARCHITECTURE.read_text().split("## Maintainer tasks", 1)[1].split("\n## ", 1)[0]
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0] == name:
+            bound = re.search(r"at most (\d+)", cells[1]) or re.search(r"(\d+)", cells[1])
+            assert bound, f"task {name!r}: no number of files in {cells[1]!r}"
+            named = re.findall(r"`([^`]+)`", cells[2])
+            return Task(int(bound.group(1)), frozenset(t for t in named if _in_package(t)))
+    raise AssertionError(f"docs/architecture.md has no row for the task {name!r}")
+
+
+def _in_package(token: str) -> bool:
+    return token.endswith(".py") and (PACKAGE / token).is_file()
+
+
+def modules() -> dict[str, ast.Module]:
+    """Every module of the package, parsed, by its path relative to ``src/<package>``."""
+    return {
+        path.relative_to(PACKAGE).as_posix(): ast.parse(path.read_text(), str(path))
+        for path in sorted(PACKAGE.rglob("*.py"))
+    }
+
+
+# -- add a pool option ----------------------------------------------------------------
+
+
+def class_fields(tree: ast.Module) -> Iterator[tuple[str, ast.AnnAssign]]:
+    """(name, statement) of every field declared in a class body (models, dataclasses)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            for statement in node.body:
+                if isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name):
+                    yield statement.target.id, statement
+
+
+def states_bound_or_default(field: ast.AnnAssign) -> bool:
+    """True when a field declaration spells a bound or a default (None is "unset")."""
+    value = field.value
+    if value is not None and not (isinstance(value, ast.Constant) and value.value is None):
+        return True
+    return any(
+        isinstance(node, ast.keyword) and node.arg in BOUND_KEYWORDS
+        for node in ast.walk(field.annotation)
+    )
+
+
+def annotation_names(field: ast.AnnAssign) -> set[str]:
+    """The names a field's annotation uses (also inside a quoted annotation)."""
+    annotation = field.annotation
+    if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
+        annotation = ast.parse(annotation.value, mode="eval").body
+    return {node.id for node in ast.walk(annotation) if isinstance(node, ast.Name)}
+
+
+def pool_bound_types() -> set[str]:
+    """The bounded types ``pools.py`` states once (``Concurrency``, ``Processes``, ...)."""
+    return {name for name, value in vars(pools).items() if get_origin(value) is Annotated}
+
+
+def pool_names() -> set[str]:
+    """A pool field's names: the field, and the settings field of an ``env:`` field."""
+    return set(Pool.model_fields) | {var.lower() for var in pool_env_fields().values()}
+
+
+def test_a_pool_fields_bound_and_default_are_stated_only_in_pools_py() -> None:
+    copies = [
+        f"{path}:{field.lineno}: {name}"
+        for path, tree in modules().items()
+        if path != "pools.py"
+        for name, field in class_fields(tree)
+        if name in pool_names() and states_bound_or_default(field)
+    ]
+    assert copies == [], (
+        "a pool field's bound or default is stated again (use its type from pools.py and "
+        f"take the default from the pool): {copies}"
+    )
+
+
+def test_adding_a_pool_option_touches_the_files_the_doc_names() -> None:
+    row = task("add a pool option")
+    settings_names = {var.lower() for var in pool_env_fields().values()}
+    bound_types = pool_bound_types()
+    stating = {
+        path
+        for path, tree in modules().items()
+        for name, field in class_fields(tree)
+        if name in settings_names
+        or (name in Pool.model_fields and annotation_names(field) & bound_types)
+    }
+    assert "pools.py" in stating
+    assert stating == row.files, (
+        f"the files that declare a pool field are {sorted(stating)}, "
+        f"docs/architecture.md names {sorted(row.files)}"
+    )
+    assert len(row.files) + 1 <= row.most, "the declaring files and the one that reads it"
+
+
+# -- add a metric -----------------------------------------------------------------------
+
+
+def metric_definitions(tree: ast.Module) -> Iterator[str]:
+    """The name of every metric a module creates (the first argument of a metric class)."""
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or not node.args:
+            continue
+        func = node.func
+        called = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+        first = node.args[0]
+        if called in METRIC_CLASSES and isinstance(first, ast.Constant):
+            yield str(first.value)
+
+
+def metric_factories(tree: ast.Module) -> set[str]:
+    """Module-level functions that create metrics (``instruments()``)."""
+    return {
+        node.name
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef) and any(metric_definitions(ast.Module([node], [])))
+    }
+
+
+def calls(tree: ast.Module) -> set[str]:
+    return {
+        node.func.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+    }
+
+
+def test_adding_a_metric_touches_the_one_file_the_doc_names() -> None:
+    row = task("add a metric")
+    parsed = modules()
+    defined: dict[str, set[str]] = {}
+    for path, tree in parsed.items():
+        for name in metric_definitions(tree):
+            defined.setdefault(name, set()).add(path)
+    assert defined, "no metric found: the scan no longer sees how metrics are created"
+    spread = {name: sorted(paths) for name, paths in defined.items() if len(paths) > 1}
+    assert spread == {}, f"metrics defined in more than one file: {spread}"
+    assert 1 <= row.most <= 2, "the file that defines and records it, and layout.py at most"
+    unnamed = {name: sorted(paths - row.files) for name, paths in defined.items()}
+    assert {n: p for n, p in unnamed.items() if p} == {}, (
+        "metrics defined in files docs/architecture.md does not name for 'add a metric'"
+    )
+    recorded_elsewhere = [
+        f"{other}: {factory}()"
+        for path in {p for paths in defined.values() for p in paths}
+        for factory in metric_factories(parsed[path])
+        for other, tree in parsed.items()
+        if other != path and factory in calls(tree)
+    ]
+    assert recorded_elsewhere == [], "a metric is recorded outside the file that defines it"
+
+
+# -- change the drain -------------------------------------------------------------------
+
+
+def drain_code() -> list[ast.AST]:
+    """``WorkerProcess.drain`` and every function of runtime.py it calls, transitively."""
+    tree = modules()["runtime.py"]
+    functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+    (process,) = (n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "WorkerProcess")
+    methods = {node.name: node for node in process.body if isinstance(node, ast.FunctionDef)}
+    assert "drain" in methods, "runtime.py's WorkerProcess has no drain()"
+    found: dict[str, ast.AST] = {}
+    pending = ["self.drain"]
+    while pending:
+        name = pending.pop()
+        if name in found:
+            continue
+        node = methods[name[5:]] if name.startswith("self.") else functions[name]
+        found[name] = node
+        for call in ast.walk(node):
+            if not isinstance(call, ast.Call):
+                continue
+            func = call.func
+            if isinstance(func, ast.Name) and func.id in functions:
+                pending.append(func.id)
+            elif (
+                isinstance(func, ast.Attribute)
+                and isinstance(func.value, ast.Name)
+                and func.value.id == "self"
+                and func.attr in methods
+            ):
+                pending.append(f"self.{func.attr}")
+    return list(found.values())
+
+
+def _round_digits(nodes: list[ast.AST]) -> set[int]:
+    """Ids of the ``ndigits`` arguments of ``round()`` calls (a precision, not a constant)."""
+    return {
+        id(node.args[1])
+        for code in nodes
+        for node in ast.walk(code)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "round"
+        and len(node.args) == 2
+    }
+
+
+def test_the_drain_names_its_constants() -> None:
+    code = drain_code()
+    digits = _round_digits(code)
+    unnamed = sorted(
+        {
+            node.value
+            for part in code
+            for node in ast.walk(part)
+            if isinstance(node, ast.Constant)
+            and isinstance(node.value, int | float)
+            and not isinstance(node.value, bool)
+            and node.value not in PLAIN_NUMBERS
+            and id(node) not in digits
+        }
+    )
+    assert unnamed == [], f"the drain spells numbers instead of named constants: {unnamed}"
+
+
+def _is_shared_state(value: Any) -> bool:
+    """True for a module global that holds state (an object other than code or a constant)."""
+    if inspect.ismodule(value) or inspect.isclass(value) or callable(value):
+        return False
+    return not isinstance(value, int | float | str | bytes | logging.Logger | type(None))
+
+
+def test_the_drain_is_given_its_collaborators() -> None:
+    globals_used = {
+        node.id
+        for part in drain_code()
+        for node in ast.walk(part)
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)
+    } & set(vars(runtime))
+    shared = sorted(name for name in globals_used if _is_shared_state(getattr(runtime, name)))
+    assert shared == [], f"the drain reaches module globals instead of its parameters: {shared}"
+
+
+def test_changing_the_drain_touches_the_files_the_doc_names() -> None:
+    row = task("change the drain")
+    code = drain_code()
+    worker_internals = {
+        node.attr
+        for part in code
+        for node in ast.walk(part)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "worker"
+    }
+    collaborators = {
+        node.attr
+        for part in code
+        for node in ast.walk(part)
+        if isinstance(node, ast.Attribute)
+        and (
+            (isinstance(node.value, ast.Name) and node.value.id in {"shutdown", "lifecycle"})
+            or (
+                isinstance(node.value, ast.Attribute)
+                and node.value.attr in {"shutdown", "lifecycle"}
+            )
+        )
+    }
+    assert worker_internals and collaborators, "the scan no longer sees the drain's calls"
+    names = worker_internals | collaborators
+    reaching = {
+        path
+        for path, tree in modules().items()
+        for node in ast.walk(tree)
+        if (isinstance(node, ast.Attribute) and node.attr in names)
+        or (isinstance(node, ast.FunctionDef) and node.name in names)
+    }
+    assert "runtime.py" in reaching and "runtime.py" in row.files
+    assert reaching <= row.files, (
+        f"the drain's internals and collaborators are used in {sorted(reaching)}, "
+        f"docs/architecture.md names {sorted(row.files)}"
+    )
+    assert len(row.files) <= row.most
