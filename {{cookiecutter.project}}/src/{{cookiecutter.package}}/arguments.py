@@ -1,4 +1,4 @@
-"""Argument types the commands share (``type=`` callables of argparse).
+"""What the commands share of argparse: a documented sub-command, argument types.
 
 argparse shows an :class:`argparse.ArgumentTypeError`'s message after the option's name
 and exits with ``EX_USAGE`` (2).
@@ -7,6 +7,21 @@ and exits with ``EX_USAGE`` (2).
 from __future__ import annotations
 
 import argparse
+from typing import Any
+
+
+def command_parser(
+    commands: Any, name: str, help_text: str, description: str | None
+) -> argparse.ArgumentParser:
+    """Add command ``name`` to the CLI's ``commands`` (argparse subparsers); its ``--help``
+    shows ``description`` (the command module's docstring) as written."""
+    parser: argparse.ArgumentParser = commands.add_parser(
+        name,
+        help=help_text,
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    return parser
 
 
 def positive_int(text: str) -> int:

@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from . import layout
-from .arguments import positive_int
+from .arguments import command_parser, positive_int
 from .exitcodes import EX_FAILURE, EX_INTERRUPTED, EX_OK
 from .layout import QueueKeys
 
@@ -461,12 +461,7 @@ def _json_of(kind: type) -> Any:
 
 def add_command(commands: Any) -> None:
     """Add ``capacity`` to the CLI's ``commands`` (argparse subparsers)."""
-    capacity = commands.add_parser(
-        "capacity",
-        help="throughput against concurrency",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    capacity = command_parser(commands, "capacity", "throughput against concurrency", __doc__)
     capacity.add_argument("--actor", required=True, help="the actor to run (its name)")
     capacity.add_argument(
         "--args",

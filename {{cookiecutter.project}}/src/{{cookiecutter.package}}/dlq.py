@@ -46,7 +46,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
 
 from . import layout
-from .arguments import positive_int
+from .arguments import command_parser, positive_int
 from .exitcodes import EX_FAILURE, EX_OK, EX_USAGE
 from .layout import dead_letter_keys
 
@@ -409,12 +409,7 @@ def _command(
 
 def add_commands(commands: Any) -> None:
     """Add ``dlq list|show|replay|purge`` to the CLI's ``commands`` (argparse subparsers)."""
-    dlq = commands.add_parser(
-        "dlq",
-        help="dead-letter tooling",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    dlq = command_parser(commands, "dlq", "dead-letter tooling", __doc__)
     actions = dlq.add_subparsers(dest="action", required=True)
     queue_help = "one queue (default: every queue of pools.toml)"
 

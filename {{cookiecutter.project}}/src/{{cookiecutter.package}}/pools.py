@@ -81,6 +81,12 @@ def prefetch_feeds_every_thread(prefetch: int, concurrency: int) -> bool:
     return prefetch >= concurrency
 
 
+def prefetch_or_concurrency(prefetch: int | None, concurrency: int) -> int:
+    """Messages one process holds, running or waiting: ``prefetch``, by default
+    ``concurrency`` (a process holds no message it cannot start at once)."""
+    return prefetch or concurrency
+
+
 def pool_holds_every_handler(db_pool_size: int, concurrency: int) -> bool:
     """``DB_POOL_SIZE >= WORKER_CONCURRENCY``: every handler thread may hold a connection."""
     return db_pool_size >= concurrency
@@ -191,7 +197,7 @@ class Pool(_Strict):
     @property
     def effective_prefetch(self) -> int:
         """Messages one process holds, running or waiting: ``prefetch``, else concurrency."""
-        return self.prefetch or self.concurrency
+        return prefetch_or_concurrency(self.prefetch, self.concurrency)
 
     @property
     def memory_bytes(self) -> int:

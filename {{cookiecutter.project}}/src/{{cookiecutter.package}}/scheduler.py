@@ -64,7 +64,20 @@ from .layout import (
     scheduler_leader_key,
 )
 from .schedules import Schedule
-from .settings import PROJECT, VERSION, RedisSettings, Settings, config_errors, refuse
+from .settings import (
+    DEFAULT_LOG_LEVEL,
+    DEFAULT_METRICS_PORT,
+    PROJECT,
+    VERSION,
+    LogLevel,
+    MetricsPort,
+    RedisSettings,
+    ServiceName,
+    Settings,
+    StalledAfterS,
+    config_errors,
+    refuse,
+)
 
 if TYPE_CHECKING:
     import dramatiq
@@ -84,12 +97,12 @@ class SchedulerSettings(RedisSettings):
     ``OTEL_SERVICE_NAME``, ``LOG_LEVEL``.
     """
 
-    metrics_port: Annotated[int, Field(ge=1024, le=65535)] = 9191
+    metrics_port: MetricsPort = DEFAULT_METRICS_PORT
     scheduler_leader_ttl_ms: Annotated[int, Field(ge=1_000, le=600_000)] = 10_000
     worker_state_dir: Path = DEFAULT_STATE_DIR
-    health_stalled_after_s: Annotated[float, Field(gt=0, le=86_400)] = DEFAULT_STALLED_AFTER_S
-    otel_service_name: Annotated[str, Field(min_length=1, max_length=100)] = PROJECT
-    log_level: Annotated[str, Field(pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")] = "INFO"
+    health_stalled_after_s: StalledAfterS = DEFAULT_STALLED_AFTER_S
+    otel_service_name: ServiceName = PROJECT
+    log_level: LogLevel = DEFAULT_LOG_LEVEL
 
     @property
     def uses_database(self) -> bool:

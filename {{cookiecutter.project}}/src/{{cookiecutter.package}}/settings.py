@@ -46,6 +46,7 @@ from .pools import (
     pool_holds_every_handler,
 {%- endif %}
     prefetch_feeds_every_thread,
+    prefetch_or_concurrency,
 )
 
 PROJECT = "{{ cookiecutter.project }}"
@@ -64,6 +65,17 @@ _SECRET_FIELDS = {"redis_url", "database_url"}
 DLQ_RETENTION_DAYS = 14
 #: Fields whose value in effect, when unset, is a property (``config`` shows what runs).
 _EFFECTIVE = {"worker_prefetch": "prefetch"}
+
+# Rules of the variables every process of the service reads (the worker's, the scheduler's),
+# stated once: both settings classes type these fields with them.
+MetricsPort = Annotated[int, Field(ge=1024, le=65535)]
+StalledAfterS = Annotated[float, Field(gt=0, le=86_400)]
+ServiceName = Annotated[str, Field(min_length=1, max_length=100)]
+LogLevel = Annotated[str, Field(pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")]
+#: Port of /metrics, /livez and /readyz when ``METRICS_PORT`` is unset.
+DEFAULT_METRICS_PORT = 9191
+#: ``LOG_LEVEL`` when unset.
+DEFAULT_LOG_LEVEL = "INFO"
 
 
 def mask_url(url: str) -> str:
@@ -104,9 +116,9 @@ class Settings(BaseSettings):
     """How long a silent worker keeps its messages before others recover them."""
     worker_state_dir: Path = DEFAULT_STATE_DIR
     """Local state: progress boards and multiprocess metrics."""
-    health_stalled_after_s: Annotated[float, Field(gt=0, le=86_400)] = DEFAULT_STALLED_AFTER_S
+    health_stalled_after_s: StalledAfterS = DEFAULT_STALLED_AFTER_S
     """Liveness fails when a handler makes no progress for this long."""
-    metrics_port: Annotated[int, Field(ge=1024, le=65535)] = 9191
+    metrics_port: MetricsPort = DEFAULT_METRICS_PORT
     """Port of /metrics, /livez and /readyz."""
     redis_url: SecretStr = SecretStr("redis://localhost:6379/0")
     """The broker: redis://, rediss:// (TLS) or unix://; the password is masked."""
@@ -118,9 +130,9 @@ class Settings(BaseSettings):
     db_pool_size: DbPoolSize
     """Connections per process; at least WORKER_CONCURRENCY."""
 {%- endif %}
-    otel_service_name: Annotated[str, Field(min_length=1, max_length=100)] = PROJECT
+    otel_service_name: ServiceName = PROJECT
     """Service name in logs and telemetry."""
-    log_level: Annotated[str, Field(pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")] = "INFO"
+    log_level: LogLevel = DEFAULT_LOG_LEVEL
     """DEBUG, INFO, WARNING or ERROR."""
 
     @model_validator(mode="before")
@@ -245,7 +257,7 @@ class Settings(BaseSettings):
     @property
     def prefetch(self) -> int:
         """Messages one process holds, running or waiting (default: its concurrency)."""
-        return self.worker_prefetch or self.worker_concurrency
+        return prefetch_or_concurrency(self.worker_prefetch, self.worker_concurrency)
 
     @property
     def uses_database(self) -> bool:
