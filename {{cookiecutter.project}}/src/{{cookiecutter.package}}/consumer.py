@@ -200,9 +200,8 @@ class SettlingConsumer(_RedisConsumer):
         with self._slots:
             if releasing is not None:
                 self.held.discard(releasing)
-            if not self.broker.fetching:
-                return 0
-            count = max(0, min(most, int(self.prefetch) - self.outstanding_message_count))
+            free = int(self.prefetch) - self.outstanding_message_count
+            count = max(0, min(most, free)) if self.broker.fetching else 0
             self.claimed += count
             return count
 
