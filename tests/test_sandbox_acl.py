@@ -1,38 +1,69 @@
-"""The sandbox pool's Redis ACL user, against a real redis-server: the baked sandbox worker
-runs its `untrusted` queue as that user without one refusal, and the same credential is
-refused on another pool's queue (enqueue, read) and on the server (FLUSHALL, KEYS, ...)."""
+"""The sandbox pool's Redis ACL user, against a real redis-server with the real credential.
+
+The sandbox pool's keys live in a broker namespace of their own (``dramatiq-sandbox:``,
+the template's ``layout.SANDBOX_NAMESPACE``), disjoint from every other pool's
+(``dramatiq:``); its ACL user reaches only that namespace. Proven here: the baked
+sandbox worker, logged in as that user, processes, retries, recovers and dead-letters its
+own jobs without one refusal in ``ACL LOG`` and without touching any key of the other
+pools (their heartbeats included); producers with the full credential still enqueue onto
+it (``producer.enqueue`` and ``.send()``); and the same credential is refused on every key
+of another pool (queue, bodies, delay queue, dead letters, acks sets, the shared heartbeat
+set), by command, by script and through Dramatiq's own dispatch script, and on the
+server (FLUSHALL, KEYS, ...).
+"""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
 
+import dramatiq
 import pytest
 import redis
-from bakery import BAKED_FIXTURES, package_of, project_env
+from bakery import BAKED_FIXTURES, TEMPLATE, package_of, project_env
+from dramatiq import Message
 from worker_infra.acl import acl_key_patterns, acl_rule
 
 USER, PASSWORD = "orders-worker-sandbox", "s3cret/with:odd@chars"
 NS = "dramatiq"
 
 
-def as_user(redis_url: str) -> str:
-    from urllib.parse import quote
+def _template_layout() -> Any:
+    """The template's layout.py (no Jinja in it): the one owner of the namespaces."""
+    path = TEMPLATE / "{{cookiecutter.project}}" / "src" / "{{cookiecutter.package}}" / "layout.py"
+    spec = importlib.util.spec_from_file_location("_template_layout", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
+
+LAYOUT = _template_layout()
+SNS = LAYOUT.SANDBOX_NAMESPACE
+QUEUE = LAYOUT.SANDBOX_QUEUE
+
+
+def as_user(redis_url: str) -> str:
     parts = urlsplit(redis_url)
     netloc = f"{quote(USER, safe='')}:{quote(PASSWORD, safe='')}@{parts.hostname}:{parts.port}"
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 @pytest.fixture
-def sandbox_user(redis_url: str) -> redis.Redis:
+def sandbox_user(redis_url: str) -> Iterator[redis.Redis]:
     admin = redis.Redis.from_url(redis_url)
-    words = acl_rule(USER, PASSWORD, ["untrusted"]).split()
+    words = acl_rule(USER, PASSWORD, SNS).split()
     assert words[:2] == ["user", USER]
     admin.execute_command("ACL", "SETUSER", USER, *words[2:])
     admin.execute_command("ACL", "LOG", "RESET")
@@ -49,23 +80,96 @@ def denials(admin: redis.Redis) -> list[dict[str, object]]:
     ]
 
 
-def test_rule_names_only_the_pools_keys() -> None:
-    rule = acl_rule(USER, PASSWORD, ["untrusted"])
+def test_rule_names_only_the_sandbox_namespace() -> None:
+    assert SNS == "dramatiq-sandbox" and LAYOUT.namespace_of(QUEUE) == SNS
+    assert LAYOUT.namespace_of(f"{QUEUE}.DQ") == SNS and LAYOUT.namespace_of("payments") == NS
+    rule = acl_rule(USER, PASSWORD, SNS)
     assert PASSWORD not in rule
     assert "~*" not in rule.split() and "allkeys" not in rule and "+@all" not in rule
-    assert all("untrusted" in p or p in ("~dramatiq", "~dramatiq:__heartbeats__")
-               for p in acl_key_patterns(["untrusted"]))  # fmt: skip
-    with pytest.raises(ValueError, match="pattern"):
-        acl_key_patterns(["untrusted*"])
+    assert acl_key_patterns(SNS) == [f"~{SNS}", f"~{SNS}:*"]
+    for bad in ("dramatiq", "dramatiq*", "a:b", ""):
+        with pytest.raises(ValueError, match="namespace"):
+            acl_key_patterns(bad)
     with pytest.raises(ValueError, match="one word"):
-        acl_rule("two words", PASSWORD, ["untrusted"])
+        acl_rule("two words", PASSWORD, SNS)
 
 
-def test_sandbox_worker_runs_as_the_acl_user(
+def body(queue: str, actor: str, args: tuple[Any, ...], redis_id: str) -> bytes:
+    message: Message[Any] = Message(queue_name=queue, actor_name=actor, args=args, kwargs={},
+                                    options={"redis_message_id": redis_id})  # fmt: skip
+    return message.encode()
+
+
+def plant_other_pools(admin: redis.Redis) -> tuple[str, dict[str, Any]]:
+    """A dead worker of another pool and that pool's keys; returns its id and a snapshot."""
+    dead = str(uuid.uuid4())
+    admin.zadd(f"{NS}:__heartbeats__", {dead: 1000})
+    admin.sadd(f"{NS}:__acks__.{dead}.payments", "p1")
+    admin.hset(f"{NS}:payments.msgs", "p1", body("payments", "capture_payment", ("x", 1), "p1"))
+    admin.rpush(f"{NS}:payments.DQ", "p2")
+    admin.hset(f"{NS}:payments.DQ.msgs", "p2", body("payments.DQ", "capture_payment", (), "p2"))
+    admin.zadd(f"{NS}:payments.XQ", {"p3": 1000})
+    admin.hset(f"{NS}:payments.XQ.msgs", "p3", b"{}")
+    return dead, snapshot(admin)
+
+
+def snapshot(admin: redis.Redis) -> dict[str, Any]:
+    """Every key outside the sandbox namespace with its value (and TTL)."""
+    found = {}
+    for key in sorted(admin.scan_iter(count=1000)):
+        name = key.decode()
+        if name.startswith(f"{SNS}:") or name == SNS:
+            continue
+        found[name] = (admin.dump(key), admin.pttl(key))
+    return found
+
+
+def wait_for(condition: Callable[[], object], timeout: float, what: str,
+             worker: subprocess.Popen[str]) -> None:  # fmt: skip
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if worker.poll() is not None:
+            pytest.fail(f"the worker exited ({worker.returncode}) waiting for {what}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+PRODUCE = """
+from {package}.actors.sandbox import run_customer_code
+from {package}.producer import enqueue
+run_customer_code.send("def main(p):\\n    return p + 1\\n", 41)
+enqueue("run_customer_code", "def main(p):\\n    while True:\\n        pass\\n", None,
+        {{"cpu_seconds": 1}})
+# Limits(cpu_seconds=0) raises in the actor: retried once, then dead-lettered
+run_customer_code.send_with_options(args=("def main(p):\\n    return 1\\n", None,
+                                          {{"cpu_seconds": 0}}), min_backoff=50, max_backoff=100)
+"""
+
+
+def test_sandbox_worker_runs_its_own_jobs_as_the_acl_user(
     default_project: Path, redis_url: str, sandbox_user: redis.Redis, tmp_path: Path
 ) -> None:
-    """The real `worker` command of the sandbox pool, logged in as the ACL user."""
+    """The real `worker` command of the sandbox pool, logged in as the ACL user: it runs,
+    retries, dead-letters and recovers its jobs; the other pools' keys stay as they were."""
     admin = sandbox_user
+    package = package_of(default_project)
+    producer = project_env(default_project, REDIS_URL=redis_url)  # a producer: full credential
+    sent = subprocess.run([sys.executable, "-c", PRODUCE.format(package=package)], env=producer,
+                          cwd=default_project, capture_output=True, text=True, timeout=60,
+                          check=False)  # fmt: skip
+    assert sent.returncode == 0, sent.stderr[-2000:]
+    assert admin.llen(f"{SNS}:{QUEUE}") == 3
+    assert not list(admin.scan_iter(match=f"{NS}:{QUEUE}*")), "enqueued in the shared namespace"
+
+    # A sandbox worker that died holding a job (its heartbeat is stale): recovered by ours.
+    dead_sandbox, held = str(uuid.uuid4()), str(uuid.uuid4())
+    source = "def main(p):\n    return 'recovered'\n"
+    admin.hset(f"{SNS}:{QUEUE}.msgs", held, body(QUEUE, "run_customer_code", (source,), held))
+    admin.sadd(f"{SNS}:__acks__.{dead_sandbox}.{QUEUE}", held)
+    admin.zadd(f"{SNS}:__heartbeats__", {dead_sandbox: 1000})
+    dead_other, before = plant_other_pools(admin)
+
     env = project_env(
         default_project,
         WORKER_POOL="sandbox",
@@ -73,32 +177,21 @@ def test_sandbox_worker_runs_as_the_acl_user(
         METRICS_PORT=str(BAKED_FIXTURES.free_port()),
         WORKER_STATE_DIR=str(tmp_path / "state"),
         WORKER_PROCESSES="1",
+        WORKER_HEARTBEAT_TIMEOUT_MS="2000",  # a recovery pass every 0.4 s
     )
-    package = package_of(default_project)
-    send = (
-        f"from {package}.actors.sandbox import run_customer_code\n"
-        "run_customer_code.send('def main(p):\\n    return p + 1\\n', 41)\n"
-        "run_customer_code.send('def main(p):\\n    while True:\\n        pass\\n', None,"
-        " {'cpu_seconds': 1})\n"
-    )
-    sent = subprocess.run([sys.executable, "-c", send], env=env, cwd=default_project,
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
-    assert sent.returncode == 0, sent.stderr[-2000:]
-    assert admin.llen(f"{NS}:untrusted") == 2
     worker = subprocess.Popen(
         [sys.executable, "-m", package, "worker"], env=env, cwd=default_project,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            if admin.llen(f"{NS}:untrusted") == 0 and admin.hlen(f"{NS}:untrusted.msgs") == 0:
-                break
-            assert worker.poll() is None, worker.stdout.read() if worker.stdout else ""
-            time.sleep(0.2)
-        else:
-            pytest.fail("the sandbox worker did not process the untrusted queue")
-        time.sleep(1.5)  # a heartbeat and a recovery round as the ACL user
+        wait_for(lambda: admin.zcard(f"{SNS}:{QUEUE}.XQ") == 1, 120, "the dead letter", worker)
+        wait_for(
+            lambda: admin.llen(f"{SNS}:{QUEUE}") == 0
+            and admin.llen(f"{SNS}:{QUEUE}.DQ") == 0
+            and admin.hlen(f"{SNS}:{QUEUE}.msgs") == 0
+            and admin.zscore(f"{SNS}:__heartbeats__", dead_sandbox) is None,
+            120, "every sandbox job settled and the dead sandbox worker recovered", worker,
+        )  # fmt: skip
     finally:
         os.killpg(worker.pid, signal.SIGTERM)
         try:
@@ -107,63 +200,95 @@ def test_sandbox_worker_runs_as_the_acl_user(
             os.killpg(worker.pid, signal.SIGKILL)
             output, _ = worker.communicate()
     assert worker.returncode == 0, output[-3000:]
-    assert '"sandbox_status": "ok"' in output or "sandbox run finished" in output, output[-3000:]
-    assert admin.hlen(f"{NS}:untrusted.XQ.msgs") == 0, "a sandbox job was dead-lettered"
+    statuses = sorted(json.loads(line).get("sandbox_status") for line in output.splitlines()
+                      if line.startswith("{") and '"sandbox run finished"' in line)  # fmt: skip
+    assert statuses == ["cpu", "ok", "ok"], output[-3000:]
+    (dead_letter,) = admin.hvals(f"{SNS}:{QUEUE}.XQ.msgs")
+    options = json.loads(dead_letter)["options"]
+    assert "cpu_seconds" in options["dead_letter_reason"]
+    assert options["retries"] == 2, options  # delivered, retried through the delay queue, failed
+    assert not list(admin.scan_iter(match=f"{SNS}:__acks__.{dead_sandbox}.*"))
     assert denials(admin) == [], "the sandbox worker needed more than its ACL allows"
+    assert snapshot(admin) == before, "the sandbox worker changed a key of another pool"
+    assert admin.zrange(f"{NS}:__heartbeats__", 0, -1, withscores=True) == [
+        (dead_other.encode(), 1000.0)
+    ]
 
 
-def test_the_acl_user_cannot_touch_another_pools_queue(
-    default_project: Path, redis_url: str, sandbox_user: redis.Redis
+DISPATCH = Path(dramatiq.__file__).parent / "brokers" / "redis" / "dispatch.lua"
+
+
+def test_the_acl_user_cannot_touch_another_pools_keys(
+    redis_url: str, sandbox_user: redis.Redis
 ) -> None:
     admin = sandbox_user
-    admin.hset(f"{NS}:payments.msgs", "m1", b'{"secret": "card 4242"}')
-    admin.rpush(f"{NS}:payments", "m1")
+    dead, before = plant_other_pools(admin)
+    acks = f"{NS}:__acks__.{dead}.payments"
+    heartbeats = f"{NS}:__heartbeats__"
     user = redis.Redis.from_url(as_user(redis_url))
     assert user.ping()
-    denied = redis.exceptions.NoPermissionError
-    attempts = {
-        "enqueue (Dramatiq's Lua)": lambda: user.eval(
-            "redis.call('hset', KEYS[1] .. ':payments.msgs', 'm2', 'x');"
-            "return redis.call('rpush', KEYS[1] .. ':payments', 'm2')", 1, NS),
+    dispatch = DISPATCH.read_text()
+    attempts: dict[str, Callable[[], object]] = {
+        "enqueue (Lua declaring its own key)": lambda: user.eval(
+            f"redis.call('hset', '{NS}:payments.msgs', 'm2', 'x');"
+            f"return redis.call('rpush', '{NS}:payments', 'm2')", 1, SNS),
+        "enqueue (Dramatiq's dispatch script)": lambda: user.eval(
+            dispatch, 1, NS, "enqueue", 1, "payments", "w", 30000, 1, 0, 1000, "m4", "{}"),
+        "fetch (Dramatiq's dispatch script)": lambda: user.eval(
+            dispatch, 1, NS, "fetch", 1, "payments", "w", 30000, 1, 0, 1000, 10),
         "enqueue (direct)": lambda: user.rpush(f"{NS}:payments", "m3"),
         "read the queue": lambda: user.lrange(f"{NS}:payments", 0, -1),
         "read a message": lambda: user.hgetall(f"{NS}:payments.msgs"),
         "read via a script": lambda: user.eval("return redis.call('hgetall', KEYS[1])", 1,
                                                f"{NS}:payments.msgs"),
-        "fetch (Dramatiq's Lua)": lambda: user.eval(
-            "return redis.call('lpop', KEYS[1] .. ':payments')", 1, NS),
         "delete the queue": lambda: user.delete(f"{NS}:payments"),
+        "forge a heartbeat": lambda: user.zadd(heartbeats, {dead: time.time() * 1000}),
+        "remove a heartbeat": lambda: user.zrem(heartbeats, dead),
+        "read the heartbeats": lambda: user.zrange(heartbeats, 0, -1),
+        "forge a heartbeat by script": lambda: user.eval(
+            "return redis.call('zadd', string.gsub(KEYS[1], '-sandbox', '') .. "
+            "':__heartbeats__', 1, 'x')", 1, SNS),
+        "empty an acks set": lambda: user.srem(acks, "p1"),
+        "read an acks set": lambda: user.smembers(acks),
+        "delay queue": lambda: user.rpush(f"{NS}:payments.DQ", "m5"),
+        "delayed bodies": lambda: user.hgetall(f"{NS}:payments.DQ.msgs"),
+        "dead letters": lambda: user.zrange(f"{NS}:payments.XQ", 0, -1),
+        "dead-letter bodies": lambda: user.hdel(f"{NS}:payments.XQ.msgs", "p3"),
+        "rename out of its namespace": lambda: user.rename(f"{SNS}:x", f"{NS}:payments"),
         "flush everything": lambda: user.flushall(),
         "list keys": lambda: user.keys("*"),
         "reconfigure": lambda: user.config_get("*"),
         "flush scripts": lambda: user.script_flush(),
     }  # fmt: skip
+    user.set(f"{SNS}:x", "x")
     allowed = []
     for name, attempt in attempts.items():
         try:
             attempt()
-        except (denied, redis.exceptions.ResponseError) as exc:
+        except (redis.exceptions.NoPermissionError, redis.exceptions.ResponseError) as exc:
             assert "permission" in str(exc).lower() or "can't access" in str(exc), (
                 name, exc)  # fmt: skip
         else:
             allowed.append(name)
     assert allowed == []
-    assert admin.lrange(f"{NS}:payments", 0, -1) == [b"m1"]
-    assert admin.hkeys(f"{NS}:payments.msgs") == [b"m1"]
-    # while its own queue works
-    user.hset(f"{NS}:untrusted.msgs", "u1", "x")
-    user.rpush(f"{NS}:untrusted", "u1")
-    assert user.lpop(f"{NS}:untrusted") == b"u1"
+    assert snapshot(admin) == before
+    # while its own namespace works, Dramatiq's dispatch script included
+    assert user.eval(dispatch, 1, SNS, "enqueue", 1, QUEUE, "w", 30000, 1, 0, 1000, "u1", "{}") \
+        is None  # fmt: skip
+    assert user.lrange(f"{SNS}:{QUEUE}", 0, -1) == [b"u1"]
+    assert user.zscore(f"{SNS}:__heartbeats__", "w") == 1
 
 
 def test_rendered_sandbox_pool_logs_in_as_its_own_user(default_project: Path) -> None:
     """`make manifests`: the sandbox namespace's Secret and KEDA's TriggerAuthentication
-    carry the ACL user (the password stays a secret), never the shared password alone."""
+    carry the ACL user (the password stays a secret), never the shared password alone; its
+    scaler watches the lists of the sandbox namespace, the others' their own."""
     import yaml
     from bakery import PYTHON
 
     done = subprocess.run(["make", "-s", "manifests", "STACK=prod", f"PYTHON={PYTHON}"],
-                          cwd=default_project, capture_output=True, text=True, timeout=180)  # fmt: skip
+                          cwd=default_project, capture_output=True, text=True, timeout=180,
+                          check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     text = (default_project / "build" / "manifests" / "prod.yaml").read_text()
     objects = [o for o in yaml.safe_load_all(text) if o]
@@ -176,3 +301,15 @@ def test_rendered_sandbox_pool_logs_in_as_its_own_user(default_project: Path) ->
                and o["metadata"]["namespace"] == sandbox_ns]  # fmt: skip
     params = {ref["parameter"]: ref["key"] for ref in auth["spec"]["secretTargetRef"]}
     assert params == {"password": "redis-password", "username": "redis-username"}
+    lists = {
+        o["metadata"]["namespace"] == sandbox_ns: sorted(
+            t["metadata"]["listName"] for t in o["spec"]["triggers"] if t["type"] == "redis"
+        )
+        for o in objects
+        if o["kind"] == "ScaledObject" and o["metadata"]["namespace"] == sandbox_ns
+    }
+    assert lists == {True: [f"{SNS}:{QUEUE}", f"{SNS}:{QUEUE}.DQ"]}
+    others = [t["metadata"]["listName"] for o in objects if o["kind"] == "ScaledObject"
+              and o["metadata"]["namespace"] != sandbox_ns
+              for t in o["spec"]["triggers"] if t["type"] == "redis"]  # fmt: skip
+    assert others and all(name.startswith(f"{NS}:") for name in others)

@@ -177,6 +177,7 @@ def scaler_args(**changes: Any) -> BacklogScalerArgs:
         namespace="ns",
         target="orders-worker-interactive",
         queues=("notifications", "emails"),
+        broker_namespace="dramatiq",
         min_replicas=2,
         max_replicas=4,
         backlog_age_target_s=5,

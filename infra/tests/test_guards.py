@@ -81,8 +81,8 @@ def test_a_queue_served_by_two_pools_is_refused() -> None:
 
 def test_a_sandbox_pool_using_a_downstream_resource_is_refused() -> None:
     with pytest.raises(ValueError, match="a sandbox pool uses no downstream resource"):
-        pool("sandbox", ("u",), sandbox=True, uses=["postgres"])
-    sneaked = dataclasses.replace(pool("sandbox", ("u",), sandbox=True), uses=("postgres",))
+        pool("sandbox", ("untrusted",), sandbox=True, uses=["postgres"])
+    sneaked = dataclasses.replace(pool("sandbox", ("untrusted",), sandbox=True), uses=("postgres",))
     with pytest.raises(GuardError, match="sandbox pool 'sandbox' uses postgres"):
         check_isolation([sneaked])
 

@@ -1,17 +1,17 @@
-"""The sandbox pool's own Redis ACL user: its queues' keys and nothing else.
+"""The sandbox pool's own Redis ACL user: its broker namespace's keys and nothing else.
 
 The sandbox pool runs customer code. Should a snippet ever escape into its worker, the
-broker credential it finds must not reach other pools' queues (enqueue onto ``payments``,
-read their messages) nor the server itself (``FLUSHALL``, ``CONFIG``, ``KEYS``). These pure
+broker credential it finds must not reach other pools' keys (enqueue onto ``payments``,
+read their messages, forge or remove their heartbeats, empty their acks sets, delay or
+dead-letter queues) nor the server itself (``FLUSHALL``, ``CONFIG``, ``KEYS``). These pure
 functions render the Redis ACL rule of that user (Redis 6.2+ ACL syntax, for an
 ``aclfile`` line or ``ACL SETUSER``) and the ``REDIS_URL`` that logs in as it.
 
-Keys (Dramatiq's Redis layout, ``<ns>`` = ``dramatiq``), per queue ``q`` of the pool:
-``<ns>:q``, ``<ns>:q.msgs``, ``<ns>:q.DQ``, ``<ns>:q.DQ.msgs``, ``<ns>:q.XQ``,
-``<ns>:q.XQ.msgs`` (the queue, its delay queue, its dead letters) and the
-acknowledgement sets ``<ns>:__acks__.<broker id>.q`` and ``...q.DQ`` (a broker id is a
-UUID: 36 characters, matched with ``?``); plus ``<ns>`` itself (the name Dramatiq's Lua
-script declares) and ``<ns>:__heartbeats__`` (one sorted set shared by every worker).
+Keys: the sandbox pool's queue lives in a broker namespace of its own (the service's
+``layout.SANDBOX_NAMESPACE``, ``dramatiq-sandbox``; the pool's ``broker_namespace``):
+its queue, delay queue, dead letters, acknowledgement sets and heartbeat set are all
+``<ns>:...``, disjoint from every other pool's ``dramatiq:...`` keys. The user gets
+``~<ns>:*`` and ``~<ns>`` (the name Dramatiq's Lua script declares as its key).
 
 Commands: reading, writing and scripting on those keys (a script's ``redis.call`` is
 checked against the same rule), ``SCAN`` (crash recovery looks for acknowledgement
@@ -37,7 +37,7 @@ ACL_COMMANDS: tuple[str, ...] = (
     "-move", "-copy", "-migrate", "-swapdb", "-publish", "-spublish",
 )  # fmt: skip
 
-_BROKER_ID = "?" * 36  # str(uuid4())
+_GLOB = "*?[]\\"
 
 
 def password_sha256(password: str) -> str:
@@ -45,37 +45,28 @@ def password_sha256(password: str) -> str:
     return hashlib.sha256(password.encode()).hexdigest()
 
 
-def acl_key_patterns(queues: tuple[str, ...] | list[str], namespace: str = "dramatiq") -> list[str]:
-    """Every key a worker of ``queues`` touches, as ACL key patterns (``~...``).
+def acl_key_patterns(namespace: str) -> list[str]:
+    """Every key a worker of the broker namespace ``namespace`` touches, as ACL key
+    patterns: ``~<namespace>`` and ``~<namespace>:*``.
 
     Parameters:
-      queues: the pool's queue names (canonical, without ``.DQ``/``.XQ``).
-      namespace: Dramatiq's key prefix (default ``dramatiq``).
+      namespace: the pool's broker namespace (``dramatiq-sandbox``); never ``dramatiq``,
+        which every other pool shares.
     """
-    patterns = [namespace, f"{namespace}:__heartbeats__"]
-    for queue in sorted(set(queues)):
-        if not queue or any(c in queue for c in "*?[]\\ \t\r\n"):
-            raise ValueError(f"queue name {queue!r} cannot be used in an ACL key pattern")
-        for suffix in ("", ".msgs", ".DQ", ".DQ.msgs", ".XQ", ".XQ.msgs"):
-            patterns.append(f"{namespace}:{queue}{suffix}")
-        for suffix in ("", ".DQ"):
-            patterns.append(f"{namespace}:__acks__.{_BROKER_ID}.{queue}{suffix}")
-    return [f"~{pattern}" for pattern in patterns]
+    if not namespace or any(c in namespace for c in _GLOB + ": \t\r\n"):
+        raise ValueError(f"broker namespace {namespace!r} cannot be used in an ACL key pattern")
+    if namespace == "dramatiq":
+        raise ValueError("the sandbox user cannot share the broker namespace 'dramatiq'")
+    return [f"~{namespace}", f"~{namespace}:*"]
 
 
-def acl_rule(
-    username: str,
-    password: str,
-    queues: tuple[str, ...] | list[str],
-    namespace: str = "dramatiq",
-) -> str:
+def acl_rule(username: str, password: str, namespace: str) -> str:
     """The ACL rule of the sandbox user, e.g. for a line of a Redis ``aclfile``.
 
     Parameters:
       username: the Redis user (e.g. ``orders-worker-sandbox``).
       password: its password (rendered only as its SHA-256).
-      queues: the queues of the sandbox pool (``["untrusted"]``).
-      namespace: Dramatiq's key prefix.
+      namespace: the sandbox pool's broker namespace (``dramatiq-sandbox``).
 
     Returns:
       str: ``user <name> reset on #<sha256> resetchannels ~<keys>... <commands>...``;
@@ -86,7 +77,7 @@ def acl_rule(
     if not password:
         raise ValueError("the sandbox's Redis user needs a password")
     words = ["user", username, "reset", "on", f"#{password_sha256(password)}", "resetchannels"]
-    words += acl_key_patterns(queues, namespace)
+    words += acl_key_patterns(namespace)
     words += ACL_COMMANDS
     return " ".join(words)
 

@@ -76,6 +76,8 @@ class PoolModel(Protocol):
     def sandbox(self) -> bool: ...
     @property
     def critical(self) -> bool: ...
+    @property
+    def broker_namespace(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,8 @@ class PoolSpec:
       uses: downstream resources the handlers hold.
       sandbox: the untrusted-code pool (own namespace, no egress but DNS + broker).
       critical: its pods get the service's PriorityClass (never starved by the others).
+      broker_namespace: the prefix of its queues' Redis keys (the service's
+        ``layout.namespace_of``: ``dramatiq-sandbox`` for the sandbox pool, else ``dramatiq``).
     """
 
     name: str
@@ -150,6 +154,7 @@ class PoolSpec:
     uses: tuple[str, ...]
     sandbox: bool
     critical: bool
+    broker_namespace: str
 
     @classmethod
     def of(cls, name: str, pool: PoolModel) -> PoolSpec:
@@ -175,6 +180,7 @@ class PoolSpec:
             uses=tuple(pool.uses),
             sandbox=pool.sandbox,
             critical=pool.critical,
+            broker_namespace=pool.broker_namespace,
         )
 
     @property

@@ -289,9 +289,9 @@ class SandboxPool(pulumi.ComponentResource):
             secret = acl_broker_secret(
                 f"{name}-broker", secret_name, ns, args.broker, sb, labels, after_ns
             )
-            user, queues = sb.broker_user, pool.queues
+            user, keys = sb.broker_user, pool.broker_namespace
             self.broker_acl = pulumi.Output.secret(sb.broker_password).apply(
-                lambda password: acl_rule(user, password, queues)
+                lambda password: acl_rule(user, password, keys)
             )
             username_key = BROKER_USERNAME_KEY
         else:
@@ -371,6 +371,7 @@ class SandboxPool(pulumi.ComponentResource):
                 namespace=ns,
                 target=self.pool.deployment_name,
                 queues=pool.queues,
+                broker_namespace=pool.broker_namespace,
                 min_replicas=pool.min_replicas,
                 max_replicas=max_replicas,
                 backlog_age_target_s=pool.backlog_age_target_s,

@@ -8,8 +8,9 @@ Triggers of a pool (the HPA follows the largest desired count of them):
   short list keeps its replicas; a backlog adds them.
 - ``age`` (prometheus, ``Value``): the oldest waiting message's age against
   ``backlog_age_target_s``: desired = ceil(replicas x age / target).
-- ``ready-<q>`` and ``delayed-<q>`` (redis list length): the ready list ``dramatiq:<q>``
-  and the delay list ``dramatiq:<q>.DQ``. They need no scrape, so they wake a pool at
+- ``ready-<q>`` and ``delayed-<q>`` (redis list length): the ready list ``<ns>:<q>``
+  and the delay list ``<ns>:<q>.DQ`` (``<ns>``: the pool's ``broker_namespace``,
+  ``dramatiq``, or ``dramatiq-sandbox`` for the sandbox pool). They need no scrape, so they wake a pool at
   zero (for new messages and for retries waiting their backoff) and keep scaling up
   when Prometheus is down.
 
@@ -106,6 +107,7 @@ class BacklogScalerArgs:
       namespace: namespace of the ScaledObject, the TriggerAuthentication and the target.
       target: name of the Deployment to scale.
       queues: the pool's queues.
+      broker_namespace: the prefix of their Redis keys (the pool's ``broker_namespace``).
       min_replicas: ``minReplicaCount``, the pool's floor.
       max_replicas: ``maxReplicaCount``, the capacity-capped maximum.
       backlog_age_target_s: the age trigger's target (oldest message, seconds).
@@ -125,6 +127,7 @@ class BacklogScalerArgs:
     namespace: str
     target: pulumi.Input[str]
     queues: tuple[str, ...]
+    broker_namespace: str
     min_replicas: int
     max_replicas: int
     backlog_age_target_s: int
@@ -160,13 +163,17 @@ def triggers(args: BacklogScalerArgs, auth: str | None) -> list[dict[str, Any]]:
     for queue in args.queues:
         out.append(
             redis_trigger(
-                f"ready-{queue}", f"dramatiq:{queue}", args.broker, args.per_replica, auth
+                f"ready-{queue}",
+                f"{args.broker_namespace}:{queue}",
+                args.broker,
+                args.per_replica,
+                auth,
             )
         )
         out.append(
             redis_trigger(
                 f"delayed-{queue}",
-                f"dramatiq:{queue}.DQ",
+                f"{args.broker_namespace}:{queue}.DQ",
                 args.broker,
                 s.delayed_per_replica * args.processes,
                 auth,

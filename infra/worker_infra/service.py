@@ -234,6 +234,7 @@ class WorkerService(pulumi.ComponentResource):
                 namespace=spec.namespace,
                 target=worker.deployment_name,
                 queues=pool.queues,
+                broker_namespace=pool.broker_namespace,
                 min_replicas=pool.min_replicas,
                 max_replicas=pool_plan.max_replicas,
                 backlog_age_target_s=pool.backlog_age_target_s,

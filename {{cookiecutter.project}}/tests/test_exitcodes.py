@@ -48,7 +48,7 @@ def test_no_command_returns_a_bare_number() -> None:
     assert offenders == []
 
 
-def test_the_sandbox_child_repeats_ex_software() -> None:
+def test_the_sandbox_child_repeats_ex_software_and_ex_config() -> None:
     path = PACKAGE / "_sandbox_child.py"
     if not path.exists():
         pytest.skip("baked without the sandbox pool")
@@ -57,3 +57,4 @@ def test_the_sandbox_child_repeats_ex_software() -> None:
     child = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(child)
     assert child.SETUP_FAILED == exitcodes.EX_SOFTWARE
+    assert child.UNCONTAINED == exitcodes.EX_CONFIG

@@ -30,6 +30,24 @@ def test_names_agree_with_dramatiq(queue: str) -> None:
     assert layout.with_delay_queues([q_name(queue)]) == ["q", "q.DQ"]
 
 
+@pytest.mark.parametrize("queue", [layout.SANDBOX_QUEUE, layout.SANDBOX_QUEUE + ".DQ"])
+def test_every_key_of_the_sandbox_queue_is_in_its_own_namespace(queue: str) -> None:
+    """The sandbox pool's Redis user is limited to ``dramatiq-sandbox:*``: every key its
+    workers touch must be there, and no key of another queue."""
+    prefix = layout.SANDBOX_NAMESPACE + ":"
+    keys = [
+        *layout.fetch_keys("w", queue),
+        *layout.settle_keys("w", queue, layout.delay_queue(queue)),
+        *layout.backlog_keys(queue),
+        layout.acks_pattern("w", layout.namespace_of(queue)),
+    ]
+    assert all(key.startswith(prefix) for key in keys), keys
+    other = [*layout.fetch_keys("w", "payments"), *layout.settle_keys("w", "payments", "payments")]
+    assert not any(key.startswith(prefix) for key in other), other
+    assert all(key.startswith(layout.NAMESPACE + ":") for key in other)
+    assert layout.heartbeats_key() == layout.HEARTBEATS
+
+
 def test_queue_keys_name_every_key_of_a_queue() -> None:
     keys = layout.QueueKeys.of("q.DQ")
     assert keys == layout.QueueKeys(

@@ -56,10 +56,15 @@ def test_shipped_pools_are_valid_and_disjoint() -> None:
             "db_pool_size (2) is below concurrency (8)",
         ),
         (
-            "[downstream.db]\ncapacity = 10\n[pools.a]\nqueues = ['q']\nsandbox = true\n"
+            "[downstream.db]\ncapacity = 10\n[pools.a]\nqueues = ['untrusted']\nsandbox = true\n"
             "uses = ['db']",
             "a sandbox pool uses no downstream resource",
         ),
+        (
+            "[pools.a]\nqueues = ['untrusted', 'q']\nsandbox = true",
+            "a sandbox pool serves the queue 'untrusted' alone",
+        ),
+        ("[pools.a]\nqueues = ['untrusted']", "queue 'untrusted' runs untrusted code"),
         ("[pools.a]\nqueues = ['q']\nprocesses = 65", "pools.a.processes: Input should be less"),
     ],
 )
@@ -93,7 +98,9 @@ def test_every_pool_field_says_how_it_reaches_a_pod() -> None:
 
 def test_stack_overrides_are_validated_by_the_same_model(tmp_path: Path) -> None:
     path = tmp_path / "pools.toml"
-    path.write_text("[pools.a]\nqueues = ['q']\n[pools.s]\nqueues = ['u']\nsandbox = true\n")
+    path.write_text(
+        "[pools.a]\nqueues = ['q']\n[pools.s]\nqueues = ['untrusted']\nsandbox = true\n"
+    )
     base = load_pools(path)
     merged = base.with_overrides({"pools": {"a": {"concurrency": 6}}}, "Pulumi.prod.yaml")
     assert merged.pools["a"].concurrency == 6 and merged.pools["a"].processes == 1

@@ -621,7 +621,17 @@ for attack in spec["runs"]:
     payload = {"worker": os.getpid(), "supervisor": os.getppid(), **attack.get("payload", {})}
     limits = sandbox.Limits(**attack["limits"])
     before = state()
-    result = sandbox.run_untrusted(attack["source"], payload, limits=limits).to_dict()
+    try:
+        if attack.get("check"):
+            layers = sandbox.check_sandbox(allow_uncontained_writes=attack["allow"])
+            result = {"status": "ok", "output": None, "error": None, "logs": "",
+                      "layers": list(layers)}
+        else:
+            result = sandbox.run_untrusted(attack["source"], payload, limits=limits,
+                                           allow_uncontained_writes=attack["allow"]).to_dict()
+    except sandbox.SandboxUnavailableError as exc:
+        result = {"status": "refused", "output": None, "error": str(exc), "logs": "",
+                  "layers": []}
     after = state()
     sandbox._DISABLED_LAYERS = frozenset()
     benign = sandbox.run_untrusted("def main(p):\n    return p + 1\n", 41)
@@ -800,6 +810,10 @@ for _name, _source, _limits, _expected in MATRIX:
         ESCAPE_LIMITS[f"matrix-{_name}"] = _limits
 
 #: Layer configurations: (identity, layers switched off).
+#: The one configuration without a file wall: its runs are refused (SandboxUnavailableError)
+#: unless they accept it (``allow_uncontained_writes``, SANDBOX_ALLOW_UNCONTAINED_WRITES);
+#: the matrix runs it accepted, test_no_file_wall_is_refused checks the refusal.
+NO_FILE_WALL = "nonroot-no-userns-no-landlock"
 CONFIGS: dict[str, tuple[str, frozenset[str]]] = {
     "root": ("root", frozenset()),
     "nonroot": ("nonroot", frozenset()),
@@ -905,6 +919,7 @@ def drive(
         os.chown(workdirs, NOBODY, NOBODY)
     for attack in runs:
         attack["off"] = sorted(off | set(attack.get("off", ())))
+        attack.setdefault("allow", config == NO_FILE_WALL)
     ipc_before, mine_before = ipc_objects(), own_state()
     spec = {"role": "supervisor", "workdirs": str(workdirs), "runs": runs}
     done = subprocess.run(
@@ -948,14 +963,6 @@ def files_left_behind() -> Iterator[None]:
     for path in LEFT_BEHIND:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
-
-
-def no_file_wall(config: str) -> None:
-    """Without Landlock and without a mount namespace of its own, a snippet with the
-    worker's uid can leave files in /tmp or /dev/shm: a known gap (docs/sandbox.md).
-    Not run there: the files it leaves would upset the leftover checks of parallel tests."""
-    if config == "nonroot-no-userns-no-landlock":
-        pytest.xfail("no Landlock and no user namespaces: nothing walls off /tmp and /dev/shm")
 
 
 def refused(output: Any) -> list[str]:
@@ -1008,10 +1015,11 @@ WITHOUT_SOME_LAYERS = [
 )
 @pytest.mark.usefixtures("files_left_behind")
 def test_escapes_without_some_layers(config: str, driver_tree: Path, workdirs: Path) -> None:
-    """The kernel of a restricted pod (no user namespaces), or one without Landlock. In
-    the configuration without either, files left in /tmp are a known gap (no_file_wall)."""
+    """The kernel of a restricted pod (no user namespaces), or one without Landlock. The
+    configuration without either runs with the opt-in (its refusal without it:
+    test_no_file_wall_is_refused), where files left in /tmp are what it accepted."""
     names = list(WITHOUT_SOME_LAYERS)
-    if config == "nonroot-no-userns-no-landlock":
+    if config == NO_FILE_WALL:
         names.remove("posix-shm-and-tmp-files")
     results = drive(driver_tree, config, attack_runs(names), workdirs)
     assert failed_attacks(names, results) == []
@@ -1084,10 +1092,9 @@ def main(p):
 )
 
 
-@pytest.mark.parametrize("config", list(CONFIGS))
+@pytest.mark.parametrize("config", [config for config in CONFIGS if config != NO_FILE_WALL])
 @pytest.mark.usefixtures("files_left_behind")
 def test_tenant_b_finds_nothing_of_tenant_a(config: str, driver_tree: Path, workdirs: Path) -> None:
-    no_file_wall(config)
     limits = asdict(FAST)
     runs = [{"source": TENANT_A, "limits": limits}, {"source": TENANT_B, "limits": limits}]
     a, b = drive(driver_tree, config, runs, workdirs)
@@ -1097,6 +1104,61 @@ def test_tenant_b_finds_nothing_of_tenant_a(config: str, driver_tree: Path, work
     assert not (b["output"]["shm"] or b["output"]["msg"] or b["output"]["mq"]), b["output"]
     for path in ("/tmp/tenant-a", "/dev/shm/tenant-a", "/var/tmp/tenant-a"):  # noqa: S108
         assert not os.path.exists(path), f"tenant A left {path}"
+
+
+@pytest.mark.usefixtures("files_left_behind")
+def test_no_file_wall_is_refused(driver_tree: Path, workdirs: Path) -> None:
+    """A non-root worker with neither Landlock nor user namespaces: nothing would keep a
+    snippet's files in /tmp or /dev/shm from outliving its run, so every run (and the boot
+    check) is refused before the snippet starts, naming the missing layers and the opt-in;
+    with the opt-in it runs. The worker stays as it was (drive checks it)."""
+    limits = asdict(FAST)
+    benign = "def main(p):\n    return 'ran'\n"
+    runs = [
+        {"source": TENANT_A, "limits": limits, "allow": False},
+        {"source": "", "limits": limits, "allow": False, "check": True},
+        {"source": benign, "limits": limits, "allow": True},
+        {"source": "", "limits": limits, "allow": True, "check": True},
+    ]
+    refused_run, refused_check, accepted, checked = drive(driver_tree, NO_FILE_WALL, runs, workdirs)
+    for result in (refused_run, refused_check):
+        assert result["status"] == "refused", result
+        for named in ("landlock-fs", "private-mounts", "SANDBOX_ALLOW_UNCONTAINED_WRITES"):
+            assert named in result["error"]
+    for path in ("/tmp/tenant-a", "/dev/shm/tenant-a", "/var/tmp/tenant-a"):  # noqa: S108
+        assert not os.path.exists(path), f"the refused snippet ran: {path}"
+    assert (accepted["status"], accepted["output"]) == ("ok", "ran"), accepted["error"]
+    for result in (accepted, checked):
+        assert not {"landlock-fs", "private-mounts"} & set(result["layers"]), result["layers"]
+        assert "seccomp-allowlist" in result["layers"]
+
+
+def test_the_sandbox_pool_refuses_to_boot_where_the_sandbox_cannot_run(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The sandbox pool's worker process reports a refusal once, at boot: one line, exit 78
+    (EX_CONFIG, which its supervisor exits with too), instead of failing every job."""
+    from {{ cookiecutter.package }}.actors import sandbox as actor
+    from {{ cookiecutter.package }}.exitcodes import EX_CONFIG
+    from {{ cookiecutter.package }}.settings import ConfigRefused
+
+    asked: list[bool] = []
+
+    def refuse_here(*, allow_uncontained_writes: bool) -> tuple[str, ...]:
+        asked.append(allow_uncontained_writes)
+        raise sandbox.SandboxUnavailableError("refused: no layer contains\nthe writes")
+
+    monkeypatch.setattr(actor, "check_sandbox", refuse_here)
+    actor._check_at_boot(None)  # not a worker of the sandbox pool: nothing to check
+    with pytest.raises(ConfigRefused) as refused:
+        actor._check_at_boot(False)
+    assert refused.value.code == EX_CONFIG and asked == [False]
+    assert refused.value.lines == [
+        "the sandbox cannot run here: refused: no layer contains the writes"
+    ]
+    assert capsys.readouterr().err.count("\n") == 1
+    monkeypatch.setattr(actor, "check_sandbox", lambda **kwargs: ("rlimits",))
+    actor._check_at_boot(True)  # the real check passes: no refusal
 
 
 # -- The result channel cannot hurt the worker ----------------------------------------------

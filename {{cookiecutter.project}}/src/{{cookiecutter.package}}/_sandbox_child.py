@@ -14,6 +14,10 @@ imported by the worker), confines itself and then runs the customer's snippet:
    system libraries and the working directory (``landlock-fs``), no TCP bind or
    connect (``landlock-net``), no signals to processes outside the sandbox
    (``landlock-signal``);
+   Without either ``landlock-fs`` or ``private-mounts`` nothing would keep a file the
+   snippet writes to /tmp or /dev/shm from outliving the run: the launcher then refuses
+   (exit :data:`UNCONTAINED`, the message naming the missing layers) unless the worker
+   passed the opt-in ``allow_uncontained_writes``;
 4. as root, drops to uid = gid = ``ID_BASE + pid`` with no groups (``own-uid``); drops
    every capability (``no-caps``);
 5. sets the resource limits (``rlimits``), ``RLIMIT_NPROC`` = ``max_threads`` where the
@@ -39,6 +43,8 @@ import sys
 from typing import Any
 
 SETUP_FAILED = 70
+#: Exit code of a refusal: no layer contains the snippet's file writes (``EX_CONFIG``).
+UNCONTAINED = 78
 _MAX_ERROR_CHARS = 4000
 
 # -- Linux constants ------------------------------------------------------------------
@@ -91,6 +97,28 @@ _libc.syscall.restype = ctypes.c_long
 
 class SetupError(Exception):
     """The sandbox could not be set up; nothing of the snippet has run."""
+
+
+class UncontainedError(SetupError):
+    """No layer keeps the snippet's file writes from outliving the run (a refusal)."""
+
+
+#: The layers that keep a snippet's file writes inside its run: Landlock (writes only under
+#: the private directory) or a mount namespace with private tmpfs over the shared places.
+FILE_WALLS = ("landlock-fs", "private-mounts")
+
+
+def _check_file_wall(layers: list[str], allowed: bool) -> None:
+    """Refuse unless a layer of :data:`FILE_WALLS` is active or the worker accepted that."""
+    if allowed or any(layer in layers for layer in FILE_WALLS):
+        return
+    raise UncontainedError(
+        "refused: no layer contains the snippet's file writes, so files it leaves in /tmp "
+        "or /dev/shm would outlive the run: landlock-fs is missing (Landlock, Linux 5.13+) "
+        "and so is private-mounts (user namespaces, or a root worker). Run the sandbox pool "
+        "under gVisor or on a kernel with Landlock, or accept the weaker sandbox with "
+        "SANDBOX_ALLOW_UNCONTAINED_WRITES=true (docs/sandbox.md)"
+    )
 
 
 class _SockFprog(ctypes.Structure):
@@ -502,6 +530,7 @@ def main() -> int:
         if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             raise SetupError(f"PR_SET_NO_NEW_PRIVS failed: {_errno_text()}")
         layers += [] if "landlock" in off else _landlock(workdir)
+        _check_file_wall(layers, bool(config.get("allow_uncontained_writes", False)))
         _drop_bounding_set()
         if ident is not None:
             layers += _drop_to(ident)
@@ -510,6 +539,9 @@ def main() -> int:
         if "seccomp" not in off:
             layers += _install_seccomp(program)
         _write_line(result_fd, {"layers": layers})
+    except UncontainedError as exc:
+        print(f"sandbox {exc}", file=sys.stderr)
+        return UNCONTAINED
     except (SetupError, OSError, ValueError, KeyError, IndexError) as exc:
         print(f"sandbox setup failed: {exc}", file=sys.stderr)
         return SETUP_FAILED

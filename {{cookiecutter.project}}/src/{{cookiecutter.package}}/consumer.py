@@ -38,14 +38,14 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Container, Iterable
+from collections.abc import Callable, Container, Iterable
 from typing import Any, Literal
 
 import redis
 from dramatiq import Message
 from dramatiq.broker import MessageProxy
 from dramatiq.brokers.redis import RedisBroker, _RedisConsumer
-from dramatiq.common import compute_backoff
+from dramatiq.common import compute_backoff, current_millis
 from dramatiq.errors import ConnectionClosed
 
 from . import layout
@@ -386,6 +386,30 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
         self.fetching = False
         for consumer in list(self._consumers.values()):
             consumer.wake()
+
+    def _dispatch(self, command: str) -> Callable[..., Any]:
+        """Dramatiq's dispatch script (enqueue, qsize, purge), run on the namespace of the
+        queue it is called for (:func:`.layout.namespace_of`) instead of the broker's one:
+        a message for the sandbox's queue, and the heartbeat the script writes, land in the
+        sandbox namespace whoever sends it. The arguments are Dramatiq 2's
+        ``RedisBroker._dispatch``'s."""
+        dispatch = self.scripts["dispatch"]
+
+        def do_dispatch(queue_name: str, *args: Any) -> Any:
+            arguments = [
+                command,
+                current_millis(),
+                queue_name,
+                self.broker_id,
+                self.heartbeat_timeout,
+                self.dead_message_ttl,
+                self._should_do_maintenance(command),
+                self._max_unpack_size(),  # type: ignore[no-untyped-call]
+                *args,
+            ]
+            return dispatch(args=arguments, keys=[layout.namespace_of(queue_name)])
+
+        return do_dispatch
 
     def settle(self, queue: str, redis_id: str, settlement: Settlement) -> bool:
         """Store ``settlement`` of the delivery ``redis_id`` held on ``queue``; False when

@@ -22,7 +22,9 @@ EX_SOFTWARE: Final = 70
 #: Bad configuration (sysexits ``EX_CONFIG``): a bad variable or pools.toml, an actor on
 #: a queue no pool serves, an actor module that does not import, a busy ``METRICS_PORT``.
 #: One line per problem on stderr, no traceback. The supervisor exits with it too when a
-#: worker process exits with it (a restart would fail the same way).
+#: worker process exits with it (a restart would fail the same way). The sandbox pool's
+#: workers exit with it where the sandbox cannot run (``sandbox.SandboxUnavailableError``); the
+#: sandbox child, standard library only, repeats it as ``UNCONTAINED`` (a test checks).
 EX_CONFIG: Final = 78
 #: Interrupted by Ctrl-C (128 + SIGINT, the shell's convention), e.g. ``capacity``.
 EX_INTERRUPTED: Final = 130

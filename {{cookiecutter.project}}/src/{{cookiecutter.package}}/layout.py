@@ -15,6 +15,13 @@ for a queue ``q`` and a worker (broker) id ``w``:
   (one per queue and delay queue);
 * ``dramatiq:__heartbeats__``: zset worker id -> last heartbeat, ms.
 
+The sandbox pool's queue (:data:`SANDBOX_QUEUE`, customer code) has the same layout under
+a namespace of its own, :data:`SANDBOX_NAMESPACE` (``dramatiq-sandbox:untrusted``, its
+acks sets, its own ``dramatiq-sandbox:__heartbeats__``, ...): :func:`namespace_of` picks
+the namespace of every key of a queue, so the sandbox pool's keys and any other pool's
+are disjoint, and its Redis ACL user (``~dramatiq-sandbox:*``, rendered by worker_infra)
+can neither forge nor remove another pool's heartbeat, acks, delayed or dead messages.
+
 Keys of our own get their builders here too (:func:`idempotency_key`,
 :func:`idempotency_lease_key`, the schedules' leader lock, state hashes and run locks).
 
@@ -37,15 +44,20 @@ from typing import TYPE_CHECKING, Any, Final
 if TYPE_CHECKING:
     import redis
 
-#: Dramatiq's key prefix; ``broker.build_broker`` passes it to the RedisBroker.
+#: Dramatiq's key prefix of every queue but the sandbox's.
 NAMESPACE: Final = "dramatiq"
+#: The sandbox pool's queue (untrusted code; ``actors/sandbox.py``). Only a pool with
+#: ``sandbox = true`` serves it, and such a pool serves nothing else (pools.toml checks).
+SANDBOX_QUEUE: Final = "untrusted"
+#: The key prefix of :data:`SANDBOX_QUEUE`: disjoint from :data:`NAMESPACE`'s keys.
+SANDBOX_NAMESPACE: Final = "dramatiq-sandbox"
 #: Suffix of a queue's delay queue (``dramatiq.common.dq_name``).
 DELAY_SUFFIX: Final = ".DQ"
 #: Suffix of a queue's dead letters (``dramatiq.common.xq_name``).
 DEAD_SUFFIX: Final = ".XQ"
 #: Suffix of the hash that holds a list's message bodies.
 BODIES_SUFFIX: Final = ".msgs"
-#: Worker heartbeats: zset broker id -> ms since the epoch.
+#: Worker heartbeats of the default namespace: zset broker id -> ms since the epoch.
 HEARTBEATS: Final = f"{NAMESPACE}:__heartbeats__"
 #: Prefix of the idempotency keys (ours): "done", or the token of the delivery running it.
 IDEMPOTENCY_PREFIX: Final = "idempotency:"
@@ -71,9 +83,25 @@ def with_delay_queues(queues: Iterable[str]) -> list[str]:
     return [name for queue in queues for name in (queue, delay_queue(queue))]
 
 
+def namespace_of(queue: str) -> str:
+    """The key prefix of ``queue`` (or of its delay queue): :data:`SANDBOX_NAMESPACE` for
+    :data:`SANDBOX_QUEUE`, else :data:`NAMESPACE`."""
+    return SANDBOX_NAMESPACE if canonical(queue) == SANDBOX_QUEUE else NAMESPACE
+
+
+def namespaces_of(queues: Iterable[str]) -> list[str]:
+    """The namespaces of ``queues``, each once, in a stable order."""
+    return sorted({namespace_of(queue) for queue in queues})
+
+
+def heartbeats_key(namespace: str = NAMESPACE) -> str:
+    """The heartbeats zset of the workers of ``namespace`` (default: :data:`NAMESPACE`)."""
+    return f"{namespace}:__heartbeats__"
+
+
 def queue_key(queue: str) -> str:
     """The list of ids ready to run on ``queue`` (a queue or a delay queue)."""
-    return f"{NAMESPACE}:{queue}"
+    return f"{namespace_of(queue)}:{queue}"
 
 
 def bodies_key(queue: str) -> str:
@@ -83,12 +111,12 @@ def bodies_key(queue: str) -> str:
 
 def acks_key(broker_id: str, queue: str) -> str:
     """The set of ids that worker ``broker_id`` fetched from ``queue`` and has not acked."""
-    return f"{NAMESPACE}:__acks__.{broker_id}.{queue}"
+    return f"{namespace_of(queue)}:__acks__.{broker_id}.{queue}"
 
 
-def acks_pattern(broker_id: str) -> str:
-    """A SCAN pattern matching every acks set of ``broker_id``."""
-    return acks_key(broker_id, "*")
+def acks_pattern(broker_id: str, namespace: str = NAMESPACE) -> str:
+    """A SCAN pattern matching every acks set of ``broker_id`` in ``namespace``."""
+    return f"{namespace}:__acks__.{broker_id}.*"
 
 
 def dead_letter_keys(queue: str) -> tuple[str, str]:
@@ -373,7 +401,8 @@ return take(KEYS[8], KEYS[2], KEYS[1], tonumber(ARGV[7]), {settled})
 
 def fetch_keys(broker_id: str, queue: str) -> list[str]:
     """The KEYS of :data:`FETCH` for ``broker_id`` fetching from ``queue``."""
-    return [queue_key(queue), bodies_key(queue), acks_key(broker_id, queue), HEARTBEATS]
+    heartbeats = heartbeats_key(namespace_of(queue))
+    return [queue_key(queue), bodies_key(queue), acks_key(broker_id, queue), heartbeats]
 
 
 def settle_keys(broker_id: str, queue: str, target: str) -> list[str]:
@@ -385,7 +414,7 @@ def settle_keys(broker_id: str, queue: str, target: str) -> list[str]:
         queue_key(target),
         bodies_key(target),
         *dead_letter_keys(queue),
-        HEARTBEATS,
+        heartbeats_key(namespace_of(queue)),
         queue_key(queue),
     ]
 

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from .layout import NAMESPACE, SANDBOX_NAMESPACE, SANDBOX_QUEUE
 from .schedules import Schedule, ScheduleName
 
 POOLS_FILE_ENV = "WORKER_POOLS_FILE"
@@ -187,7 +188,24 @@ class Pool(_Strict):
                 f"a sandbox pool uses no downstream resource (uses {self.uses}): "
                 "it reaches nothing but DNS and the broker"
             )
+        if self.sandbox and self.queues != [SANDBOX_QUEUE]:
+            raise ValueError(
+                f"a sandbox pool serves the queue {SANDBOX_QUEUE!r} alone (queues "
+                f"{self.queues}): its keys live in the broker namespace {SANDBOX_NAMESPACE!r}, "
+                "the only one its Redis user may touch"
+            )
+        if not self.sandbox and SANDBOX_QUEUE in self.queues:
+            raise ValueError(
+                f"queue {SANDBOX_QUEUE!r} runs untrusted code: only a pool with "
+                "sandbox = true serves it"
+            )
         return self
+
+    @property
+    def broker_namespace(self) -> str:
+        """The prefix of the Redis keys of this pool's queues (``layout.namespace_of``):
+        ``dramatiq-sandbox`` for the sandbox pool, ``dramatiq`` for the others."""
+        return SANDBOX_NAMESPACE if self.sandbox else NAMESPACE
 
     @property
     def effective_db_pool_size(self) -> int:

@@ -200,21 +200,39 @@ def _dead_letter_raw(
 def recover_dead_workers(
     client: redis.Redis, queues: list[str], heartbeat_timeout_ms: int, max_attempts: int
 ) -> tuple[int, int]:
-    """Recover the messages of every worker whose heartbeat is older than the timeout."""
+    """Recover the messages of every worker whose heartbeat is older than the timeout.
+
+    Looks only at the heartbeats of the namespaces of ``queues``
+    (:func:`.layout.namespace_of`): the sandbox pool's workers and the others never see,
+    nor touch, each other's heartbeats.
+    """
     cutoff = layout.now_ms() - heartbeat_timeout_ms
     requeued = dead = 0
-    for raw in client.zrangebyscore(layout.HEARTBEATS, 0, cutoff):
-        broker_id = layout.text(raw)
-        moved, died = recover_worker(client, broker_id, queues, max_attempts)
-        requeued, dead = requeued + moved, dead + died
-        if not any(client.scan_iter(match=layout.acks_pattern(broker_id), count=1000)):
-            client.zrem(layout.HEARTBEATS, broker_id)
+    for namespace in layout.namespaces_of(queues):
+        heartbeats = layout.heartbeats_key(namespace)
+        own = [queue for queue in queues if layout.namespace_of(queue) == namespace]
+        for raw in client.zrangebyscore(heartbeats, 0, cutoff):
+            broker_id = layout.text(raw)
+            moved, died = recover_worker(client, broker_id, own, max_attempts)
+            requeued, dead = requeued + moved, dead + died
+            pattern = layout.acks_pattern(broker_id, namespace)
+            if not any(client.scan_iter(match=pattern, count=1000)):
+                client.zrem(heartbeats, broker_id)
     return requeued, dead
 
 
-def heartbeat(client: redis.Redis, broker_id: str) -> None:
-    """Tell other workers that ``broker_id`` is alive (Dramatiq's fetches do the same)."""
-    client.zadd(layout.HEARTBEATS, {broker_id: layout.now_ms()})
+def heartbeat(client: redis.Redis, broker_id: str, queues: Iterable[str]) -> None:
+    """Tell the other workers of ``queues``' namespaces that ``broker_id`` is alive (the
+    fetches do the same)."""
+    now = layout.now_ms()
+    for namespace in layout.namespaces_of(queues):
+        client.zadd(layout.heartbeats_key(namespace), {broker_id: now})
+
+
+def forget_worker(client: redis.Redis, broker_id: str, queues: Iterable[str]) -> None:
+    """Remove the heartbeat of ``broker_id`` (a dead worker of ``queues``, recovered)."""
+    for namespace in layout.namespaces_of(queues):
+        client.zrem(layout.heartbeats_key(namespace), broker_id)
 
 
 def expire_dead_letters(client: redis.Redis, queues: Iterable[str], ttl_ms: int) -> None:

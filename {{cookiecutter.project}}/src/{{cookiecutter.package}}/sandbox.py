@@ -19,7 +19,12 @@ becomes :attr:`SandboxResult.output`. The snippet sees only the standard library
 
 A breach of a limit or a policy is a result, never an exception: see
 :data:`STATUSES`. Only a failure of the sandbox itself (it could not be set up)
-raises :class:`SandboxError`, so the message is retried.
+raises :class:`SandboxError`, so the message is retried. Where no layer can keep the
+snippet's file writes inside its run (a non-root worker on a kernel with neither Landlock
+nor user namespaces) every run raises :class:`SandboxUnavailableError` before the snippet
+starts, unless the caller accepts that (``allow_uncontained_writes=True``, the setting
+``SANDBOX_ALLOW_UNCONTAINED_WRITES``); the sandbox pool checks it once at boot
+(:func:`check_sandbox`) and refuses to start (exit 78).
 
 The layers (reported in :attr:`SandboxResult.layers` as far as the kernel supports
 them) are described in ``docs/sandbox.md`` of worker-template and in
@@ -44,9 +49,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from .exitcodes import EX_SOFTWARE
+from .exitcodes import EX_CONFIG, EX_SOFTWARE
 
-__all__ = ["STATUSES", "Limits", "SandboxError", "SandboxResult", "Status", "run_untrusted"]
+__all__ = [
+    "STATUSES",
+    "Limits",
+    "SandboxError",
+    "SandboxResult",
+    "SandboxUnavailableError",
+    "Status",
+    "check_sandbox",
+    "run_untrusted",
+]
 
 Status = Literal["ok", "error", "timeout", "memory", "cpu", "output_too_large", "crashed",
                  "forbidden"]  # fmt: skip
@@ -69,10 +83,13 @@ STATUSES: Final[tuple[Status, ...]] = ("ok", "error", "timeout", "memory", "cpu"
 
 _LAUNCHER = Path(__file__).with_name("_sandbox_child.py")
 _SETUP_FAILED = EX_SOFTWARE  # _sandbox_child.SETUP_FAILED (a test checks they agree)
+_UNCONTAINED = EX_CONFIG  # _sandbox_child.UNCONTAINED (a test checks they agree)
 _MAX_LOG_BYTES = 64 * 1024
 #: Deepest nesting of arrays and objects a result may have; deeper is the status ``error``.
 MAX_RESULT_DEPTH: Final = 100
-_POLL_SECONDS = 0.02  # how often the worker counts a snippet's threads (worker's uid only)
+#: How often the worker counts a snippet's threads where the snippet has the worker's uid
+#: (no RLIMIT_NPROC of its own can cap them; docs/sandbox.md says why and what it bounds).
+_POLL_SECONDS = 0.02
 _CHILD_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 # Tests only: layers to leave out ("netns", "landlock", "seccomp", "userns"), to prove each
 # of the others on its own or to play a kernel without them. Never set in production.
@@ -115,6 +132,12 @@ class SandboxError(RuntimeError):
 
     Raised, unlike a breach by the snippet, so that the message is retried.
     """
+
+
+class SandboxUnavailableError(SandboxError):
+    """The sandbox refuses to run here: no layer can keep the snippet's file writes
+    inside its run (neither ``landlock-fs`` nor ``private-mounts``). The message names
+    the missing layers and the opt-in; nothing of the snippet ran."""
 
 
 @dataclass(frozen=True)
@@ -460,7 +483,11 @@ def _remove_private_dir(path: str) -> None:
 
 
 def run_untrusted(
-    source: str, payload: Any = None, *, limits: Limits | None = None
+    source: str,
+    payload: Any = None,
+    *,
+    limits: Limits | None = None,
+    allow_uncontained_writes: bool = False,
 ) -> SandboxResult:
     """Run ``main(payload)`` from ``source`` in a confined child process.
 
@@ -468,6 +495,10 @@ def run_untrusted(
       source(str): Python source that defines ``main(payload)``.
       payload(Any): JSON-serialisable data passed to ``main`` (via the child's stdin).
       limits(Limits): the caps; defaults to ``Limits()``.
+      allow_uncontained_writes(bool): run even where no layer keeps the snippet's file
+        writes inside its run (a non-root worker without Landlock and without user
+        namespaces: files it leaves in /tmp or /dev/shm outlive the run). Defaults to
+        False: such a run raises :class:`SandboxUnavailableError`.
 
     Returns:
       SandboxResult: the status, the output and the resources used. Every breach by
@@ -477,6 +508,8 @@ def run_untrusted(
       ValueError: if the payload is not JSON-serialisable.
       SandboxError: if the sandbox could not be started or set up (for example
         ``libseccomp`` is missing, or ``max_processes > 1`` without a uid of its own).
+      SandboxUnavailableError: if no layer contains the snippet's file writes and
+        ``allow_uncontained_writes`` is False.
     """
     limits = limits or Limits()
     payload_bytes = json.dumps(payload, allow_nan=False).encode()
@@ -490,7 +523,12 @@ def run_untrusted(
     try:
         Path(workdir, "snippet.py").write_text(source, encoding="utf-8")
         config = json.dumps(
-            {"workdir": workdir, "limits": asdict(limits), "off": sorted(_DISABLED_LAYERS)}
+            {
+                "workdir": workdir,
+                "limits": asdict(limits),
+                "off": sorted(_DISABLED_LAYERS),
+                "allow_uncontained_writes": allow_uncontained_writes,
+            }
         )
         try:
             process = subprocess.Popen(
@@ -519,6 +557,29 @@ def run_untrusted(
         _remove_private_dir(workdir)
 
 
+def check_sandbox(*, allow_uncontained_writes: bool = False) -> tuple[str, ...]:
+    """Run a trivial snippet once, as a worker of the sandbox pool does at boot.
+
+    Parameters:
+      allow_uncontained_writes(bool): as for :func:`run_untrusted`; defaults to False.
+
+    Returns:
+      tuple[str, ...]: the layers a run gets on this machine.
+
+    Raises:
+      SandboxUnavailableError: no layer contains the snippet's file writes (and not allowed).
+      SandboxError: the sandbox cannot be set up, or the trivial snippet did not run.
+    """
+    result = run_untrusted(
+        "def main(payload):\n    return payload\n",
+        1,
+        allow_uncontained_writes=allow_uncontained_writes,
+    )
+    if result.status != "ok" or result.output != 1:
+        raise SandboxError(f"a trivial snippet ended {result.status}: {result.error}")
+    return result.layers
+
+
 def _seccomp_program(pid: int, limits: Limits) -> bytes:
     """The child's syscall allowlist as BPF (empty when tests switched seccomp off)."""
     if "seccomp" in _DISABLED_LAYERS:
@@ -540,6 +601,8 @@ def _result(
     layers_doc, result_doc, problem = _docs(bytes(run.stdout))
     if layers_doc is None and run.breach is None:
         stderr = run.stderr.decode(errors="replace")
+        if os.WIFEXITED(run.status) and os.WEXITSTATUS(run.status) == _UNCONTAINED:
+            raise SandboxUnavailableError(stderr.strip() or "sandbox refused")
         if os.WIFEXITED(run.status) and os.WEXITSTATUS(run.status) == _SETUP_FAILED:
             raise SandboxError(stderr.strip() or "sandbox setup failed")
         if not os.WIFSIGNALED(run.status):

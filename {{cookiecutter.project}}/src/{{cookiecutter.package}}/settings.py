@@ -134,6 +134,11 @@ class Settings(BaseSettings):
     """Service name in logs and telemetry."""
     log_level: LogLevel = DEFAULT_LOG_LEVEL
     """DEBUG, INFO, WARNING or ERROR."""
+{%- if cookiecutter.sandbox_pool == "yes" %}
+    sandbox_allow_uncontained_writes: bool = False
+    """Sandbox pool: run even with neither Landlock nor user namespaces (files a snippet
+    leaves in /tmp or /dev/shm then outlive its run); false: refuse to boot (exit 78)."""
+{%- endif %}
 
     @model_validator(mode="before")
     @classmethod

@@ -39,7 +39,7 @@ from types import FrameType
 
 import redis
 
-from . import layout, probe, recovery
+from . import probe, recovery
 from .boards import progress_dir, read_board
 from .exitcodes import EX_CONFIG, EX_FAILURE, EX_OK
 from .settings import PROJECT, VERSION, Settings
@@ -287,7 +287,7 @@ class Supervisor:
                     self.settings.worker_max_attempts,
                     running,
                 )
-                self.redis.zrem(layout.HEARTBEATS, board.broker_id)
+                recovery.forget_worker(self.redis, board.broker_id, self.settings.worker_queues)
             except redis.RedisError as error:
                 logger.warning("could not recover now; the heartbeat timeout will: %s", error)
         board_path.unlink(missing_ok=True)

@@ -3,21 +3,57 @@
 A breach by the customer's code (timeout, memory, forbidden network, ...) is a
 result: it is logged and returned, never retried. Only a failure of the sandbox
 itself raises :class:`..sandbox.SandboxError`, which Dramatiq retries.
+
+A worker process that serves this queue checks the sandbox once, at boot
+(:func:`..sandbox.check_sandbox`): where it cannot run (no layer contains a snippet's
+file writes and ``SANDBOX_ALLOW_UNCONTAINED_WRITES`` is not set, or libseccomp is
+missing) the process refuses to boot with one line and exit 78, instead of failing
+every job.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import dramatiq
 
-from ..sandbox import Limits, run_untrusted
+from .. import layout
+from ..broker import POOL_ENV
+from ..sandbox import Limits, SandboxError, check_sandbox, run_untrusted
+from ..settings import load_settings, refuse
 
 logger = logging.getLogger(__name__)
 
 
-@dramatiq.actor(queue_name="untrusted", max_retries=2)
+def _allow_uncontained_writes() -> bool | None:
+    """``SANDBOX_ALLOW_UNCONTAINED_WRITES`` in a worker process that serves this queue;
+    None in any other process (a producer, a worker of another pool)."""
+    if not os.environ.get(POOL_ENV):
+        return None
+    settings = load_settings()
+    if layout.SANDBOX_QUEUE not in settings.worker_queues:
+        return None
+    return settings.sandbox_allow_uncontained_writes
+
+
+def _check_at_boot(allowed: bool | None) -> None:
+    """Refuse to boot (exit 78, one line) where the sandbox cannot run."""
+    if allowed is None:
+        return
+    try:
+        layers = check_sandbox(allow_uncontained_writes=allowed)
+    except SandboxError as error:
+        refuse([f"the sandbox cannot run here: {' '.join(str(error).split())}"])
+    logger.info("sandbox checked", extra={"sandbox_layers": list(layers)})
+
+
+_ALLOWED = _allow_uncontained_writes()
+_check_at_boot(_ALLOWED)
+
+
+@dramatiq.actor(queue_name=layout.SANDBOX_QUEUE, max_retries=2)
 def run_customer_code(
     source: str, payload: Any = None, limits: dict[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -29,7 +65,12 @@ def run_customer_code(
       limits(dict|None): overrides of :class:`..sandbox.Limits` fields, e.g.
         ``{"cpu_seconds": 2}``; defaults to ``Limits()``.
     """
-    result = run_untrusted(source, payload, limits=Limits(**(limits or {})))
+    result = run_untrusted(
+        source,
+        payload,
+        limits=Limits(**(limits or {})),
+        allow_uncontained_writes=bool(_ALLOWED),
+    )
     logger.info(
         "sandbox run finished",
         extra={

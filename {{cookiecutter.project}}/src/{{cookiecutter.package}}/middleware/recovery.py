@@ -57,7 +57,7 @@ class Recovery(Middleware):
 
     def run_once(self, broker: Broker) -> None:
         client: redis.Redis = broker.client  # type: ignore[attr-defined]
-        recovery.heartbeat(client, broker.broker_id)  # type: ignore[attr-defined]
+        recovery.heartbeat(client, broker.broker_id, self.queues)  # type: ignore[attr-defined]
         recovery.recover_dead_workers(
             client, self.queues, self.heartbeat_timeout_ms, self.max_attempts
         )
