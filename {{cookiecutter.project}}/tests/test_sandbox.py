@@ -12,11 +12,13 @@ import os
 import resource
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import textwrap
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import asdict
@@ -1159,6 +1161,103 @@ def test_the_sandbox_pool_refuses_to_boot_where_the_sandbox_cannot_run(
     assert capsys.readouterr().err.count("\n") == 1
     monkeypatch.setattr(actor, "check_sandbox", lambda **kwargs: ("rlimits",))
     actor._check_at_boot(True)  # the real check passes: no refusal
+
+
+#: Runs the worker command under a seccomp filter that plays a node without Landlock
+#: (``landlock_create_ruleset`` fails with ENOSYS) whose container runtime refuses
+#: ``unshare`` (no user, mount, IPC or network namespace): no file wall, whoever runs it.
+NO_WALL_NODE = """
+import errno, os, sys
+import pyseccomp as seccomp
+node = seccomp.SyscallFilter(seccomp.ALLOW)
+node.add_rule(seccomp.ERRNO(errno.EPERM), "unshare")
+node.add_rule(seccomp.ERRNO(errno.ENOSYS), "landlock_create_ruleset")
+node.load()
+os.execv(sys.executable, [sys.executable, "-m", sys.argv[1], "worker"])
+"""
+
+
+def worker_on_a_node_without_walls(
+    redis_url: str, state: Path, **env: str
+) -> subprocess.Popen[str]:
+    """The sandbox pool's real ``worker`` command (supervisor and one worker process)."""
+    project = Path(__file__).resolve().parents[1]
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    environ = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("WORKER_", "SANDBOX_"))},
+        "PYTHONPATH": str(project / "src"),
+        "WORKER_POOL": "sandbox",
+        "WORKER_PROCESSES": "1",
+        "WORKER_STATE_DIR": str(state),
+        "METRICS_PORT": str(port),
+        "REDIS_URL": redis_url,
+        **env,
+    }
+    package = sandbox.__name__.rpartition(".")[0]
+    return subprocess.Popen(
+        [sys.executable, "-c", NO_WALL_NODE, package], env=environ, cwd=project,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+
+
+def test_the_sandbox_pool_exits_78_at_boot_on_a_node_without_a_file_wall(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """End to end: the worker command on such a node refuses to boot, one line, exit 78, and
+    takes no job; with SANDBOX_ALLOW_UNCONTAINED_WRITES=true it boots and runs one."""
+    client = redis.Redis.from_url(redis_url)
+    from {{ cookiecutter.package }} import layout
+    from {{ cookiecutter.package }}.exitcodes import EX_CONFIG
+
+    project = Path(__file__).resolve().parents[1]
+    send = (
+        f"from {layout.__name__.rpartition('.')[0]}.producer import enqueue\n"
+        "enqueue('run_customer_code', 'def main(p):\\n    return p + 1\\n', 41)\n"
+    )
+    env = {**os.environ, "REDIS_URL": redis_url, "PYTHONPATH": str(project / "src")}
+    env.pop("WORKER_POOL", None)
+    sent = subprocess.run([sys.executable, "-c", send], env=env, cwd=project,
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert sent.returncode == 0, sent.stderr[-2000:]
+    ready = layout.queue_key(layout.SANDBOX_QUEUE)
+    assert client.llen(ready) == 1
+    refused = worker_on_a_node_without_walls(redis_url, tmp_path / "refused")
+    try:
+        out, err = refused.communicate(timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(refused.pid, signal.SIGKILL)
+    assert refused.returncode == EX_CONFIG, err[-3000:]
+    # the worker process's line, repeated by its supervisor (as for every boot refusal)
+    (line,) = {line for line in err.splitlines() if line.startswith("config error:")}
+    assert line.startswith("config error: the sandbox cannot run here: no layer contains")
+    for named in ("landlock-fs", "private-mounts", "SANDBOX_ALLOW_UNCONTAINED_WRITES"):
+        assert named in line
+    records = [json.loads(r) for r in err.splitlines() if r.startswith("{")]
+    assert [r["exit_code"] for r in records if r.get("event") == "boot_failed"] == [EX_CONFIG]
+    assert not [r for r in records if r.get("event") == "process_died"], "no restart"
+    assert "Traceback" not in err
+    assert client.llen(ready) == 1, "the refused pool took a job"
+
+    accepted = worker_on_a_node_without_walls(
+        redis_url, tmp_path / "accepted", SANDBOX_ALLOW_UNCONTAINED_WRITES="true"
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while client.llen(ready) or client.hlen(layout.bodies_key(layout.SANDBOX_QUEUE)):
+            assert accepted.poll() is None, accepted.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "the accepted pool did not run the job"
+            time.sleep(0.1)
+    finally:
+        os.killpg(accepted.pid, signal.SIGTERM)
+        out, err = accepted.communicate(timeout=60)
+    assert accepted.returncode == 0, err[-3000:]
+    finished = [json.loads(line) for line in (out + err).splitlines()
+                if line.startswith("{") and "sandbox run finished" in line]  # fmt: skip
+    assert [entry["sandbox_status"] for entry in finished] == ["ok"], (out + err)[-3000:]
+    assert not {"landlock-fs", "private-mounts"} & set(finished[0]["sandbox_layers"])
 
 
 # -- The result channel cannot hurt the worker ----------------------------------------------

@@ -113,7 +113,7 @@ def _check_file_wall(layers: list[str], allowed: bool) -> None:
     if allowed or any(layer in layers for layer in FILE_WALLS):
         return
     raise UncontainedError(
-        "refused: no layer contains the snippet's file writes, so files it leaves in /tmp "
+        "no layer contains the snippet's file writes, so files it leaves in /tmp "
         "or /dev/shm would outlive the run: landlock-fs is missing (Landlock, Linux 5.13+) "
         "and so is private-mounts (user namespaces, or a root worker). Run the sandbox pool "
         "under gVisor or on a kernel with Landlock, or accept the weaker sandbox with "
@@ -540,7 +540,7 @@ def main() -> int:
             layers += _install_seccomp(program)
         _write_line(result_fd, {"layers": layers})
     except UncontainedError as exc:
-        print(f"sandbox {exc}", file=sys.stderr)
+        print(exc, file=sys.stderr)
         return UNCONTAINED
     except (SetupError, OSError, ValueError, KeyError, IndexError) as exc:
         print(f"sandbox setup failed: {exc}", file=sys.stderr)
