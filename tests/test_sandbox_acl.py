@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -170,11 +171,12 @@ def test_sandbox_worker_runs_its_own_jobs_as_the_acl_user(
     admin.zadd(f"{SNS}:__heartbeats__", {dead_sandbox: 1000})
     dead_other, before = plant_other_pools(admin)
 
+    port = BAKED_FIXTURES.free_port()
     env = project_env(
         default_project,
         WORKER_POOL="sandbox",
         REDIS_URL=as_user(redis_url),
-        METRICS_PORT=str(BAKED_FIXTURES.free_port()),
+        METRICS_PORT=str(port),
         WORKER_STATE_DIR=str(tmp_path / "state"),
         WORKER_PROCESSES="1",
         WORKER_HEARTBEAT_TIMEOUT_MS="2000",  # a recovery pass every 0.4 s
@@ -192,6 +194,19 @@ def test_sandbox_worker_runs_its_own_jobs_as_the_acl_user(
             and admin.zscore(f"{SNS}:__heartbeats__", dead_sandbox) is None,
             120, "every sandbox job settled and the dead sandbox worker recovered", worker,
         )  # fmt: skip
+        # the exporter reads the backlog of its queue as the ACL user too
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as page:
+            metrics = page.read().decode()
+        assert f'queue_dead_letters{{queue="{QUEUE}"}} 1.0' in metrics, metrics[-2000:]
+        # a worker process killed: its supervisor recovers it and forgets its heartbeat
+        (child,) = Path(f"/proc/{worker.pid}/task/{worker.pid}/children").read_text().split()
+        # the producer's heartbeat (from its enqueue) is stale and forgotten: one is left
+        wait_for(lambda: admin.zcard(f"{SNS}:__heartbeats__") == 1, 60,
+                 "the worker process's heartbeat alone", worker)  # fmt: skip
+        (killed,) = admin.zrange(f"{SNS}:__heartbeats__", 0, -1)
+        os.kill(int(child), signal.SIGKILL)
+        wait_for(lambda: admin.zscore(f"{SNS}:__heartbeats__", killed) is None, 60,
+                 "the supervisor to forget the killed process", worker)  # fmt: skip
     finally:
         os.killpg(worker.pid, signal.SIGTERM)
         try:
