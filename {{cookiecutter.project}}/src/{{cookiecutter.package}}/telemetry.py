@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import trace
 
 from . import layout
-from .settings import DATABASE_ENABLED, PROJECT, VERSION, refuse
+from .settings import PROJECT, VERSION, refuse
 
 if TYPE_CHECKING:
     from dramatiq import Message
@@ -177,12 +177,15 @@ def instrument(provider: trace.TracerProvider) -> None:
     from opentelemetry.instrumentation.redis import RedisInstrumentor
 
     RedisInstrumentor().instrument(tracer_provider=provider)
-    if DATABASE_ENABLED:
-        from opentelemetry.instrumentation.psycopg import (  # type: ignore[import-untyped,unused-ignore]
-            PsycopgInstrumentor,
-        )
+{%- if cookiecutter.database == "postgres" %}
+    # Only the database option's bake imports it: without it the package is not installed
+    # (a plain `if` would still send mypy looking for it).
+    from opentelemetry.instrumentation.psycopg import (  # type: ignore[import-untyped,unused-ignore]
+        PsycopgInstrumentor,
+    )
 
-        PsycopgInstrumentor().instrument(tracer_provider=provider)
+    PsycopgInstrumentor().instrument(tracer_provider=provider)
+{%- endif %}
 
 
 def skip_orphan_client_spans(sampler: Sampler) -> Sampler:
