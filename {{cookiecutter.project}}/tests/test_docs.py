@@ -81,15 +81,17 @@ def test_the_readme_configuration_table_is_current() -> None:
     )
 
 
-def _readme_block(language: str, heading: str) -> str:
+def _readme_blocks(language: str, heading: str) -> list[str]:
+    """The ``language`` code blocks of the README's section ``heading``, in order."""
     section = README.read_text().split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
-    match = re.search(f"```{language}\n(.*?)```", section, re.S)
-    assert match, f"README.md: no {language} block under {heading!r}"
-    return match.group(1)
+    blocks = re.findall(f"```{language}\n(.*?)```", section, re.S)
+    assert blocks, f"README.md: no {language} block under {heading!r}"
+    return blocks
 
 
 def test_the_quick_start_make_targets_exist() -> None:
-    targets = re.findall(r"^make (\w[\w-]*)", _readme_block("sh", "Quick start"), re.M)
+    quick_start = "".join(_readme_blocks("sh", "Quick start"))
+    targets = re.findall(r"^make (\w[\w-]*)", quick_start, re.M)
     assert {"install", "run", "test", "lint", "manifests", "alerts", "docs"} <= set(targets)
     for target in targets:
         done = subprocess.run(
@@ -134,7 +136,7 @@ def test_the_enqueue_example_runs_with_only_redis_url(redis_url: str) -> None:
         "PYTHONPATH": str(README.parent / "src"),
     }
     done = subprocess.run(
-        [sys.executable, "-c", _readme_block("python", "Enqueue a job")],
+        [sys.executable, "-c", _readme_blocks("python", "Enqueue a job")[0]],
         cwd=README.parent,
         env=env,
         capture_output=True,
