@@ -2,8 +2,11 @@
 (actionlint), the Dockerfile (hadolint, the pods' UID, exec form), .dockerignore,
 .gitignore (real git), the pre-commit config (pre-commit's own validation).
 
-compose.yaml is checked against pools.toml by the baked project's own tests/test_compose.py,
-which the bake matrix of test_template.py runs."""
+compose.yaml is validated against the Compose Specification's JSON schema (the copy that
+check-jsonschema ships and keeps current, `vendor.compose-spec`), and checked against pools.toml
+by the baked project's own tests/test_compose.py, which the bake matrix of test_template.py
+runs. What neither proves: that Docker Compose accepts the file (`docker compose config`: no
+compose plugin or engine on these machines), e.g. that the image builds and the services start."""
 
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
-from bakery import PYTHON
+from bakery import PYTHON, TEMPLATE
 from nodetools import check
 
 COMBINATIONS = [
@@ -78,6 +81,48 @@ def test_ci_workflow_is_actionlint_clean_and_covers_every_stack(
     assert loaded["permissions"] == {"contents": "read"}
 
 
+def check_compose_spec(*files: Path) -> subprocess.CompletedProcess[str]:
+    """check-jsonschema with its vendored Compose Specification schema, offline."""
+    return subprocess.run(
+        [tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec", *map(str, files)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def compose_problems(bake: Callable[..., Path]) -> subprocess.CompletedProcess[str]:
+    """The compose.yaml of every combination in one run of the validator."""
+    return check_compose_spec(*(bake(**options) / "compose.yaml" for options in COMBINATIONS))
+
+
+def test_compose_file_meets_the_compose_specification(
+    baked: tuple[Path, dict[str, str]], compose_problems: subprocess.CompletedProcess[str]
+) -> None:
+    project, _ = baked
+    output = compose_problems.stdout + compose_problems.stderr
+    assert compose_problems.returncode == 0, output
+    assert "ok -- validation done" in output
+    assert str(project / "compose.yaml") not in output, output
+
+
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [(("stop_grace_period: 55s", "stop_grace_period: [55s]"), "stop_grace_period"),
+     (("  read_only: true", "  read_only: true\n  restart_policy: always"), "restart_policy"),
+     (("interval: 10s", "intervall: 10s"), "intervall")],
+    ids=["wrong type", "unknown service key", "misspelt healthcheck key"],
+)
+def test_the_compose_validator_refuses_a_broken_file(
+    bake: Callable[..., Path], tmp_path: Path, edit: tuple[str, str], problem: str
+) -> None:
+    text = (bake() / "compose.yaml").read_text()
+    assert edit[0] in text
+    broken = tmp_path / "compose.yaml"
+    broken.write_text(text.replace(edit[0], edit[1], 1))
+    done = check_compose_spec(broken)
+    assert done.returncode == 1 and problem in done.stdout + done.stderr, done.stdout
+
+
 def dockerfile_instructions(project: Path) -> list[tuple[str, str]]:
     text = (project / "Dockerfile").read_text().replace("\\\n", " ")
     found = []
@@ -107,6 +152,50 @@ def test_dockerfile_is_hadolint_clean_non_root_and_exec_form(
         assert isinstance(json.loads(rest), list), f"{keyword} is not in exec form: {rest}"
     run = " ".join(rest for keyword, rest in instructions if keyword == "RUN")
     assert f"--uid {POD_UID}" in run and f"--gid {POD_UID}" in run
+
+
+def test_every_alert_is_explained_in_the_operations_docs(
+    baked: tuple[Path, dict[str, str]],
+) -> None:
+    """docs/operations.md (the catalog's runbook link) lists each alert the bake ships, with
+    what fires it and what to do."""
+    project, _ = baked
+    groups = yaml.safe_load((project / "ops" / "alerts.yaml").read_text())["groups"]
+    shipped = {rule["alert"] for group in groups for rule in group["rules"] if "alert" in rule}
+    assert "WorkerOOMKilled" in shipped
+    docs = (TEMPLATE / "docs" / "operations.md").read_text()
+    table = set(re.findall(r"^\| `(\w+)` \|", docs, re.M))
+    explained = set(re.findall(r"^(?:\* )?\*\*`(\w+)`\*\*", docs, re.M))
+    assert shipped - table == set(), "alerts missing from the table of docs/operations.md"
+    assert shipped - explained == set(), "alerts without a what-to-do in docs/operations.md"
+
+
+def heading_anchors(markdown: str) -> set[str]:
+    """GitHub's anchors of a Markdown file's headings."""
+    return {re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+            for heading in re.findall(r"^#+ (.+)$", markdown, re.M)}
+
+
+def test_the_baked_docs_point_at_what_the_bake_has(baked: tuple[Path, dict[str, str]]) -> None:
+    """Every link of the README and docs/ resolves (file and anchor), and every file path
+    they quote exists: in the bake, its package, or (tests named "in the template") the
+    template repository; outputs under build/ aside."""
+    project, _ = baked
+    roots = [project, *(project / "src").iterdir(), TEMPLATE]
+    broken = []
+    for doc in [project / "README.md", *sorted((project / "docs").glob("*.md"))]:
+        text = doc.read_text()
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if "://" in target:
+                continue
+            path, _, anchor = target.partition("#")
+            linked = (doc.parent / path) if path else doc
+            if not linked.exists() or (anchor and anchor not in heading_anchors(linked.read_text())):
+                broken.append(f"{doc.name}: ({target})")
+        for quoted in re.findall(r"`((?:[\w.-]+/)+[\w-]+\.\w+)`", text):
+            if not quoted.startswith("build/") and not any((r / quoted).exists() for r in roots):
+                broken.append(f"{doc.name}: `{quoted}`")
+    assert broken == [], "\n".join(broken)
 
 
 def _pod_uid() -> int:
