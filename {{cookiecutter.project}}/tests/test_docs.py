@@ -105,7 +105,10 @@ def test_the_quick_start_make_targets_exist() -> None:
 
 
 def test_make_install_creates_a_venv_only_without_an_active_one(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k not in {"VIRTUAL_ENV", "PYTHON"}}
+    # Not the variables of a `make test PYTHON=...` around this test (CI's): MAKEFLAGS
+    # would hand its PYTHON to these makes too.
+    outer = {"VIRTUAL_ENV", "PYTHON", "MAKEFLAGS", "MFLAGS", "MAKELEVEL"}
+    env = {k: v for k, v in os.environ.items() if k not in outer}
     cwd = README.parent
     dry = subprocess.run(
         ["make", "-n", "install", f"VENV={tmp_path / 'venv'}"],
