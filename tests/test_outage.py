@@ -11,16 +11,15 @@ run: every job completes exactly once, nothing is dead-lettered or left held, an
 from __future__ import annotations
 
 import json
-import shutil
 import signal
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import redis
-from _lifecycle import NS, QUEUE, Jobs, Worker, free_port, make_test_project, wait_for
+from _lifecycle import NS, QUEUE, Jobs, Worker, make_test_project, wait_for
+from bakery import RedisServer
 from test_malformed import counted, scrape
 
 pytestmark = pytest.mark.slow
@@ -50,45 +49,11 @@ def flaky(job_id: str) -> None:
 '''
 
 
-class AppendOnlyRedis:
-    """A redis-server that keeps every write in its append-only file across a restart."""
-
-    def __init__(self, directory: Path) -> None:
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.directory = directory
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        executable = shutil.which("redis-server")
-        if executable is None:
-            pytest.skip("redis-server is not installed")
-        self.process = subprocess.Popen(
-            [executable, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.directory)],
-            stdout=subprocess.DEVNULL)
-        client = redis.Redis.from_url(self.url)
-        wait_for(lambda: _pings(client), 10, "redis-server to answer")
-        client.close()
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.send_signal(signal.SIGTERM)
-            self.process.wait(timeout=10)
-            self.process = None
-
-
-def _pings(client: redis.Redis) -> bool:
-    try:
-        return bool(client.ping())
-    except redis.RedisError:
-        return False
-
-
 @pytest.fixture
-def aof_redis(tmp_path: Path) -> Iterator[AppendOnlyRedis]:
-    server = AppendOnlyRedis(tmp_path / "redis")
-    server.directory.mkdir()
+def aof_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    directory = tmp_path / "redis"
+    directory.mkdir()
+    server = RedisServer(directory, appendonly=True)
     server.start()
     yield server
     server.stop()
@@ -104,7 +69,7 @@ def outage_project(bake: Callable[..., Path], tmp_path_factory: pytest.TempPathF
 
 
 def test_jobs_failing_while_redis_is_down_are_all_retried_none_lost(
-        outage_project: Path, aof_redis: AppendOnlyRedis, tmp_path: Path) -> None:
+        outage_project: Path, aof_redis: RedisServer, tmp_path: Path) -> None:
     marks = tmp_path / "marks"
     marks.mkdir()
     jobs = Jobs(aof_redis.url)

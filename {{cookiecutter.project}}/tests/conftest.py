@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 import redis
 
+#: How long a starting redis-server may take to answer (loading an append-only file).
+START_TIMEOUT_S = 10.0
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
@@ -22,12 +25,20 @@ def free_port() -> int:
 
 
 class RedisServer:
-    """A redis-server started for the test session, on a free port, keeping nothing on disk."""
+    """A redis-server on a free port of 127.0.0.1, never snapshotting.
 
-    def __init__(self, directory: Path) -> None:
+    Parameters:
+      directory: its working directory (must exist).
+      appendonly: keep every write in an append-only file in ``directory``, synced on each
+        write, so that a restart (``stop()`` then ``start()``) loses nothing; default
+        False: nothing on disk, a restart starts empty.
+    """
+
+    def __init__(self, directory: Path, appendonly: bool = False) -> None:
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.directory = directory
+        self.appendonly = appendonly
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -44,21 +55,27 @@ class RedisServer:
                 "127.0.0.1",
                 "--save",
                 "",
-                "--appendonly",
-                "no",
                 "--dir",
                 str(self.directory),
+                *self._persistence(),
             ],
             stdout=subprocess.DEVNULL,
         )
-        client = redis.Redis.from_url(self.url)
-        for _ in range(200):
-            try:
-                client.ping()
-                return
-            except redis.ConnectionError:
-                time.sleep(0.02)
+        with redis.Redis.from_url(self.url) as client:
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while time.monotonic() < deadline:
+                try:
+                    client.ping()
+                    return
+                except redis.ConnectionError:  # not listening yet, or loading its file
+                    time.sleep(0.02)
         raise RuntimeError(f"redis-server on port {self.port} did not start")
+
+    def _persistence(self) -> list[str]:
+        """The append-only options: fsync on every write, or no file at all."""
+        if self.appendonly:
+            return ["--appendonly", "yes", "--appendfsync", "always"]
+        return ["--appendonly", "no"]
 
     def stop(self) -> None:
         """Stop the server (tests may stop it to simulate an outage)."""
