@@ -3,25 +3,29 @@
 A session fixture copies a bake (``database="none"``) and adds ``actors/lc_test.py``,
 actors that record every start and end in Redis (``test:start:<job>`` and
 ``test:done:<job>`` lists of ``"<pid> <time>"``), so tests can prove exactly-once.
-:class:`Worker` runs ``python -m orders_worker worker`` in its own session (process
-group) with its own state dir and metrics port; it is killed at teardown whatever happens.
+:class:`ServiceProcess` runs ``python -m orders_worker <subcommand>`` in its own session
+(process group), logging to a file; :class:`Worker` is the worker with its own state dir and
+metrics port. Fixtures kill whatever they started at teardown (:func:`started`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import dramatiq
 import pytest
 import redis
-from bakery import PYTHON, package_of, project_env
+from bakery import BAKED_FIXTURES, PYTHON, package_of, project_env
 from dramatiq.brokers.redis import RedisBroker
 
 QUEUE = "notifications"
@@ -147,39 +151,45 @@ def lc_project(bake: Callable[..., Path], tmp_path_factory: pytest.TempPathFacto
     return make_test_project(base, tmp_path_factory.mktemp("lc") / base.name)
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+free_port = BAKED_FIXTURES.free_port
 
 
-class Worker:
-    """``python -m <package> worker`` in its own process group, logging to a file."""
+def get(url: str, timeout: float = 10) -> tuple[int, str]:
+    """GET ``url``: its status and body, an HTTP error's too (``OSError`` when nothing answers)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
 
-    def __init__(self, project: Path, redis_url: str, directory: Path, **env: str) -> None:
-        self.project = project
-        self.directory = directory
+
+class ServiceProcess:
+    """``python -m <package> <subcommand>`` in its own process group (session), logging to
+    ``<directory>/<subcommand>.log``; :meth:`kill` ends the whole group whatever happens.
+
+    Parameters:
+      project: the baked project (run from its src/ in this venv).
+      subcommand: the CLI subcommand (``worker``, ``scheduler``).
+      directory: its directory (created if missing), where the log goes.
+      env: its whole environment (see :func:`bakery.project_env`); ``METRICS_PORT`` is the
+        port :meth:`metrics` scrapes.
+    """
+
+    def __init__(self, project: Path, subcommand: str, directory: Path, env: dict[str, str],
+                 ) -> None:
         directory.mkdir(parents=True, exist_ok=True)
-        self.state_dir = directory / "state"
-        self.log_path = directory / "worker.log"
-        settings = {
-            "WORKER_POOL": "interactive", "REDIS_URL": redis_url,
-            "WORKER_STATE_DIR": str(self.state_dir), "METRICS_PORT": str(free_port()),
-            "WORKER_PROCESSES": "1", "WORKER_CONCURRENCY": "4",
-            "WORKER_JOB_TIMEOUT_MS": "20000", "WORKER_SHUTDOWN_TIMEOUT_MS": "25000",
-        }
-        settings.update(env)
-        self.env = project_env(project, **settings)
+        self.project = project
+        self.subcommand = subcommand
+        self.directory = directory
+        self.log_path = directory / f"{subcommand}.log"
+        self.env = env
         self.process: subprocess.Popen[bytes] | None = None
         self.signalled_at = 0.0
 
-    def start(self) -> Worker:
+    def start(self) -> Self:
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                [PYTHON, "-m", package_of(self.project), "worker"], cwd=self.project,
+                [PYTHON, "-m", package_of(self.project), self.subcommand], cwd=self.project,
                 env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         return self
 
@@ -188,8 +198,13 @@ class Worker:
         assert self.process is not None
         return self.process.pid
 
+    @property
+    def port(self) -> int:
+        """Its metrics port (``METRICS_PORT``)."""
+        return int(self.env["METRICS_PORT"])
+
     def signal(self, signum: int = signal.SIGTERM, group: bool = False) -> float:
-        """Send ``signum`` to the supervisor (or its whole group); return when (monotonic)."""
+        """Send ``signum`` to the process (or its whole group); return when (monotonic)."""
         self.signalled_at = time.monotonic()
         if group:
             os.killpg(self.pid, signum)
@@ -201,16 +216,22 @@ class Worker:
         assert self.process is not None
         return self.process.wait(timeout=timeout)
 
-    def children(self) -> list[int]:
-        """Pids of the supervisor's worker processes."""
-        try:
-            text = Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text()
-        except OSError:
-            return []
-        return [int(pid) for pid in text.split()]
+    def stop(self, signum: int = signal.SIGTERM, timeout: float = 15) -> int:
+        """Send ``signum`` (default SIGTERM) and return the exit code (within ``timeout`` s)."""
+        self.signal(signum)
+        return self.wait(timeout)
 
     def log(self) -> str:
         return self.log_path.read_text() if self.log_path.exists() else ""
+
+    def records(self, event: str | None = None) -> list[dict[str, Any]]:
+        """Its JSON log records, only those of ``event`` when given (default None: all)."""
+        found = [json.loads(line) for line in self.log().splitlines() if line.startswith("{")]
+        return [r for r in found if event is None or r.get("event") == event]
+
+    def metrics(self) -> str:
+        """The text of its /metrics."""
+        return get(f"http://127.0.0.1:{self.port}/metrics")[1]
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -221,6 +242,31 @@ class Worker:
                 pass
             self.process.wait(timeout=10)
 
+
+class Worker(ServiceProcess):
+    """The worker (its supervisor) on ``redis_url`` with its own state dir and metrics port:
+    pool ``interactive``, 1 process of 4 threads, 20 s job and 25 s shutdown timeouts
+    unless ``env`` says otherwise."""
+
+    def __init__(self, project: Path, redis_url: str, directory: Path, **env: str) -> None:
+        self.state_dir = directory / "state"
+        settings = {
+            "WORKER_POOL": "interactive", "REDIS_URL": redis_url,
+            "WORKER_STATE_DIR": str(self.state_dir), "METRICS_PORT": str(free_port()),
+            "WORKER_PROCESSES": "1", "WORKER_CONCURRENCY": "4",
+            "WORKER_JOB_TIMEOUT_MS": "20000", "WORKER_SHUTDOWN_TIMEOUT_MS": "25000",
+        }
+        settings.update(env)
+        super().__init__(project, "worker", directory, project_env(project, **settings))
+
+    def children(self) -> list[int]:
+        """Pids of the supervisor's worker processes."""
+        try:
+            text = Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text()
+        except OSError:
+            return []
+        return [int(pid) for pid in text.split()]
+
     def healthcheck(self, *args: str) -> subprocess.CompletedProcess[str]:
         """Run ``healthcheck <args>`` with this worker's environment."""
         return subprocess.run(
@@ -228,19 +274,29 @@ class Worker:
             env=self.env, capture_output=True, text=True, timeout=30, check=False)
 
 
+def started(factory: Callable[..., ServiceProcess]) -> Iterator[Callable[..., Any]]:
+    """``factory`` wrapped to start what it makes; everything started is killed when the
+    generator is closed (a fixture's teardown)."""
+    running: list[ServiceProcess] = []
+
+    def _start(*args: Any, **kwargs: Any) -> Any:
+        process = factory(*args, **kwargs)
+        running.append(process)
+        return process.start()
+
+    try:
+        yield _start
+    finally:
+        for process in running:
+            process.kill()
+
+
 @pytest.fixture
 def workers(lc_project: Path, redis_url: str, tmp_path: Path) -> Iterator[Callable[..., Worker]]:
     """``workers(**env)`` starts a worker on the test's Redis; all are killed at teardown."""
-    started: list[Worker] = []
-
-    def _start(**env: str) -> Worker:
-        worker = Worker(lc_project, redis_url, tmp_path / f"w{len(started)}", **env)
-        started.append(worker)
-        return worker.start()
-
-    yield _start
-    for worker in started:
-        worker.kill()
+    count = iter(range(1_000))
+    yield from started(
+        lambda **env: Worker(lc_project, redis_url, tmp_path / f"w{next(count)}", **env))
 
 
 class Jobs:

@@ -116,10 +116,6 @@ def chaos_project(bake: Callable[..., Path], tmp_path_factory: pytest.TempPathFa
     return target
 
 
-def records(worker: Worker) -> list[dict[str, object]]:
-    return [json.loads(line) for line in worker.log().splitlines() if line.startswith("{")]
-
-
 class Effects:
     """Where a run's side effects are recorded: a Redis list or a PostgreSQL table."""
 
@@ -213,8 +209,7 @@ def chaos(chaos_project: Path, redis_url: str,
             "kills": kills, "seed": seed, "elapsed_s": round(time.monotonic() - began, 1),
             "dead_letters": int(client.zcard(f"dramatiq:{QUEUE}.XQ")),
             "requeued_after_kills": sum(
-                int(record.get("requeued") or 0) for record in records(worker)  # type: ignore[call-overload]
-                if record.get("event") == "process_died"),
+                int(record.get("requeued") or 0) for record in worker.records("process_died")),
         }
         result = {
             half: {

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import re
 import time
-import urllib.request
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -75,12 +74,6 @@ def push_raw(jobs: Jobs, body: bytes) -> str:
     return redis_id
 
 
-def scrape(worker: Worker) -> str:
-    port = worker.env["METRICS_PORT"]
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        return str(response.read().decode())
-
-
 def counted(text: str, outcome: str, actor: str | None = None) -> float:
     total = 0.0
     for line in text.splitlines():
@@ -127,13 +120,13 @@ def test_every_malformed_shape_is_dead_lettered_with_a_reason_and_good_ones_comp
     assert listed[next(r for r, n in bad.items() if n == "unknown_actor")]["actor"] == (
         "no_such_actor")
 
-    text = wait_for(lambda: next((t for t in [scrape(worker)]
+    text = wait_for(lambda: next((t for t in [worker.metrics()]
                                   if counted(t, "dead_letter") == len(bad)), None),
                     10, "the dead letters to be counted")
     assert counted(text, "success") == len(good)
     # Labelled by actor when it names a declared one, else "unknown" (a bounded label set).
     assert counted(text, "dead_letter", actor="unknown") == 4, text
-    lines = [json.loads(line) for line in worker.log().splitlines() if line.startswith("{")]
+    lines = worker.records()
     logged = {line.get("redis_id"): line for line in lines if line.get("outcome") == "dead_letter"}
     assert set(logged) == set(bad)
     assert all(logged[r]["reason"] == listed[r]["reason"] for r in bad)

@@ -3,26 +3,23 @@ exact values on /metrics after a known workload; backlog read at scrape time in 
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import pytest
 import redis
 from dramatiq.message import Message
 from prometheus_client.parser import text_string_to_metric_families
 
+from _lifecycle import Worker, free_port, get, wait_for
 from bakery import PYTHON, package_of, project_env
 
 pytestmark = pytest.mark.slow
@@ -93,26 +90,11 @@ def m_hold_db(n):
 # -- helpers --------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def copy_with_actors(project: Path, target: Path) -> Path:
     copy = target / project.name
     shutil.copytree(project, copy, ignore=shutil.ignore_patterns("__pycache__", ".*_cache"))
     (copy / "src" / package_of(project) / "actors" / "metrics_test.py").write_text(TEST_ACTORS)
     return copy
-
-
-def get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
 
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -136,17 +118,6 @@ def series(samples: Samples, name: str) -> dict[frozenset[tuple[str, str]], floa
     return {labels: v for (n, labels), v in samples.items() if n == name}
 
 
-def wait_for(check: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
-
-
 def enqueue(client: redis.Redis, actor: str, *args: Any, queue: str = QUEUE,
             **options: Any) -> Message[Any]:
     """Enqueue as Dramatiq's RedisBroker does (hash body + rpush id)."""
@@ -158,25 +129,18 @@ def enqueue(client: redis.Redis, actor: str, *args: Any, queue: str = QUEUE,
     return message
 
 
-class Pool:
-    """``python -m <pkg> worker`` (the supervisor) for one test, with its own port and state."""
+class Pool(Worker):
+    """The worker (supervisor) for one test: :data:`PROCESSES` processes of
+    :data:`CONCURRENCY` threads, :data:`MAX_ATTEMPTS` attempts; ``start`` returns once the
+    exporter answers and every worker process reported its threads."""
 
     def __init__(self, project: Path, redis_url: str, tmp_path: Path, **env: str) -> None:
-        self.port = free_port()
-        self.log_path = tmp_path / "worker.log"
-        self.env = project_env(
-            project, WORKER_POOL="interactive", REDIS_URL=redis_url,
-            WORKER_STATE_DIR=str(tmp_path / "state"), METRICS_PORT=str(self.port),
-            WORKER_PROCESSES=str(PROCESSES), WORKER_CONCURRENCY=str(CONCURRENCY),
-            WORKER_MAX_ATTEMPTS=str(MAX_ATTEMPTS), **env)
-        self.project = project
-        self.process: subprocess.Popen[bytes] | None = None
+        super().__init__(project, redis_url, tmp_path, WORKER_PROCESSES=str(PROCESSES),
+                         WORKER_CONCURRENCY=str(CONCURRENCY),
+                         WORKER_MAX_ATTEMPTS=str(MAX_ATTEMPTS), **env)
 
-    def start(self) -> Pool:
-        with self.log_path.open("wb") as log:
-            self.process = subprocess.Popen(
-                [PYTHON, "-m", package_of(self.project), "worker"], cwd=self.project,
-                env=self.env, stdout=log, stderr=subprocess.STDOUT)
+    def start(self) -> Self:
+        super().start()
         wait_for(self._ready, 30, "the exporter and every worker process")
         return self
 
@@ -188,24 +152,16 @@ class Pool:
             return False
         return value(samples, "worker_concurrency") == PROCESSES * CONCURRENCY
 
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
     def job_lines(self) -> list[dict[str, Any]]:
-        lines = []
-        for line in self.log().splitlines():
-            if line.startswith("{") and '"job_end"' in line:
-                lines.append(json.loads(line))
-        return lines
+        return [r for r in self.records() if r.get("event") == "job_end"]
 
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+    def stop(self, signum: int = signal.SIGTERM, timeout: float = 30) -> int:
+        """SIGTERM, then SIGKILL to the group when it has not exited within ``timeout`` s."""
+        try:
+            return super().stop(signum, timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return -signal.SIGKILL
 
 
 @pytest.fixture(scope="module")
@@ -224,7 +180,8 @@ def pool(metrics_project: Path, redis_url: str, tmp_path: Path) -> Iterator[Call
 
     yield _start
     for item in started:
-        item.stop()
+        if item.process is not None and item.process.poll() is None:
+            item.stop()
 
 
 def exporter_only(project: Path, redis_url: str, tmp_path: Path,

@@ -10,7 +10,6 @@ run: every job completes exactly once, nothing is dead-lettered or left held, an
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -20,7 +19,7 @@ import pytest
 import redis
 from _lifecycle import NS, QUEUE, Jobs, Worker, make_test_project, wait_for
 from bakery import RedisServer
-from test_malformed import counted, scrape
+from test_malformed import counted
 
 pytestmark = pytest.mark.slow
 
@@ -83,7 +82,7 @@ def test_jobs_failing_while_redis_is_down_are_all_retried_none_lost(
         aof_redis.stop()
         (marks / "fail").touch()
         time.sleep(2.0)  # every handler has raised and tried to store its retry
-        retries_counted_during_outage = counted(scrape(worker), "retry")
+        retries_counted_during_outage = counted(worker.metrics(), "retry")
 
         aof_redis.start()
         (marks / "fail").unlink()
@@ -98,11 +97,10 @@ def test_jobs_failing_while_redis_is_down_are_all_retried_none_lost(
         assert not client.zcard(f"{NS}:{QUEUE}.XQ"), "nothing dead-lettered"
         wait_for(lambda: not jobs.stranded(), 10, "nothing held in an acks set")
         assert not client.llen(f"{NS}:{QUEUE}") and not client.llen(f"{NS}:{QUEUE}.DQ")
-        after = wait_for(lambda: next((t for t in [scrape(worker)] if counted(t, "success") == 8),
+        after = wait_for(lambda: next((t for t in [worker.metrics()] if counted(t, "success") == 8),
                                       None), 10, "8 successes to be counted")
         assert counted(after, "retry") == 8, after
-        retried = [json.loads(line) for line in worker.log().splitlines()
-                   if '"outcome": "retry"' in line]
+        retried = [r for r in worker.records() if r.get("outcome") == "retry"]
         assert len(retried) == 8
         worker.signal(signal.SIGTERM)
         assert worker.wait(timeout=20) == 0, worker.log()[-3000:]

@@ -26,7 +26,7 @@ from typing import Any
 import dramatiq
 import pytest
 import redis
-from _lifecycle import Worker, free_port, make_test_project, wait_for
+from _lifecycle import ServiceProcess, Worker, free_port, make_test_project, wait_for
 from bakery import PYTHON, package_of, project_env
 
 pytestmark = pytest.mark.slow
@@ -89,57 +89,12 @@ args = [{seconds}]
 """
 
 
-class Scheduler:
-    """``python -m <package> scheduler`` in its own process group, logging to a file."""
+class Scheduler(ServiceProcess):
+    """``python -m <package> scheduler`` with ``env``, its own metrics port and state dir."""
 
     def __init__(self, project: Path, env: dict[str, str], directory: Path) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
-        self.project = project
-        self.log_path = directory / "scheduler.log"
-        self.port = free_port()
-        self.env = {**env, "METRICS_PORT": str(self.port),
-                    "WORKER_STATE_DIR": str(directory / "state")}
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> Scheduler:
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                [PYTHON, "-m", package_of(self.project), "scheduler"], cwd=self.project,
-                env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        return self
-
-    @property
-    def pid(self) -> int:
-        assert self.process is not None
-        return self.process.pid
-
-    def events(self, event: str | None = None) -> list[dict[str, Any]]:
-        found = []
-        text = self.log_path.read_text() if self.log_path.exists() else ""
-        for line in text.splitlines():
-            if line.startswith("{"):
-                record = json.loads(line)
-                if event is None or record.get("event") == event:
-                    found.append(record)
-        return found
-
-    def metrics(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as reply:
-            return str(reply.read().decode())
-
-    def stop(self, signum: int = signal.SIGTERM) -> int:
-        assert self.process is not None
-        os.kill(self.pid, signum)
-        return self.process.wait(timeout=15)
-
-    def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            try:
-                os.killpg(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.process.wait(timeout=10)
-
+        super().__init__(project, "scheduler", directory, {
+            **env, "METRICS_PORT": str(free_port()), "WORKER_STATE_DIR": str(directory / "state")})
 
 class Cluster:
     """Schedulers and workers of one test, all on the test's pools file; killed at teardown."""
@@ -207,7 +162,7 @@ def fired_ticks(schedulers: list[Scheduler]) -> list[int]:
     """Every tick any scheduler logged as enqueued (fired or caught up)."""
     ticks = []
     for scheduler in schedulers:
-        for record in scheduler.events():
+        for record in scheduler.records():
             if record.get("event") in {"schedule_fired", "schedule_caught_up"}:
                 ticks.append(_tick_of(record["tick"]))
     return ticks
@@ -234,9 +189,9 @@ def test_two_schedulers_and_a_worker_never_overlap_nor_fire_a_tick_twice(
     wait_for(lambda: cluster.runs("start"), 30, "the first scheduled run")
     began = time.time()
     time.sleep(20)
-    assert sum(1 for s in (first, second) if s.events("leading")) == 1
-    assert not first.events("step_down") and not second.events("step_down")
-    leader = first if first.events("leading") else second
+    assert sum(1 for s in (first, second) if s.records("leading")) == 1
+    assert not first.records("step_down") and not second.records("step_down")
+    leader = first if first.records("leading") else second
     exported = leader.metrics()
     assert "scheduler_leader 1.0" in exported
     assert "scheduler_leader 0.0" in (second if leader is first else first).metrics()
@@ -319,7 +274,7 @@ def test_sigkill_of_the_leader_hands_over_within_the_ttl_without_a_double_fire(
     print(f"handover: first tick fired {handed_at - killed_at:.2f} s after SIGKILL")
     assert handed_at - killed_at <= TTL_MS / 1000 + 1.0, (
         f"the follower fired {handed_at - killed_at:.2f} s after the kill")
-    assert follower.events("leading")
+    assert follower.records("leading")
     time.sleep(2.5)
     follower.stop()
     queued = cluster.queued_ticks()
@@ -360,7 +315,7 @@ def test_after_downtime_skip_fires_once_and_catch_up_fires_each_missed_tick_once
         assert after == list(range(last + 1, after[-1] + 1)), "each missed tick once, in order"
         assert int(state["runs:caught_up"]) >= 3
         assert int(state.get("runs:missed", 0)) == 0
-        assert restarted.events("schedule_caught_up")
+        assert restarted.records("schedule_caught_up")
 
 
 BAD = [
@@ -438,7 +393,7 @@ args = [0]
         env=scheduler.env, capture_output=True, text=True, timeout=60)
     assert live.returncode == 0, live.stderr
     busy = Scheduler(cluster.project, cluster.env(), cluster.directory / "busy")
-    busy.port, busy.env["METRICS_PORT"] = scheduler.port, str(scheduler.port)
+    busy.env["METRICS_PORT"] = str(scheduler.port)
     cluster.started.append(busy.start())
     assert busy.process is not None and busy.process.wait(timeout=60) == 78
     assert f"METRICS_PORT={scheduler.port}" in busy.log_path.read_text()

@@ -16,13 +16,12 @@ import shutil
 import signal
 import socket
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from _lifecycle import Jobs, Worker, jobs, lc_project, wait_for, wait_ready, workers
+from _lifecycle import (
+    Jobs, Worker, get, jobs, lc_project, started, wait_for, wait_ready, workers)
 from bakery import RedisServer, package_of
 
 pytestmark = pytest.mark.slow
@@ -53,28 +52,10 @@ def project_copy(lc_project: Path, tmp_path: Path) -> Callable[[str, str], Path]
 
 @pytest.fixture
 def run_worker(redis_url: str, tmp_path: Path) -> Iterator[Callable[..., Worker]]:
-    started: list[Worker] = []
-
-    def _run(project: Path, **env: str) -> Worker:
-        worker = Worker(project, redis_url, tmp_path / f"w{len(started)}", **env)
-        started.append(worker)
-        return worker.start()
-
-    yield _run
-    for worker in started:
-        worker.kill()
-
-
-def get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
-
-
-def log_records(worker: Worker) -> list[dict[str, object]]:
-    return [json.loads(line) for line in worker.log().splitlines() if line.startswith("{")]
+    """``run_worker(project, **env)`` starts a worker of ``project``; killed at teardown."""
+    count = iter(range(1_000))
+    yield from started(
+        lambda project, **env: Worker(project, redis_url, tmp_path / f"w{next(count)}", **env))
 
 
 def assert_boot_refused(worker: Worker, reason: str) -> None:
@@ -84,10 +65,10 @@ def assert_boot_refused(worker: Worker, reason: str) -> None:
     assert code == 78, log[-3000:]
     assert time.monotonic() - started < 15, "at once, not after retries"
     assert "Traceback" not in log, log[-3000:]
-    (failed,) = [r for r in log_records(worker) if r.get("event") == "boot_failed"]
+    (failed,) = worker.records("boot_failed")
     assert reason in str(failed["reason"]), failed
     assert f"config error: {reason}" in log
-    deaths = [r for r in log_records(worker) if r.get("event") == "process_died"]
+    deaths = worker.records("process_died")
     assert not deaths, "a process that cannot boot is not replaced"
 
 
@@ -121,8 +102,7 @@ def test_crash_loop_backs_off_and_fails_liveness_until_processes_boot(
     port = worker.env["METRICS_PORT"]
 
     def deaths(slot: int) -> list[dict[str, object]]:
-        return [r for r in log_records(worker)
-                if r.get("event") == "process_died" and r.get("slot") == slot]
+        return [r for r in worker.records("process_died") if r.get("slot") == slot]
 
     try:
         wait_for(lambda: len(deaths(0)) >= 5 and len(deaths(1)) >= 5, 40, "five crashes a slot")
@@ -200,8 +180,8 @@ def test_sigterm_while_redis_is_down_drains_and_exits_zero_with_json_logs_only(
         except ValueError:
             not_json.append(line)
     assert not not_json, "\n".join(not_json[:20])
-    assert any(r.get("msg") == "drained" for r in log_records(worker))
-    assert any(r.get("event") == "stop" for r in log_records(worker))
+    assert any(r.get("msg") == "drained" for r in worker.records())
+    assert worker.records("stop")
 
 
 def test_busy_metrics_port_is_one_line_and_exit_78(
