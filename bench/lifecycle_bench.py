@@ -19,30 +19,21 @@ redis-server on a free port.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import redis
-from cookiecutter.main import cookiecutter
-from dramatiq.message import Message
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _results  # noqa: E402
+import _workers  # noqa: E402
 
-TEMPLATE = Path(__file__).resolve().parents[1]
-QUEUE = "notifications"
-PACKAGE = "orders_worker"
 THREADS = 4
 
 ACTORS = '''
@@ -65,70 +56,28 @@ def bench_sleep(job_id, seconds):
 '''
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"timed out waiting for {what}")
-        time.sleep(0.005)
-
-
 class Bench:
     def __init__(self, root: Path) -> None:
         self.root = root
-        project = Path(cookiecutter(str(TEMPLATE), no_input=True, output_dir=str(root),
-                                    extra_context={"database": "none"}))
-        (project / "src" / PACKAGE / "actors" / "bench_lifecycle.py").write_text(ACTORS)
-        self.project = project
-        self.redis_port = free_port()
-        self.redis_url = f"redis://127.0.0.1:{self.redis_port}/0"
-        self.redis_proc = subprocess.Popen(
-            [shutil.which("redis-server") or "redis-server", "--port", str(self.redis_port),
-             "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(root)],
-            stdout=subprocess.DEVNULL)
-        self.client = redis.Redis.from_url(self.redis_url)
-        wait_for(self._pong, 10, "redis-server")
-        self.metrics_port = free_port()
-        self.env = {k: v for k, v in os.environ.items()
-                    if not k.startswith(("WORKER_", "REDIS_", "DATABASE_"))}
-        self.env.update(PYTHONPATH=str(project / "src"), WORKER_POOL="interactive",
-                        REDIS_URL=self.redis_url, WORKER_STATE_DIR=str(root / "state"),
-                        METRICS_PORT=str(self.metrics_port), WORKER_PROCESSES="1",
-                        WORKER_CONCURRENCY=str(THREADS), WORKER_JOB_TIMEOUT_MS="20000",
-                        WORKER_SHUTDOWN_TIMEOUT_MS="25000")
-
-    def _pong(self) -> bool:
-        try:
-            return bool(self.client.ping())
-        except redis.ConnectionError:
-            return False
+        self.project = _workers.bake(root, {"bench_lifecycle": ACTORS}, database="none")
+        self.redis = _workers.redis_server(root / "redis")
+        self.client = redis.Redis.from_url(self.redis.url)
+        self.env = _workers.worker_env(
+            self.project, self.redis.url, root / "state", WORKER_CONCURRENCY=str(THREADS),
+            WORKER_JOB_TIMEOUT_MS="20000", WORKER_SHUTDOWN_TIMEOUT_MS="25000")
+        self.metrics_port = int(self.env["METRICS_PORT"])
 
     def close(self) -> None:
-        self.redis_proc.terminate()
-        self.redis_proc.wait()
+        self.redis.stop()
 
     def start_worker(self) -> subprocess.Popen[bytes]:
         self.client.flushall()
-        proc = subprocess.Popen([sys.executable, "-m", PACKAGE, "worker"], cwd=self.project,
-                                env=self.env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True)
-        wait_for(lambda: self.client.zcard("dramatiq:__heartbeats__"), 30, "the worker")
+        proc = _workers.start_worker(self.project, self.env)
+        _workers.wait_started(self.client, proc)
         return proc
 
     def enqueue(self, job_id: str, seconds: float) -> None:
-        message: Message[Any] = Message(queue_name=QUEUE, actor_name="bench_sleep",
-                                        args=(job_id, seconds), kwargs={}, options={})
-        redis_id = message.message_id
-        message = message.copy(options={"redis_message_id": redis_id})
-        self.client.hset(f"dramatiq:{QUEUE}.msgs", redis_id, message.encode())
-        self.client.rpush(f"dramatiq:{QUEUE}", redis_id)
+        _workers.push(self.client, [_workers.message("bench_sleep", job_id, seconds)])
 
     def starts(self) -> list[tuple[str, float, float]]:
         rows = []
@@ -140,8 +89,7 @@ class Bench:
     def term_and_time(self, proc: subprocess.Popen[bytes]) -> tuple[float, float]:
         """SIGTERM now; return (drain seconds, longest remaining job at the signal)."""
         sent_wall, sent = time.time(), time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(timeout=60)
+        code = _workers.stop(proc, timeout=60, group=False)
         drain = time.monotonic() - sent
         if code != 0:
             raise SystemExit(f"worker exited {code}")
@@ -159,7 +107,7 @@ class Bench:
         proc = self.start_worker()
         for index, seconds in enumerate((1.0, 1.5, 2.0, 2.5)):
             self.enqueue(f"s{index}", seconds)
-        wait_for(lambda: self.client.llen("bench:start") == 4, 10, "four jobs")
+        _workers.wait_for(lambda: self.client.llen("bench:start") == 4, 10, "four jobs")
         time.sleep(0.5)
         return self.term_and_time(proc)
 
@@ -167,7 +115,7 @@ class Bench:
         proc = self.start_worker()
         for index in range(40):
             self.enqueue(f"l{index}", 1.0)
-        wait_for(lambda: self.client.llen("bench:start"), 10, "the first job")
+        _workers.wait_for(lambda: self.client.llen("bench:start"), 10, "the first job")
         time.sleep(1.5)
         return self.term_and_time(proc)
 
@@ -176,10 +124,9 @@ class Bench:
         started = time.monotonic()
         for index in range(jobs):
             self.enqueue(f"t{index}", seconds)
-        wait_for(lambda: self.client.llen("bench:done") == jobs, 120, "the jobs")
+        _workers.wait_for(lambda: self.client.llen("bench:done") == jobs, 120, "the jobs")
         elapsed = time.monotonic() - started
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
+        _workers.stop(proc, timeout=60, group=False)
         return elapsed / (jobs * seconds / THREADS)
 
     def probes(self, count: int) -> tuple[float, float]:
@@ -188,7 +135,7 @@ class Bench:
             execs = []
             for _ in range(count):
                 started = time.perf_counter()
-                subprocess.run([sys.executable, "-m", PACKAGE, "healthcheck", "live"],
+                subprocess.run([_workers.PYTHON, "-m", _workers.PACKAGE, "healthcheck", "live"],
                                cwd=self.project, env=self.env, check=True,
                                stdout=subprocess.DEVNULL)
                 execs.append(time.perf_counter() - started)
@@ -200,8 +147,7 @@ class Bench:
                     response.read()
                 https.append(time.perf_counter() - started)
         finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=60)
+            _workers.stop(proc, timeout=60, group=False)
         return statistics.median(execs) * 1000, statistics.median(https) * 1000
 
 

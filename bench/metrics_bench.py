@@ -18,29 +18,23 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
-import uuid
 from pathlib import Path
 from typing import Any
 
 import redis
-from cookiecutter.main import cookiecutter
-from dramatiq.message import Message
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _results  # noqa: E402
+import _workers  # noqa: E402
+from _workers import PACKAGE, QUEUE  # noqa: E402
 
-TEMPLATE = Path(__file__).resolve().parents[1]
-QUEUE = "notifications"
 THREADS = 8
-PACKAGE = "orders_worker"
 
 NOOP_ACTOR = '''
 import dramatiq
@@ -93,51 +87,14 @@ while True:
 '''
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+def fill(client: redis.Redis, count: int, actor: str = "bench_noop") -> None:
+    """Enqueue ``count`` messages of ``actor``, numbered from 0."""
+    _workers.push(client, (_workers.message(actor, n) for n in range(count)))
 
 
-def start_redis(directory: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    process = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", "--dir", str(directory)], stdout=subprocess.DEVNULL)
-    url = f"redis://127.0.0.1:{port}/0"
-    client = redis.Redis.from_url(url)
-    for _ in range(200):
-        try:
-            client.ping()
-            return process, url
-        except redis.ConnectionError:
-            time.sleep(0.02)
-    raise RuntimeError("redis-server did not start")
-
-
-def fill(client: redis.Redis, count: int, actor: str = "bench_noop", batch: int = 10_000) -> None:
-    """Enqueue ``count`` messages as Dramatiq's RedisBroker does (hash body + list id)."""
-    done = 0
-    while done < count:
-        pipe = client.pipeline(transaction=False)
-        for n in range(done, min(count, done + batch)):
-            redis_id = str(uuid.uuid4())
-            body = Message(queue_name=QUEUE, actor_name=actor, args=(n,), kwargs={},
-                           options={"redis_message_id": redis_id}).encode()
-            pipe.hset(f"dramatiq:{QUEUE}.msgs", redis_id, body)
-            pipe.rpush(f"dramatiq:{QUEUE}", redis_id)
-        pipe.execute()
-        done = min(count, done + batch)
-
-
-def env_for(project: Path, redis_url: str, state: Path, port: int) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("WORKER_", "REDIS_", "DATABASE_"))}
-    env.update(PYTHONPATH=str(project / "src"), WORKER_POOL="interactive", REDIS_URL=redis_url,
-               WORKER_STATE_DIR=str(state), METRICS_PORT=str(port), WORKER_PROCESSES="1",
-               WORKER_CONCURRENCY=str(THREADS), LOG_LEVEL="INFO")
-    return env
+def env_for(project: Path, redis_url: str, state: Path) -> dict[str, str]:
+    return _workers.worker_env(project, redis_url, state, WORKER_CONCURRENCY=str(THREADS),
+                               LOG_LEVEL="INFO")
 
 
 # -- 1. scrape cost ---------------------------------------------------------------------------
@@ -156,10 +113,10 @@ def scrape_ms(url: str, samples: int = 40) -> float:
 def bench_scrape(project: Path, redis_url: str, work: Path, big: int) -> dict[str, Any]:
     client = redis.Redis.from_url(redis_url)
     client.flushall()
-    port = free_port()
     state = work / "scrape-state"
     (state / "metrics").mkdir(parents=True)
-    env = env_for(project, redis_url, state, port)
+    env = env_for(project, redis_url, state)
+    port = env["METRICS_PORT"]
     env["PROMETHEUS_MULTIPROC_DIR"] = str(state / "metrics")
     code = (f"import time; from {PACKAGE} import exporter; from {PACKAGE}.settings import "
             "load_settings; exporter.start_exporter(load_settings()); time.sleep(3600)")
@@ -205,28 +162,21 @@ def drain_rate(client: redis.Redis, count: int, start_worker: list[str], cwd: Pa
     """Messages/s from the first message taken to the last one acked."""
     client.flushall()
     fill(client, count)
-    worker = subprocess.Popen(start_worker, cwd=cwd, env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, start_new_session=True)
+    worker = _workers.start(start_worker, cwd, env)
     try:
         bodies = f"dramatiq:{QUEUE}.msgs"
-        deadline = time.monotonic() + 600
-        while client.hlen(bodies) == count:
-            if time.monotonic() > deadline or worker.poll() is not None:
+
+        def taken() -> bool:
+            if worker.poll() is not None:
                 raise RuntimeError("the worker did not start")
-            time.sleep(0.002)
+            return client.hlen(bodies) < count
+
+        _workers.wait_for(taken, 600, "the worker to take a message")
         started = time.perf_counter()
-        while client.hlen(bodies):
-            if time.monotonic() > deadline:
-                raise RuntimeError("the worker did not finish")
-            time.sleep(0.002)
+        _workers.wait_for(lambda: not client.hlen(bodies), 600, "the worker to finish")
         elapsed = time.perf_counter() - started
     finally:
-        os.killpg(worker.pid, signal.SIGTERM)
-        try:
-            worker.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(worker.pid, signal.SIGKILL)
-            worker.wait()
+        _workers.stop(worker)
     return count / elapsed
 
 
@@ -248,8 +198,8 @@ def bench_throughput(
                             "default"], work, bare_env))
         state = work / f"state-{index}"
         ours.append(drain_rate(client, count, [sys.executable, "-m", PACKAGE, "worker"],
-                               project, env_for(project, redis_url, state, free_port())))
-        env = env_for(project, redis_url, work / f"stack-{index}", free_port())
+                               project, env_for(project, redis_url, state)))
+        env = env_for(project, redis_url, work / f"stack-{index}")
         (work / f"stack-{index}" / "metrics").mkdir(parents=True)
         env["PROMETHEUS_MULTIPROC_DIR"] = str(work / f"stack-{index}" / "metrics")
         stack.append(drain_rate(client, count, [sys.executable, str(stack_script),
@@ -284,10 +234,10 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="metrics-bench-") as tmp:
         work = Path(tmp)
-        project = Path(cookiecutter(str(TEMPLATE), no_input=True, output_dir=str(work / "bake"),
-                                    extra_context={"database": "none", "sandbox_pool": "no"}))
-        (project / "src" / PACKAGE / "actors" / "bench_noop.py").write_text(NOOP_ACTOR)
-        redis_process, redis_url = start_redis(work)
+        project = _workers.bake(work / "bake", {"bench_noop": NOOP_ACTOR}, database="none",
+                                sandbox_pool="no")
+        server = _workers.redis_server(work / "redis")
+        redis_url = server.url
         try:
             numbers: dict[str, Any] = {}
             if not args.skip_scrape:
@@ -298,8 +248,7 @@ def main() -> None:
                 )
             _results.write("metrics_bench", numbers)
         finally:
-            redis_process.terminate()
-            redis_process.wait()
+            server.stop()
             shutil.rmtree(work, ignore_errors=True)
 
 

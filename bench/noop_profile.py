@@ -28,16 +28,15 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 import redis
-from cookiecutter.main import cookiecutter
 
-TEMPLATE = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _workers  # noqa: E402
+
 RESULTS = Path(__file__).resolve().parent / "results"
-PACKAGE = "orders_worker"
 
 ACTORS = '''
 import time
@@ -166,26 +165,13 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2000)
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="noop-profile-"))
-    project = Path(cookiecutter(str(TEMPLATE), no_input=True, output_dir=str(root),
-                                extra_context={"database": "none"}))
-    (project / "src" / PACKAGE / "actors" / "profile_job.py").write_text(ACTORS)
+    project = _workers.bake(root, {"profile_job": ACTORS}, database="none")
     (root / "driver.py").write_text(DRIVER)
-    port = 20000 + os.getpid() % 20000
-    server = subprocess.Popen([shutil.which("redis-server") or "redis-server", "--port", str(port),
-                               "--save", "", "--appendonly", "no", "--dir", str(root)],
-                              stdout=subprocess.DEVNULL)
-    url = f"redis://127.0.0.1:{port}/0"
-    client = redis.Redis.from_url(url)
-    for _ in range(200):
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            time.sleep(0.02)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("WORKER_", "REDIS_"))}
-    env.update(PYTHONPATH=str(project / "src"), REDIS_URL=url, WORKER_POOL="interactive",
-               WORKER_STATE_DIR=str(root / "state"), WORKER_JOB_TIMEOUT_MS="20000",
-               WORKER_SHUTDOWN_TIMEOUT_MS="25000", PROMETHEUS_MULTIPROC_DIR=str(root / "prom"))
+    server = _workers.redis_server(root / "redis")
+    client = redis.Redis.from_url(server.url)
+    env = _workers.worker_env(project, server.url, root / "state",
+                              WORKER_JOB_TIMEOUT_MS="20000", WORKER_SHUTDOWN_TIMEOUT_MS="25000",
+                              PROMETHEUS_MULTIPROC_DIR=str(root / "prom"))
     (root / "prom").mkdir()
     (root / "state").mkdir()
     runs = [(args.jobs, 0.0, 1, "1"), (args.jobs, 0.0, 8, "1"), (30, 100.0, 1, "1"),
@@ -202,8 +188,7 @@ def main() -> int:
             print(json.dumps(row), flush=True)
             results.append(row)
     finally:
-        server.terminate()
-        server.wait()
+        server.stop()
         shutil.rmtree(root, ignore_errors=True)
     RESULTS.mkdir(exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")

@@ -32,26 +32,22 @@ import argparse
 import json
 import os
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import redis
-from cookiecutter.main import cookiecutter
-from dramatiq.message import Message
 
-TEMPLATE = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _workers  # noqa: E402
+
 RESULTS = Path(__file__).resolve().parent / "results"
-PACKAGE = "orders_worker"
-SERVICE_QUEUE = "notifications"
+SERVICE_QUEUE = _workers.QUEUE
 BARE_QUEUE = "bare"
 
 #: The actor body both tools run: three small Redis writes and the job's sleep.
@@ -100,87 +96,48 @@ SHAPES = [
 ]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, step: float = 0.005) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        if time.monotonic() > deadline:
-            raise SystemExit(f"timed out waiting for {what}")
-        time.sleep(step)
-    return value
-
-
 class Bench:
     """A redis-server, a baked service with the bench actor, and the bare Dramatiq module."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        project = Path(cookiecutter(str(TEMPLATE), no_input=True, output_dir=str(root),
-                                    extra_context={"database": "none"}))
-        (project / "src" / PACKAGE / "actors" / "bench_throughput.py").write_text(SERVICE_ACTOR)
-        self.project = project
+        self.project = _workers.bake(root, {"bench_throughput": SERVICE_ACTOR}, database="none")
         bare = root / "bare"
         bare.mkdir()
         (bare / "bare_bench.py").write_text(BARE_MODULE)
         self.bare_dir = bare
-        port = free_port()
-        self.redis_url = f"redis://127.0.0.1:{port}/0"
-        self.redis_proc = subprocess.Popen(
-            [shutil.which("redis-server") or "redis-server", "--port", str(port), "--bind",
-             "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(root)],
-            stdout=subprocess.DEVNULL)
+        self.redis = _workers.redis_server(root / "redis")
+        self.redis_url = self.redis.url
         self.client = redis.Redis.from_url(self.redis_url)
-        wait_for(self._pong, 10, "redis-server")
         self.runs = 0
 
-    def _pong(self) -> bool:
-        try:
-            return bool(self.client.ping())
-        except redis.ConnectionError:
-            return False
-
     def close(self) -> None:
-        self.redis_proc.terminate()
-        self.redis_proc.wait()
-
-    def _env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("WORKER_", "REDIS_", "DATABASE_", "dramatiq_"))}
-        env["REDIS_URL"] = self.redis_url
-        return env
+        self.redis.stop()
 
     def start_service(self, threads: int, prefetch: int | None) -> subprocess.Popen[bytes]:
-        env = self._env()
-        env.update(PYTHONPATH=str(self.project / "src"), WORKER_POOL="interactive",
-                   WORKER_QUEUES=SERVICE_QUEUE, WORKER_STATE_DIR=str(self.root / "state"),
-                   METRICS_PORT=str(free_port()), WORKER_PROCESSES="1",
-                   WORKER_CONCURRENCY=str(threads), WORKER_JOB_TIMEOUT_MS="20000",
-                   WORKER_SHUTDOWN_TIMEOUT_MS="25000")
+        env = _workers.worker_env(
+            self.project, self.redis_url, self.root / "state", WORKER_QUEUES=SERVICE_QUEUE,
+            WORKER_CONCURRENCY=str(threads), WORKER_JOB_TIMEOUT_MS="20000",
+            WORKER_SHUTDOWN_TIMEOUT_MS="25000")
         if prefetch is not None:
             env["WORKER_PREFETCH"] = str(prefetch)
-        return self._start([sys.executable, "-m", PACKAGE, "worker"], self.project, env,
-                           SERVICE_QUEUE)
+        return self._started(_workers.start_worker(self.project, env, self._log(SERVICE_QUEUE)),
+                             SERVICE_QUEUE)
 
     def start_bare(self, threads: int, prefetch: int | None) -> subprocess.Popen[bytes]:
-        env = self._env()
-        env["PYTHONPATH"] = str(self.bare_dir)
+        env = _workers.foreign_free_env(dict(os.environ))
+        env.update(PYTHONPATH=str(self.bare_dir), REDIS_URL=self.redis_url)
         if prefetch is not None:
             env["dramatiq_queue_prefetch"] = str(prefetch)
-        command = [sys.executable, "-m", "dramatiq", "bare_bench", "--processes", "1",
+        command = [_workers.PYTHON, "-m", "dramatiq", "bare_bench", "--processes", "1",
                    "--threads", str(threads)]
-        return self._start(command, self.bare_dir, env, BARE_QUEUE)
+        return self._started(_workers.start(command, self.bare_dir, env, self._log(BARE_QUEUE)),
+                             BARE_QUEUE)
 
-    def _start(self, command: list[str], cwd: Path, env: dict[str, str],
-               queue: str) -> subprocess.Popen[bytes]:
-        log = (self.root / f"{queue}.log").open("ab")
-        proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+    def _log(self, queue: str) -> Path:
+        return self.root / f"{queue}.log"
+
+    def _started(self, proc: subprocess.Popen[bytes], queue: str) -> subprocess.Popen[bytes]:
         self.round(queue, 4, 0.0)  # warm up: the worker consumes (imports done, threads up)
         return proc
 
@@ -188,35 +145,15 @@ class Bench:
         """Run one pre-built batch on ``queue``; return its span and total in seconds."""
         self.runs += 1
         run = f"r{self.runs}"
-        bodies = []
-        for _ in range(jobs):
-            message: Message[Any] = Message(queue_name=queue, actor_name="bench_job",
-                                            args=(run, ms), kwargs={}, options={})
-            redis_id = message.message_id
-            message = message.copy(options={"redis_message_id": redis_id})
-            bodies.append((redis_id, message.encode()))
-        pipe = self.client.pipeline(transaction=False)
-        for redis_id, body in bodies:
-            pipe.hset(f"dramatiq:{queue}.msgs", redis_id, body)
-        ids = [redis_id for redis_id, _ in bodies]
+        pipe = _workers.pipeline(
+            self.client, [_workers.message("bench_job", run, ms, queue=queue) for _ in range(jobs)])
         enqueued = time.time()
-        for start in range(0, len(ids), 1000):
-            pipe.rpush(f"dramatiq:{queue}", *ids[start:start + 1000])
         pipe.execute()
-        wait_for(lambda: int(self.client.get(f"bench:{run}:done") or 0) >= jobs,
-                 600, f"{jobs} jobs on {queue}", step=0.01)
+        _workers.wait_for(lambda: int(self.client.get(f"bench:{run}:done") or 0) >= jobs,
+                          600, f"{jobs} jobs on {queue}")
         first = float(self.client.zscore(f"bench:{run}:first", "t") or 0)
         last = float(self.client.zscore(f"bench:{run}:last", "t") or 0)
         return {"span_s": last - first, "total_s": last - enqueued}
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 def measure(bench: Bench, shape: tuple[str, int, float, int], equal_prefetch: bool,
@@ -232,7 +169,7 @@ def measure(bench: Bench, shape: tuple[str, int, float, int], equal_prefetch: bo
                 samples[tool].append(bench.round(queue, jobs, ms))
     finally:
         for proc in procs:
-            stop(proc)
+            _workers.stop(proc)
     result: dict[str, Any] = {"shape": name, "jobs": jobs, "ms": ms, "threads": threads,
                               "prefetch": "equal" if equal_prefetch else "defaults"}
     for tool, rows in samples.items():

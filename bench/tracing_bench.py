@@ -27,27 +27,24 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import redis
-from cookiecutter.main import cookiecutter
-from dramatiq.message import Message
 
-TEMPLATE = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _workers  # noqa: E402
+from _workers import PACKAGE, QUEUE  # noqa: E402
+
 RESULTS = Path(__file__).resolve().parent / "results"
-PACKAGE = "orders_worker"
-QUEUE = "notifications"
 ACTORS = '''
 import dramatiq
 
@@ -96,21 +93,6 @@ print(json.dumps({{"absent": per_message_us(dramatiq.Middleware(), calls),
 '''
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(0.01)
-
-
 class Sink:
     """An OTLP/HTTP endpoint that accepts every export and counts the requests."""
 
@@ -140,9 +122,7 @@ class Sink:
 
 class Bench:
     def __init__(self, root: Path) -> None:
-        baked = Path(cookiecutter(str(TEMPLATE), no_input=True, output_dir=str(root / "with"),
-                                  extra_context={"database": "none"}))
-        (baked / "src" / PACKAGE / "actors" / "bench.py").write_text(ACTORS)
+        baked = _workers.bake(root / "with", {"bench": ACTORS}, database="none")
         absent = root / "absent" / baked.name
         shutil.copytree(baked, absent)
         broker_py = absent / "src" / PACKAGE / "broker.py"
@@ -152,27 +132,13 @@ class Bench:
         self.projects = {"absent": absent, "off": baked, "on": baked}
         self.root = root
         self.sink = Sink()
-        self.redis_port = free_port()
-        self.redis = subprocess.Popen(
-            [shutil.which("redis-server") or "redis-server", "--port", str(self.redis_port),
-             "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)
-        self.url = f"redis://127.0.0.1:{self.redis_port}/0"
+        self.redis = _workers.redis_server(root / "redis")
+        self.url = self.redis.url
         self.client = redis.Redis.from_url(self.url)
-        wait_for(self._pong, 10, "redis-server")
-
-    def _pong(self) -> bool:
-        try:
-            return bool(self.client.ping())
-        except redis.ConnectionError:
-            return False
 
     def env(self, variant: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("OTEL_", "WORKER_", "REDIS_"))}
-        env.update(PYTHONPATH=str(self.projects[variant] / "src"), REDIS_URL=self.url,
-                   WORKER_POOL="interactive", WORKER_PROCESSES="1", WORKER_CONCURRENCY="8",
-                   METRICS_PORT=str(free_port()),
-                   WORKER_STATE_DIR=tempfile.mkdtemp(dir=self.root))
+        env = _workers.worker_env(self.projects[variant], self.url,
+                                  Path(tempfile.mkdtemp(dir=self.root)), WORKER_CONCURRENCY="8")
         if variant == "on":
             env.update(OTEL_EXPORTER_OTLP_ENDPOINT=self.sink.endpoint,
                        OTEL_SERVICE_NAME="bench", OTEL_TRACES_SAMPLER="always_on")
@@ -181,37 +147,27 @@ class Bench:
     def throughput(self, variant: str, jobs: int) -> float:
         """No-op jobs per second, first start to last ack, in one worker process."""
         self.client.flushall()
-        from dramatiq.brokers.redis import RedisBroker
-
-        broker = RedisBroker(url=self.url)
-        for _ in range(jobs):
-            broker.enqueue(Message(queue_name=QUEUE, actor_name="bench_noop", args=(),
-                                   kwargs={}, options={}))
-        broker.close()
+        _workers.push(self.client, (_workers.message("bench_noop") for _ in range(jobs)))
         bodies = f"dramatiq:{QUEUE}.msgs"
-        worker = subprocess.Popen([sys.executable, "-m", PACKAGE, "worker"],
-                                  cwd=self.projects[variant], env=self.env(variant),
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        worker = _workers.start_worker(self.projects[variant], self.env(variant))
         try:
-            wait_for(lambda: self.client.hlen(bodies) < jobs, 60, "the first job")
+            _workers.wait_for(lambda: self.client.hlen(bodies) < jobs, 60, "the first job")
             started = time.perf_counter()
-            wait_for(lambda: self.client.hlen(bodies) == 0, 300, "every job")
+            _workers.wait_for(lambda: self.client.hlen(bodies) == 0, 300, "every job")
             return jobs / (time.perf_counter() - started)
         finally:
-            worker.terminate()
-            worker.wait(timeout=30)
+            _workers.stop(worker)
 
     def hooks(self, calls: int) -> dict[str, float]:
         env = self.env("off")
-        done = subprocess.run([sys.executable, "-c", HOOKS.format(package=PACKAGE), str(calls)],
+        done = subprocess.run([_workers.PYTHON, "-c", HOOKS.format(package=PACKAGE), str(calls)],
                               env=env, capture_output=True, text=True, check=True)
         result: dict[str, float] = json.loads(done.stdout)
         return result
 
     def close(self) -> None:
         self.client.close()
-        self.redis.terminate()
-        self.redis.wait(timeout=10)
+        self.redis.stop()
         self.sink.close()
 
 

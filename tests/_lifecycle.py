@@ -25,7 +25,7 @@ from typing import Any, Self
 import dramatiq
 import pytest
 import redis
-from bakery import BAKED_FIXTURES, PYTHON, package_of, project_env
+from bakery import PYTHON, free_port, package_of, project_env, wait_for
 from dramatiq.brokers.redis import RedisBroker
 
 QUEUE = "notifications"
@@ -149,9 +149,6 @@ def lc_project(bake: Callable[..., Path], tmp_path_factory: pytest.TempPathFacto
     """A ``database="none"`` bake with the test actors."""
     base = bake(database="none")
     return make_test_project(base, tmp_path_factory.mktemp("lc") / base.name)
-
-
-free_port = BAKED_FIXTURES.free_port
 
 
 def get(url: str, timeout: float = 10) -> tuple[int, str]:
@@ -385,18 +382,6 @@ def jobs(redis_url: str) -> Iterator[Jobs]:
     yield helper
     helper.client.close()
     helper.broker.close()
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, step: float = 0.02) -> Any:
-    """Poll ``predicate`` until it is truthy; fail naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(step)
 
 
 def wait_ready(jobs: Jobs, count: int = 1, timeout: float = 20) -> None:

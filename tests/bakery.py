@@ -10,6 +10,8 @@ import importlib.util
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,7 @@ def _baked_fixtures() -> Any:
 
 BAKED_FIXTURES = _baked_fixtures()
 RedisServer = BAKED_FIXTURES.RedisServer
+free_port = BAKED_FIXTURES.free_port
 
 
 def bake_project(output_dir: Path, **context: str) -> Path:
@@ -65,3 +68,16 @@ def run_cli(project: Path, *args: str, env: dict[str, str] | None = None, timeou
         cwd=project, env=env or project_env(project), capture_output=True, text=True,
         timeout=timeout,
     )
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, step: float = 0.02) -> Any:
+    """Poll ``predicate`` every ``step`` seconds (default 0.02) until it is truthy and return
+    its value; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(step)

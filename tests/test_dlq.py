@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import shutil
 import signal
-import socket
 import subprocess
 import textwrap
 import time
@@ -24,7 +23,7 @@ import redis
 from dramatiq import Message
 from dramatiq.brokers.redis import RedisBroker
 
-from bakery import PYTHON, package_of, project_env, run_cli
+from bakery import PYTHON, free_port, package_of, project_env, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -37,13 +36,6 @@ def project(bake: Callable[..., Path]) -> Path:
 @pytest.fixture
 def client(redis_url: str) -> redis.Redis:
     return redis.Redis.from_url(redis_url)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def dlq(project: Path, redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from bakery import PYTHON, TEST_DATABASE_URL, package_of, project_env, run_cli
+from bakery import PYTHON, TEST_DATABASE_URL, free_port, package_of, project_env, run_cli
 from dramatiq import Message
 from dramatiq.brokers.redis import RedisBroker
 
@@ -43,14 +43,6 @@ def project(bake: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory)
     shutil.copytree(bake(), copy)
     (copy / "src" / package_of(copy) / "actors" / "probe.py").write_text(PROBE_ACTOR)
     return copy
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.mark.slow
