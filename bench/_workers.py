@@ -24,7 +24,15 @@ from dramatiq.message import Message
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import bakery  # noqa: E402
-from bakery import PYTHON, RedisServer, bake_project, free_port, package_of, project_env  # noqa: E402
+from bakery import (  # noqa: E402
+    PYTHON,
+    RedisServer,
+    add_actors,
+    bake_project,
+    free_port,
+    package_of,
+    project_env,
+)
 
 __all__ = [
     "NS",
@@ -61,12 +69,9 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
 
 
 def bake(output_dir: Path, actors: dict[str, str] | None = None, **context: str) -> Path:
-    """Bake the template into ``output_dir`` with ``context``; write each ``actors``
-    module (file stem -> source, default none) into its ``actors`` package."""
-    project = bake_project(output_dir, **context)
-    for stem, source in (actors or {}).items():
-        (project / "src" / package_of(project) / "actors" / f"{stem}.py").write_text(source)
-    return project
+    """Bake the template into ``output_dir`` with ``context`` and add ``actors`` (module
+    name -> source, default none) to its actors package."""
+    return add_actors(bake_project(output_dir, **context), **(actors or {}))
 
 
 def redis_server(directory: Path) -> RedisServer:

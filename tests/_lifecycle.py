@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -25,7 +24,7 @@ from typing import Any, Self
 import dramatiq
 import pytest
 import redis
-from bakery import PYTHON, free_port, package_of, project_env, wait_for
+from bakery import PYTHON, copy_project, free_port, package_of, project_env, wait_for
 from dramatiq.brokers.redis import RedisBroker
 
 QUEUE = "notifications"
@@ -137,11 +136,10 @@ def lc_quick(job_id: str) -> None:
 '''
 
 
-def make_test_project(base: Path, target: Path) -> Path:
-    """Copy the bake ``base`` to ``target`` and add the test actors."""
-    shutil.copytree(base, target)
-    (target / "src" / package_of(target) / "actors" / "lc_test.py").write_text(TEST_ACTORS)
-    return target
+def make_test_project(base: Path, target: Path, **actors: str) -> Path:
+    """Copy the bake ``base`` to ``target`` with the lifecycle test actors and ``actors``
+    (module name -> source)."""
+    return copy_project(base, target, lc_test=TEST_ACTORS, **actors)
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -25,17 +26,18 @@ TEST_DATABASE_URL = os.environ.get(
 )
 
 
-def _baked_fixtures() -> Any:
-    """The baked projects' own conftest (no Jinja in it), loaded under another name."""
-    path = TEMPLATE / "{{cookiecutter.project}}" / "tests" / "conftest.py"
-    spec = importlib.util.spec_from_file_location("baked_conftest", path)
+def load_module(name: str, path: Path) -> Any:
+    """The Python file ``path`` imported as module ``name`` (not added to ``sys.modules``)."""
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-BAKED_FIXTURES = _baked_fixtures()
+#: The baked projects' own conftest (no Jinja in it), loaded under another name.
+BAKED_FIXTURES = load_module(
+    "baked_conftest", TEMPLATE / "{{cookiecutter.project}}" / "tests" / "conftest.py")
 RedisServer = BAKED_FIXTURES.RedisServer
 free_port = BAKED_FIXTURES.free_port
 
@@ -49,6 +51,29 @@ def bake_project(output_dir: Path, **context: str) -> Path:
 
 def package_of(project: Path) -> str:
     return project.name.replace("-", "_")
+
+
+def add_actors(project: Path, **modules: str) -> Path:
+    """Write each of ``modules`` (module name -> source) into ``project``'s actors package;
+    return ``project``."""
+    for name, source in modules.items():
+        (project / "src" / package_of(project) / "actors" / f"{name}.py").write_text(source)
+    return project
+
+
+def copy_project(base: Path, target: Path, **actors: str) -> Path:
+    """Copy the bake ``base`` to ``target`` (no caches) and add ``actors`` (see
+    :func:`add_actors`); return ``target``."""
+    shutil.copytree(base, target, ignore=shutil.ignore_patterns("__pycache__", ".*_cache"))
+    return add_actors(target, **actors)
+
+
+def make_manifests(project: Path, stack: str) -> subprocess.CompletedProcess[str]:
+    """The baked ``make manifests STACK=<stack>`` (renders build/manifests/<stack>.yaml)."""
+    return subprocess.run(
+        ["make", "-s", "manifests", f"STACK={stack}", f"PYTHON={PYTHON}"],
+        check=False, cwd=project, capture_output=True, text=True, timeout=120,
+    )
 
 
 def project_env(project: Path, **overrides: str) -> dict[str, str]:

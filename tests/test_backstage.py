@@ -5,7 +5,6 @@ Component whose links point at the dashboard it ships and at the runbook."""
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import re
@@ -16,7 +15,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from bakery import TEMPLATE
+from bakery import TEMPLATE, load_module
 from nodetools import check_json
 
 COOKIECUTTER = json.loads((TEMPLATE / "cookiecutter.json").read_text())
@@ -26,13 +25,7 @@ TEMPLATE_YAML = TEMPLATE / "template.yaml"
 
 
 def generator() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "backstage_template", TEMPLATE / "scripts" / "backstage_template.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module("backstage_template", TEMPLATE / "scripts" / "backstage_template.py")
 
 
 def loaded_template() -> dict[str, Any]:

@@ -9,7 +9,6 @@ that computes (CPU-bound: stops rising at 1 under the GIL) and one that fails.
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import subprocess
 from collections.abc import Callable
@@ -20,7 +19,7 @@ import redis
 from dramatiq import Message
 from dramatiq.brokers.redis import RedisBroker
 
-from bakery import package_of, project_env, run_cli
+from bakery import copy_project, project_env, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -62,10 +61,8 @@ def fail() -> None:
 @pytest.fixture(scope="module")
 def service(bake: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     project = bake(database="none")
-    copy = tmp_path_factory.mktemp("capacity") / project.name
-    shutil.copytree(project, copy)
-    (copy / "src" / package_of(copy) / "actors" / "capacity_probes.py").write_text(ACTORS)
-    return copy
+    return copy_project(project, tmp_path_factory.mktemp("capacity") / project.name,
+                        capacity_probes=ACTORS)
 
 
 def capacity(service: Path, redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:

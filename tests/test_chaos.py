@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import signal
 import time
 import uuid
@@ -31,7 +30,7 @@ import psycopg
 import pytest
 import redis
 from _lifecycle import Worker, wait_for
-from bakery import TEST_DATABASE_URL, package_of
+from bakery import TEST_DATABASE_URL, copy_project
 from dramatiq import Message
 from dramatiq.brokers.redis import RedisBroker
 
@@ -110,10 +109,8 @@ def _postgres_answers() -> bool:
 def chaos_project(bake: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The default bake (database option on) with the chaos actors."""
     base = bake()
-    target = tmp_path_factory.mktemp("chaos") / base.name
-    shutil.copytree(base, target)
-    (target / "src" / package_of(target) / "actors" / "chaos_test.py").write_text(CHAOS_ACTORS)
-    return target
+    return copy_project(base, tmp_path_factory.mktemp("chaos") / base.name,
+                        chaos_test=CHAOS_ACTORS)
 
 
 class Effects:

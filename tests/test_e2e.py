@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 import redis
-from bakery import PYTHON, TEST_DATABASE_URL, free_port, package_of, project_env, run_cli
+from bakery import (
+    PYTHON, TEST_DATABASE_URL, copy_project, free_port, package_of, project_env, run_cli)
 from dramatiq import Message
 from dramatiq.brokers.redis import RedisBroker
 
@@ -39,10 +40,8 @@ def probe(n: int) -> None:
 @pytest.fixture(scope="module")
 def project(bake: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The default bake (database option on) with a probe actor dropped into actors/."""
-    copy = tmp_path_factory.mktemp("e2e") / "orders-worker"
-    shutil.copytree(bake(), copy)
-    (copy / "src" / package_of(copy) / "actors" / "probe.py").write_text(PROBE_ACTOR)
-    return copy
+    return copy_project(bake(), tmp_path_factory.mktemp("e2e") / "orders-worker",
+                        probe=PROBE_ACTOR)
 
 
 @pytest.mark.slow

@@ -54,10 +54,8 @@ SHORT = 20
 @pytest.fixture(scope="session")
 def hol_project(bake: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = bake(database="none")
-    project = make_test_project(base, tmp_path_factory.mktemp("hol") / base.name)
-    (project / "src" / base.name.replace("-", "_") / "actors" / "hol_test.py").write_text(
-        HOL_ACTORS)
-    return project
+    return make_test_project(base, tmp_path_factory.mktemp("hol") / base.name,
+                             hol_test=HOL_ACTORS)
 
 
 @pytest.fixture

@@ -31,7 +31,7 @@ from worker_infra.policy import (
     workers,
 )
 
-from bakery import PYTHON, project_env
+from bakery import PYTHON, make_manifests, project_env
 
 STACKS = ("dev", "staging", "prod")
 CONTEXTS = {
@@ -39,17 +39,6 @@ CONTEXTS = {
     "minimal": {"project": "lean-worker", "database": "none", "sandbox_pool": "no"},
 }
 Objects = list[dict[str, Any]]
-
-
-def make_manifests(project: Path, stack: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["make", "-s", "manifests", f"STACK={stack}", f"PYTHON={PYTHON}"],
-        check=False,
-        cwd=project,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 @pytest.fixture(scope="module")

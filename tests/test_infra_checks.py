@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import yaml
-from bakery import PYTHON, TEMPLATE
+from bakery import PYTHON, TEMPLATE, make_manifests
 
 STACKS = ("dev", "staging", "prod")
 CHECKS_REQUIREMENTS = TEMPLATE / "requirements-checks.txt"
@@ -57,14 +57,7 @@ def render(project: Path) -> dict[str, tuple[Path, Path]]:
     """stack -> (project dir, build/manifests/<stack>.yaml), via the baked `make manifests`."""
     out = {}
     for stack in STACKS:
-        result = subprocess.run(
-            ["make", "-s", "manifests", f"STACK={stack}", f"PYTHON={PYTHON}"],
-            check=False,
-            cwd=project,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        result = make_manifests(project, stack)
         assert result.returncode == 0, result.stderr
         out[stack] = project, project / "build" / "manifests" / f"{stack}.yaml"
     return out

@@ -4,7 +4,6 @@ exact values on /metrics after a known workload; backlog read at scrape time in 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from dramatiq.message import Message
 from prometheus_client.parser import text_string_to_metric_families
 
 from _lifecycle import Worker, free_port, get, wait_for
-from bakery import PYTHON, package_of, project_env
+from bakery import PYTHON, copy_project, package_of, project_env
 
 pytestmark = pytest.mark.slow
 
@@ -91,10 +90,8 @@ def m_hold_db(n):
 
 
 def copy_with_actors(project: Path, target: Path) -> Path:
-    copy = target / project.name
-    shutil.copytree(project, copy, ignore=shutil.ignore_patterns("__pycache__", ".*_cache"))
-    (copy / "src" / package_of(project) / "actors" / "metrics_test.py").write_text(TEST_ACTORS)
-    return copy
+    """``project`` copied into the directory ``target`` with the metrics test actors."""
+    return copy_project(project, target / project.name, metrics_test=TEST_ACTORS)
 
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]

@@ -61,10 +61,8 @@ def aof_redis(tmp_path: Path) -> Iterator[RedisServer]:
 @pytest.fixture(scope="session")
 def outage_project(bake: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = bake(database="none")
-    project = make_test_project(base, tmp_path_factory.mktemp("outage") / base.name)
-    (project / "src" / base.name.replace("-", "_") / "actors" / "outage_test.py").write_text(
-        OUTAGE_ACTORS)
-    return project
+    return make_test_project(base, tmp_path_factory.mktemp("outage") / base.name,
+                             outage_test=OUTAGE_ACTORS)
 
 
 def test_jobs_failing_while_redis_is_down_are_all_retried_none_lost(

@@ -62,10 +62,8 @@ def sched_job(seconds: float) -> None:
 def sched_project(bake: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A ``database="none"`` bake with the scheduler test actor."""
     base = bake(database="none")
-    project = make_test_project(base, tmp_path_factory.mktemp("sched") / base.name)
-    actors = project / "src" / package_of(project) / "actors"
-    (actors / "sched_test.py").write_text(SCHED_ACTORS)
-    return project
+    return make_test_project(base, tmp_path_factory.mktemp("sched") / base.name,
+                             sched_test=SCHED_ACTORS)
 
 
 def pools_file(project: Path, directory: Path, schedules: str) -> Path:

@@ -3,7 +3,6 @@ refuse bad answers with a message that names the answer and the rule."""
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import os
@@ -12,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from bakery import PYTHON, TEMPLATE, TEST_DATABASE_URL
+from bakery import PYTHON, TEMPLATE, TEST_DATABASE_URL, load_module
 
 #: The defaults bake, tested without DATABASE_URL as a new team runs `make test` at first.
 WITHOUT_DATABASE_URL = {"python_version": "3.12"}
@@ -122,13 +121,7 @@ def test_accepts_image_repositories_with_a_port_or_path(cookies, answers: dict[s
 
 
 def _shadowed_names():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location(
-        "shadowed_names", TEMPLATE / "scripts" / "shadowed_names.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module("shadowed_names", TEMPLATE / "scripts" / "shadowed_names.py")
 
 
 def test_the_hooks_dependency_names_are_current() -> None:
