@@ -66,12 +66,20 @@ DEPENDENCY_MODULES = frozenset({
 # END generated
 
 
+def matches(answers: dict[str, str], key: str, pattern: re.Pattern[str], limit: int,
+            rule: str) -> str | None:
+    """None when answer ``key`` matches ``pattern`` in at most ``limit`` characters, else the
+    line ``<key> <value>: must be <rule>``."""
+    value = answers[key]
+    if pattern.match(value) and len(value) <= limit:
+        return None
+    return f"{key} {value!r}: must be {rule}"
+
+
 def check_project(answers: dict[str, str]) -> str | None:
-    project = answers["project"]
-    if not PROJECT_SLUG.match(project) or len(project) > 40:
-        return (f"project {project!r}: must be a lowercase slug of at most 40 characters "
-                "(letters, digits and single dashes, starting with a letter), e.g. orders-worker")
-    return None
+    return matches(answers, "project", PROJECT_SLUG, 40,
+                   "a lowercase slug of at most 40 characters (letters, digits and single "
+                   "dashes, starting with a letter), e.g. orders-worker")
 
 
 def check_package(answers: dict[str, str]) -> str | None:
@@ -107,11 +115,9 @@ def check_choices(answers: dict[str, str]) -> str | None:
 
 
 def check_namespace(answers: dict[str, str]) -> str | None:
-    namespace = answers["k8s_namespace"]
-    if not DNS_LABEL.match(namespace) or len(namespace) > 55:
-        return (f"k8s_namespace {namespace!r}: must be a DNS label of at most 55 characters "
-                "(the sandbox namespace appends '-sandbox')")
-    return None
+    return matches(answers, "k8s_namespace", DNS_LABEL, 55,
+                   "a DNS label of at most 55 characters (the sandbox namespace appends "
+                   "'-sandbox')")
 
 
 def check_image(answers: dict[str, str]) -> str | None:
