@@ -19,6 +19,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from signal import SIGTERM
 from typing import Any, Self
 
 import dramatiq
@@ -211,7 +212,7 @@ class ServiceProcess:
         assert self.process is not None
         return self.process.wait(timeout=timeout)
 
-    def stop(self, signum: int = signal.SIGTERM, timeout: float = 15) -> int:
+    def stop(self, signum: int = SIGTERM, timeout: float = 15) -> int:
         """Send ``signum`` (default SIGTERM) and return the exit code (within ``timeout`` s)."""
         self.signal(signum)
         return self.wait(timeout)
