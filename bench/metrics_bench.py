@@ -73,12 +73,14 @@ STACK_WORKER = '''
 import os, sys, time
 from pathlib import Path
 import dramatiq
-from orders_worker import actors, lifecycle  # noqa: F401
+from orders_worker import actors  # noqa: F401
+from orders_worker.lifecycle import LIFECYCLE
 from orders_worker.broker import broker
 from orders_worker.boards import ProgressBoard
 
+broker.emit_after("process_boot")
 board = ProgressBoard(Path(os.environ["WORKER_STATE_DIR"]), int(sys.argv[1]), broker.broker_id)
-lifecycle.attach(board)
+LIFECYCLE.attach(board)
 worker = dramatiq.Worker(broker, queues={"notifications"}, worker_threads=int(sys.argv[1]))
 worker.start()
 while True:
