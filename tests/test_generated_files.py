@@ -81,6 +81,10 @@ def test_ci_workflow_is_actionlint_clean_and_covers_every_stack(
     assert loaded["permissions"] == {"contents": "read"}
 
 
+#: Compose's duration syntax (the Compose Specification's "Specifying durations").
+COMPOSE_DURATION = re.compile(r"(?:\d+(?:\.\d+)?(?:us|ms|s|m|h))+")
+
+
 def check_compose_spec(*files: Path) -> subprocess.CompletedProcess[str]:
     """check-jsonschema with its vendored Compose Specification schema, offline."""
     return subprocess.run(
@@ -103,6 +107,20 @@ def test_compose_file_meets_the_compose_specification(
     assert compose_problems.returncode == 0, output
     assert "ok -- validation done" in output
     assert str(project / "compose.yaml") not in output, output
+    # The schema types durations as strings only (its "duration" format is not checked):
+    # each one in Compose's syntax (units us, ms, s, m, h, e.g. 1m30s).
+    services = yaml.safe_load((project / "compose.yaml").read_text())["services"]
+    durations = {
+        f"{name}.{key}": value
+        for name, service in services.items()
+        for key, value in [("stop_grace_period", service.get("stop_grace_period")),
+                           *service.get("healthcheck", {}).items()]
+        if key in {"stop_grace_period", "interval", "timeout", "start_period", "start_interval"}
+        and value is not None
+    }
+    assert durations
+    bad = {k: v for k, v in durations.items() if not COMPOSE_DURATION.fullmatch(str(v))}
+    assert bad == {}, bad
 
 
 @pytest.mark.parametrize(
