@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from {{ cookiecutter.package }}.pools import load_pools
 from {{ cookiecutter.package }}.settings import (
     EX_CONFIG,
     Settings,
@@ -37,22 +38,34 @@ def errors_of(monkeypatch: pytest.MonkeyPatch, **env: str) -> list[str]:
 
 
 def test_pool_supplies_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The values of pools.toml, whatever a team changed them to (queues added, shapes)."""
+    pool = load_pools().pools["bulk"]
     settings = settings_with(monkeypatch, WORKER_POOL="bulk")
-    assert settings.worker_queues == ["reports"]
-    assert (settings.worker_processes, settings.worker_concurrency) == (2, 2)
+    assert settings.worker_queues == pool.queues
+    assert (settings.worker_processes, settings.worker_concurrency) == (
+        pool.processes,
+        pool.concurrency,
+    )
     assert settings.worker_job_timeout_ms < settings.worker_shutdown_timeout_ms
 
 
 def test_prefetch_defaults_to_concurrency(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert settings_with(monkeypatch, WORKER_POOL="bulk").prefetch == 2
-    assert settings_with(monkeypatch, WORKER_POOL="bulk", WORKER_PREFETCH="6").prefetch == 6
+    pool = load_pools().pools["bulk"]
+    assert pool.prefetch is None, "this test needs a pool without an explicit prefetch"
+    assert settings_with(monkeypatch, WORKER_POOL="bulk").prefetch == pool.concurrency
+    prefetch = str(pool.concurrency + 4)
+    raised = settings_with(monkeypatch, WORKER_POOL="bulk", WORKER_PREFETCH=prefetch)
+    assert raised.prefetch == pool.concurrency + 4
 
 
 def test_config_shows_the_values_in_effect(monkeypatch: pytest.MonkeyPatch) -> None:
     """`config` prints what runs: an unset WORKER_PREFETCH shows the concurrency it defaults to."""
-    assert settings_with(monkeypatch, WORKER_POOL="bulk").masked()["WORKER_PREFETCH"] == 2
-    shown = settings_with(monkeypatch, WORKER_POOL="bulk", WORKER_PREFETCH="6").masked()
-    assert shown["WORKER_PREFETCH"] == 6
+    concurrency = load_pools().pools["bulk"].concurrency
+    shown = settings_with(monkeypatch, WORKER_POOL="bulk").masked()
+    assert shown["WORKER_PREFETCH"] == concurrency
+    prefetch = str(concurrency + 4)
+    shown = settings_with(monkeypatch, WORKER_POOL="bulk", WORKER_PREFETCH=prefetch).masked()
+    assert shown["WORKER_PREFETCH"] == concurrency + 4
     assert all(shown[key] is not None for key in shown if key.startswith("WORKER_"))
 
 
