@@ -22,6 +22,15 @@ if TYPE_CHECKING:
 
 PerProcess = Literal["db_pool_size", "concurrency"]
 MiB = 2**20
+#: Defaults shared by the components' arguments, stated once here.
+#: Seconds between a pod's drain window and its SIGKILL.
+DEFAULT_GRACE_MARGIN_S = 15
+#: Bytes per worker process besides its handlers (the memory guard).
+DEFAULT_MEMORY_BASE = 96 * MiB
+#: Port of /metrics, /livez and /readyz (the service's ``METRICS_PORT`` default).
+DEFAULT_METRICS_PORT = 9191
+#: UID and GID of every container (non-root; the image's user).
+DEFAULT_RUN_AS_USER = 10001
 
 
 class DownstreamModel(Protocol):
@@ -360,9 +369,9 @@ class ServiceSpec:
     database_url: pulumi.Input[str] | None = None
     scaling: ScalingSpec = field(default_factory=ScalingSpec)
     sandbox: SandboxSpec = field(default_factory=SandboxSpec)
-    grace_margin_s: int = 15
-    memory_base: int = 96 * MiB
-    metrics_port: int = 9191
+    grace_margin_s: int = DEFAULT_GRACE_MARGIN_S
+    memory_base: int = DEFAULT_MEMORY_BASE
+    metrics_port: int = DEFAULT_METRICS_PORT
     create_namespace: bool = True
     instance: str | None = None
     version: str = "unversioned"

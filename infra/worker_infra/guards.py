@@ -18,7 +18,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from .args import DownstreamSpec, MiB, PoolSpec
+from .args import DEFAULT_GRACE_MARGIN_S, DEFAULT_MEMORY_BASE, DownstreamSpec, MiB, PoolSpec
 from .capacity import Usage, capped_max_replicas, check_capacity
 from .errors import GuardError
 
@@ -28,7 +28,6 @@ SUPERVISOR_MEMORY = 50 * MiB
 PROBE_MEMORY = 56 * MiB
 #: Exec probes that can run at once in a container (liveness and readiness).
 CONCURRENT_PROBES = 2
-DEFAULT_MEMORY_BASE = 96 * MiB
 
 #: Variables worker_infra sets itself on every pod.
 MANAGED_ENV = frozenset(
@@ -183,7 +182,7 @@ class ServicePlan:
 def plan(
     pools: Sequence[PoolSpec],
     downstream: Sequence[DownstreamSpec],
-    grace_margin_s: int = 15,
+    grace_margin_s: int = DEFAULT_GRACE_MARGIN_S,
     memory_base: int = DEFAULT_MEMORY_BASE,
 ) -> ServicePlan:
     """Run every guard; return the derived numbers or raise :class:`GuardError`."""

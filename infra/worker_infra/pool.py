@@ -7,9 +7,14 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_kubernetes as k8s
 
-from .args import PoolSpec
-from .guards import (
+from .args import (
+    DEFAULT_GRACE_MARGIN_S,
     DEFAULT_MEMORY_BASE,
+    DEFAULT_METRICS_PORT,
+    DEFAULT_RUN_AS_USER,
+    PoolSpec,
+)
+from .guards import (
     check_memory,
     check_replicas,
     check_timing,
@@ -61,12 +66,12 @@ class WorkerPoolArgs:
     pools_config_map: str
     pools_checksum: str
     database_secret: str | None = None
-    grace_margin_s: int = 15
+    grace_margin_s: int = DEFAULT_GRACE_MARGIN_S
     memory_base: int = DEFAULT_MEMORY_BASE
-    metrics_port: int = 9191
+    metrics_port: int = DEFAULT_METRICS_PORT
     runtime_class: str | None = None
     priority_class: str | None = None
-    run_as_user: int = 10001
+    run_as_user: int = DEFAULT_RUN_AS_USER
     labels: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
 

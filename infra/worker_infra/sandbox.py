@@ -9,9 +9,17 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from .acl import acl_broker_url, acl_rule
-from .args import BrokerSpec, PoolSpec, SandboxSpec, ScalingSpec
+from .args import (
+    DEFAULT_GRACE_MARGIN_S,
+    DEFAULT_MEMORY_BASE,
+    DEFAULT_METRICS_PORT,
+    BrokerSpec,
+    PoolSpec,
+    SandboxSpec,
+    ScalingSpec,
+)
 from .capacity import TRANSITION_PODS
-from .guards import DEFAULT_MEMORY_BASE, mib
+from .guards import mib
 from .monitoring import pod_monitor
 from .pool import BROKER_PASSWORD_KEY, BROKER_URL_KEY, WorkerPool, WorkerPoolArgs, pool_labels
 from .poolsfile import checksum, pools_config_map
@@ -233,9 +241,9 @@ class SandboxPoolArgs:
     max_replicas: int | None = None
     sandbox: SandboxSpec = field(default_factory=SandboxSpec)
     scaling: ScalingSpec = field(default_factory=ScalingSpec)
-    grace_margin_s: int = 15
+    grace_margin_s: int = DEFAULT_GRACE_MARGIN_S
     memory_base: int = DEFAULT_MEMORY_BASE
-    metrics_port: int = 9191
+    metrics_port: int = DEFAULT_METRICS_PORT
     labels: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] | None = None
     create_namespace: bool = True

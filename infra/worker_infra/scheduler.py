@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_kubernetes as k8s
 
+from .args import DEFAULT_METRICS_PORT, DEFAULT_RUN_AS_USER
 from .errors import GuardError
 from .pool import BROKER_URL_KEY
 from .poolsfile import POOLS_FILE
@@ -83,8 +84,8 @@ class SchedulerArgs:
     image: str
     namespace: pulumi.Input[str]
     broker_secret: str
-    metrics_port: int = 9191
-    run_as_user: int = 10001
+    metrics_port: int = DEFAULT_METRICS_PORT
+    run_as_user: int = DEFAULT_RUN_AS_USER
     env: dict[str, str] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
     pools_config_map: str | None = None
