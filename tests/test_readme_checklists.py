@@ -18,7 +18,14 @@ from typing import Any
 import pytest
 import redis
 import yaml
-from bakery import BAKED_FIXTURES, PYTHON, bake_project, package_of, project_env, run_cli
+from bakery import (
+    BAKED_FIXTURES,
+    PYTHON,
+    bake_project,
+    package_of,
+    project_env,
+    run_cli,
+)
 from test_generated_files import check_compose_spec
 
 PROJECT = "checklist-worker"
@@ -124,8 +131,8 @@ def test_the_add_checklists_work_on_a_fresh_bake(tmp_path: Path, redis_url: str)
     refused = run_cli(project, "worker", env={**env, "WORKER_POOL": "external"}, timeout=60)
     assert refused.returncode == 78, refused.stderr
     plain = {line for line in refused.stderr.splitlines() if not line.startswith("{")}
-    assert plain == {"config error: actor 'import_file' uses queue 'imports', which no pool "
-                     "in pools.toml serves"}, refused.stderr
+    refusal = "config error: actor 'import_file' uses queue 'imports', which no pool in pools.toml serves"
+    assert plain == {refusal}, refused.stderr
 
     # Add a pool: pools.toml; tests/test_compose.py then asks for its compose service, and
     # the alert test for `make alerts`.
@@ -201,8 +208,8 @@ def run_the_pool(project: Path, env: dict[str, str], log: Path, redis_url: str) 
                               env={**env, "WORKER_POOL": "imports"}, stderr=log.open("w"),
                               start_new_session=True)
     try:
-        enqueue = ("from {p}.producer import enqueue; "
-                   "print(enqueue('import_file', 'f-1').message_id)").format(p=package_of(project))
+        enqueue = (f"from {package_of(project)}.producer import enqueue; "
+                   "print(enqueue('import_file', 'f-1').message_id)")
         sent = subprocess.run([PYTHON, "-c", enqueue], cwd=project, env=env,
                               capture_output=True, text=True, timeout=60, check=True)
         job_id = sent.stdout.strip()
