@@ -373,18 +373,12 @@ class SandboxPool(pulumi.ComponentResource):
         )
         self.scaler = BacklogScaler(
             f"{name}-scaler",
-            BacklogScalerArgs(
-                pool=pool.slug,
+            BacklogScalerArgs.for_pool(
+                pool,
                 project=args.project,
                 namespace=ns,
                 target=self.pool.deployment_name,
-                queues=pool.queues,
-                broker_namespace=pool.broker_namespace,
-                min_replicas=pool.min_replicas,
                 max_replicas=max_replicas,
-                backlog_age_target_s=pool.backlog_age_target_s,
-                per_replica=pool.processes * pool.concurrency,
-                processes=pool.processes,
                 broker=args.broker,
                 broker_secret=secret_name,
                 scaling=args.scaling,

@@ -28,7 +28,7 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
-from .args import BrokerSpec, ScalingSpec
+from .args import BrokerSpec, PoolSpec, ScalingSpec
 from .pool import BROKER_PASSWORD_KEY, pool_labels
 
 #: Label of the pool on the scraped series (the PodMonitor copies the pod label;
@@ -140,6 +140,46 @@ class BacklogScalerArgs:
     labels: dict[str, str] = field(default_factory=dict)
     broker_username_key: str | None = None
 
+    @classmethod
+    def for_pool(
+        cls,
+        pool: PoolSpec,
+        *,
+        project: str,
+        namespace: str,
+        target: pulumi.Input[str],
+        max_replicas: int,
+        broker: BrokerSpec,
+        broker_secret: str,
+        scaling: ScalingSpec,
+        labels: dict[str, str],
+        scale_down_period_s: int | None = None,
+        broker_username_key: str | None = None,
+    ) -> BacklogScalerArgs:
+        """The arguments of ``pool``'s scaler: its slug, queues, broker namespace, floor, age
+        target, processes and per-replica load (``processes x concurrency``) come from the
+        pool; the rest as the fields of the same names (``scale_down_period_s`` and
+        ``broker_username_key`` default to None)."""
+        return cls(
+            pool=pool.slug,
+            project=project,
+            namespace=namespace,
+            target=target,
+            queues=pool.queues,
+            broker_namespace=pool.broker_namespace,
+            min_replicas=pool.min_replicas,
+            max_replicas=max_replicas,
+            backlog_age_target_s=pool.backlog_age_target_s,
+            per_replica=pool.processes * pool.concurrency,
+            processes=pool.processes,
+            broker=broker,
+            broker_secret=broker_secret,
+            scaling=scaling,
+            scale_down_period_s=scale_down_period_s,
+            labels=labels,
+            broker_username_key=broker_username_key,
+        )
+
 
 def triggers(args: BacklogScalerArgs, auth: str | None) -> list[dict[str, Any]]:
     """The ScaledObject's triggers (see the module docstring)."""
@@ -212,6 +252,31 @@ def behavior(args: BacklogScalerArgs) -> dict[str, Any]:
     }
 
 
+KEDA_API_VERSION = "keda.sh/v1alpha1"
+
+
+def keda_object(
+    resource: str,
+    kind: str,
+    metadata: dict[str, Any],
+    spec: dict[str, Any],
+    opts: pulumi.ResourceOptions,
+) -> k8s.apiextensions.CustomResource:
+    """A KEDA custom resource ``kind`` (Pulumi resource name ``resource``)."""
+    return k8s.apiextensions.CustomResource(
+        resource, api_version=KEDA_API_VERSION, kind=kind, metadata=metadata, spec=spec, opts=opts
+    )
+
+
+def secret_refs(args: BacklogScalerArgs) -> list[dict[str, Any]]:
+    """The TriggerAuthentication's references into ``args.broker_secret``: the password
+    and, with an ACL user (``args.broker_username_key``), its name."""
+    keys = [("password", BROKER_PASSWORD_KEY)]
+    if args.broker_username_key:
+        keys.append(("username", args.broker_username_key))
+    return [{"parameter": p, "name": args.broker_secret, "key": key} for p, key in keys]
+
+
 class BacklogScaler(pulumi.ComponentResource):
     """KEDA ScaledObject (plus a TriggerAuthentication for the Redis password).
 
@@ -229,40 +294,19 @@ class BacklogScaler(pulumi.ComponentResource):
         self.trigger_auth: k8s.apiextensions.CustomResource | None = None
         if args.broker.password is not None:
             auth_name = f"{full_name}-redis"
-            self.trigger_auth = k8s.apiextensions.CustomResource(
+            self.trigger_auth = keda_object(
                 f"{name}-trigger-auth",
-                api_version="keda.sh/v1alpha1",
-                kind="TriggerAuthentication",
-                metadata={"name": auth_name, "namespace": args.namespace, "labels": labels},
-                spec={
-                    "secretTargetRef": [
-                        {
-                            "parameter": "password",
-                            "name": args.broker_secret,
-                            "key": BROKER_PASSWORD_KEY,
-                        },
-                        *(
-                            [
-                                {
-                                    "parameter": "username",
-                                    "name": args.broker_secret,
-                                    "key": args.broker_username_key,
-                                }
-                            ]
-                            if args.broker_username_key
-                            else []
-                        ),
-                    ]
-                },
-                opts=child,
+                "TriggerAuthentication",
+                {"name": auth_name, "namespace": args.namespace, "labels": labels},
+                {"secretTargetRef": secret_refs(args)},
+                child,
             )
         s = args.scaling
-        self.scaled_object = k8s.apiextensions.CustomResource(
+        self.scaled_object = keda_object(
             f"{name}-scaled-object",
-            api_version="keda.sh/v1alpha1",
-            kind="ScaledObject",
-            metadata={"name": full_name, "namespace": args.namespace, "labels": labels},
-            spec={
+            "ScaledObject",
+            {"name": full_name, "namespace": args.namespace, "labels": labels},
+            {
                 "scaleTargetRef": {
                     "apiVersion": "apps/v1",
                     "kind": "Deployment",
@@ -278,7 +322,7 @@ class BacklogScaler(pulumi.ComponentResource):
                 },
                 "triggers": triggers(args, auth_name),
             },
-            opts=pulumi.ResourceOptions(
+            pulumi.ResourceOptions(
                 parent=self, depends_on=[self.trigger_auth] if self.trigger_auth else None
             ),
         )

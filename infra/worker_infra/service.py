@@ -228,18 +228,12 @@ class WorkerService(pulumi.ComponentResource):
         )
         BacklogScaler(
             f"{self._name}-{pool.slug}-scaler",
-            BacklogScalerArgs(
-                pool=pool.slug,
+            BacklogScalerArgs.for_pool(
+                pool,
                 project=spec.project,
                 namespace=spec.namespace,
                 target=worker.deployment_name,
-                queues=pool.queues,
-                broker_namespace=pool.broker_namespace,
-                min_replicas=pool.min_replicas,
                 max_replicas=pool_plan.max_replicas,
-                backlog_age_target_s=pool.backlog_age_target_s,
-                per_replica=pool.processes * pool.concurrency,
-                processes=pool.processes,
                 broker=spec.broker,
                 broker_secret=self.broker_secret_name,
                 scaling=spec.scaling,
