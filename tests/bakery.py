@@ -106,3 +106,18 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str, step: floa
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(step)
+
+
+def postgres_answers(url: str = TEST_DATABASE_URL) -> bool:
+    """Whether a PostgreSQL answers ``select 1`` at ``url`` (default
+    :data:`TEST_DATABASE_URL`) within 2 s."""
+    try:
+        import psycopg
+    except ImportError:
+        return False
+    try:
+        with psycopg.connect(url, connect_timeout=2) as conn:
+            conn.execute("select 1")
+        return True
+    except psycopg.Error:
+        return False

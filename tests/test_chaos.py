@@ -30,7 +30,7 @@ import psycopg
 import pytest
 import redis
 from _lifecycle import Worker, wait_for
-from bakery import TEST_DATABASE_URL, copy_project
+from bakery import TEST_DATABASE_URL, copy_project, postgres_answers
 from dramatiq import Message
 from dramatiq.brokers.redis import RedisBroker
 
@@ -94,15 +94,6 @@ def chaos_db_once(job_id: str) -> None:
     once_in_transaction(f"chaos:{RUN}:{job_id}", lambda conn: _insert(conn, job_id))
     time.sleep(JOB_S)
 '''
-
-
-def _postgres_answers() -> bool:
-    try:
-        with psycopg.connect(TEST_DATABASE_URL, connect_timeout=2) as conn:
-            conn.execute("select 1")
-        return True
-    except psycopg.Error:
-        return False
 
 
 @pytest.fixture(scope="module")
@@ -242,7 +233,7 @@ def test_redis_side_effects_exactly_once_with_the_helper_duplicated_without(
     assert_exactly_once_only_with_the_helper(chaos("redis"))
 
 
-@pytest.mark.skipif(not _postgres_answers(), reason=f"no PostgreSQL at {TEST_DATABASE_URL}")
+@pytest.mark.skipif(not postgres_answers(), reason=f"no PostgreSQL at {TEST_DATABASE_URL}")
 def test_database_side_effects_exactly_once_with_the_helper_duplicated_without(
         chaos: Callable[[str], dict[str, dict[str, int]]]) -> None:
     assert_exactly_once_only_with_the_helper(chaos("db"))

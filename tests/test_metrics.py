@@ -19,7 +19,7 @@ from dramatiq.message import Message
 from prometheus_client.parser import text_string_to_metric_families
 
 from _lifecycle import Worker, free_port, get, wait_for
-from bakery import PYTHON, copy_project, package_of, project_env
+from bakery import PYTHON, copy_project, package_of, postgres_answers, project_env
 
 pytestmark = pytest.mark.slow
 
@@ -407,18 +407,7 @@ DATABASE_URL = (os.environ.get("TEST_DATABASE_URL") or os.environ.get("DATABASE_
                 or "postgresql://localhost:5432/postgres")
 
 
-def _postgres_answers() -> bool:
-    try:
-        import psycopg
-
-        with psycopg.connect(DATABASE_URL, connect_timeout=2) as conn:
-            conn.execute("select 1")
-        return True
-    except Exception:  # noqa: BLE001
-        return False
-
-
-@pytest.mark.skipif(not _postgres_answers(), reason=f"no PostgreSQL at {DATABASE_URL}")
+@pytest.mark.skipif(not postgres_answers(DATABASE_URL), reason=f"no PostgreSQL at {DATABASE_URL}")
 def test_db_pool_in_use_reaches_db_pool_size(
         pool: Callable[..., Pool], bake: Callable[..., Path], redis_url: str,
         tmp_path_factory: pytest.TempPathFactory) -> None:

@@ -561,6 +561,17 @@ def problems(results: Sequence[Result]) -> list[str]:
     return out
 
 
+def report(title: str, objects: Sequence[Obj]) -> bool:
+    """Simulate ``objects``; print the table under ``## <title>`` and a ``goal missed:`` line
+    per missed goal. True when a goal is missed."""
+    results = run(objects)
+    print(f"## {title}\n\n{table(results)}\n")
+    missed = problems(results)
+    for problem in missed:
+        print(f"goal missed: {problem}")
+    return bool(missed)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m worker_infra.simulate <rendered stack YAML>...``: print the table of each;
     exit 1 when a goal fails."""
@@ -569,11 +580,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     failed = False
     for path in argv if argv is not None else sys.argv[1:]:
         objects = list(yaml.safe_load_all(Path(path).read_text(encoding="utf-8")))
-        results = run(objects)
-        print(f"## {path}\n\n{table(results)}\n")
-        for problem in problems(results):
-            print(f"goal missed: {problem}")
-            failed = True
+        failed |= report(path, objects)
     return 1 if failed else 0
 
 
@@ -581,4 +588,14 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-__all__ = ["PoolModel", "Result", "cases", "pools_of", "problems", "run", "simulate", "table"]
+__all__ = [
+    "PoolModel",
+    "Result",
+    "cases",
+    "pools_of",
+    "problems",
+    "report",
+    "run",
+    "simulate",
+    "table",
+]

@@ -16,7 +16,7 @@ import sys
 
 from render import stack_objects
 from worker_infra.errors import GuardError
-from worker_infra.simulate import problems, run, table
+from worker_infra.simulate import report
 
 STACKS = ("dev", "staging", "prod")
 
@@ -29,11 +29,7 @@ def main(argv: list[str] | None = None) -> int:
         except (GuardError, FileNotFoundError) as error:
             print(f"simulate: stack {stack!r} refused: {' '.join(str(error).split())}")
             return 1
-        results = run(objects)
-        print(f"## stack {stack}\n\n{table(results)}\n")
-        for problem in problems(results):
-            print(f"goal missed: {problem}")
-            failed = True
+        failed |= report(f"stack {stack}", objects)
     return 1 if failed else 0
 
 
