@@ -52,20 +52,17 @@ def _worker_process(settings: Settings) -> int:
 
 def _worker(args: argparse.Namespace) -> int:
     from . import logs
-    from .settings import ConfigRefused, load_settings
+    from .settings import load_settings, report_refusals_to
 
-    try:
-        settings = load_settings()
-        logs.configure(settings.otel_service_name, settings.log_level)
-        if args.process:
-            return _worker_process(settings)
-        from .supervisor import Supervisor
+    if args.boot_report:  # a worker process tells its supervisor why it cannot boot
+        report_refusals_to(Path(args.boot_report))
+    settings = load_settings()
+    logs.configure(settings.otel_service_name, settings.log_level)
+    if args.process:
+        return _worker_process(settings)
+    from .supervisor import Supervisor
 
-        return Supervisor(settings).run()
-    except ConfigRefused as refused:
-        if args.boot_report:  # a worker process tells its supervisor why it cannot boot
-            Path(args.boot_report).write_text("".join(f"{line}\n" for line in refused.lines))
-        raise
+    return Supervisor(settings).run()
 
 
 def _config(args: argparse.Namespace) -> int:

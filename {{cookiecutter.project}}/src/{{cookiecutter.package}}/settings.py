@@ -358,10 +358,30 @@ class ConfigRefused(SystemExit):
         self.lines = lines
 
 
+#: Where :func:`refuse` writes instead of printing (see :func:`report_refusals_to`).
+_refusals: list[Path] = []
+
+
+def report_refusals_to(path: Path) -> None:
+    """Write later refusals to ``path`` instead of stderr: a worker process started by its
+    supervisor, which prints the reason once for the container (one line, not two)."""
+    _refusals[:] = [path]
+
+
+def _wrote(report: Path, lines: list[str]) -> bool:
+    try:
+        report.write_text("".join(f"{line}\n" for line in lines))
+    except OSError:
+        return False
+    return True
+
+
 def refuse(lines: list[str]) -> NoReturn:
-    """Print the configuration problems and exit with EX_CONFIG."""
-    for line in lines:
-        print(f"config error: {line}", file=sys.stderr, flush=True)
+    """Print the configuration problems (or write them to the refusal report, when one was
+    set and can be written) and exit with EX_CONFIG."""
+    if not any(_wrote(report, lines) for report in _refusals):
+        for line in lines:
+            print(f"config error: {line}", file=sys.stderr, flush=True)
     raise ConfigRefused(lines)
 
 
