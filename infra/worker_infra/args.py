@@ -4,16 +4,16 @@ worker_infra never imports the baked service, and it does not model a pool eithe
 service's pool model (its ``pools.py``) is the one definition of a pool's fields, bounds
 and defaults. The service's infra program merges the stack's overrides into pools.toml,
 validates the result with that model and hands worker_infra the validated objects
-(:meth:`PoolSpec.of`, :meth:`DownstreamSpec.of`, anything shaped like :class:`PoolModel`)
+(:meth:`PoolSpec.of` reads a ``Pool`` by its field names, :meth:`DownstreamSpec.of` a
+``Downstream``)
 together with the merged file's text, which the pods mount. The dataclasses below hold
 only what the infrastructure reads, with no defaults of their own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import pulumi
 
@@ -44,49 +44,9 @@ class DownstreamModel(Protocol):
     def per_process(self) -> PerProcess: ...
 
 
-class PoolModel(Protocol):
-    """A ``[pools.*]`` entry as the service's pool model validated it (its ``Pool``)."""
-
-    @property
-    def queues(self) -> Sequence[str]: ...
-    @property
-    def processes(self) -> int: ...
-    @property
-    def concurrency(self) -> int: ...
-    @property
-    def effective_prefetch(self) -> int: ...
-    @property
-    def job_timeout_ms(self) -> int: ...
-    @property
-    def shutdown_timeout_ms(self) -> int: ...
-    @property
-    def effective_db_pool_size(self) -> int: ...
-    @property
-    def memory(self) -> str: ...
-    @property
-    def memory_bytes(self) -> int: ...
-    @property
-    def cpu(self) -> str: ...
-    @property
-    def cpu_millis(self) -> int: ...
-    @property
-    def handler_memory(self) -> str | None: ...
-    @property
-    def handler_memory_bytes(self) -> int | None: ...
-    @property
-    def min_replicas(self) -> int: ...
-    @property
-    def max_replicas(self) -> int: ...
-    @property
-    def backlog_age_target_s(self) -> int: ...
-    @property
-    def uses(self) -> Sequence[str]: ...
-    @property
-    def sandbox(self) -> bool: ...
-    @property
-    def critical(self) -> bool: ...
-    @property
-    def broker_namespace(self) -> str: ...
+#: PoolSpec fields the pool model holds under another name (what the pods get, after
+#: the model's defaulting).
+MODEL_ATTRIBUTE = {"prefetch": "effective_prefetch", "db_pool_size": "effective_db_pool_size"}
 
 
 @dataclass(frozen=True)
@@ -166,31 +126,16 @@ class PoolSpec:
     broker_namespace: str
 
     @classmethod
-    def of(cls, name: str, pool: PoolModel) -> PoolSpec:
-        """The spec of a validated ``[pools.<name>]`` entry."""
-        return cls(
-            name=name,
-            queues=tuple(pool.queues),
-            processes=pool.processes,
-            concurrency=pool.concurrency,
-            prefetch=pool.effective_prefetch,
-            job_timeout_ms=pool.job_timeout_ms,
-            shutdown_timeout_ms=pool.shutdown_timeout_ms,
-            db_pool_size=pool.effective_db_pool_size,
-            memory=pool.memory,
-            memory_bytes=pool.memory_bytes,
-            cpu=pool.cpu,
-            cpu_millis=pool.cpu_millis,
-            handler_memory=pool.handler_memory,
-            handler_memory_bytes=pool.handler_memory_bytes,
-            min_replicas=pool.min_replicas,
-            max_replicas=pool.max_replicas,
-            backlog_age_target_s=pool.backlog_age_target_s,
-            uses=tuple(pool.uses),
-            sandbox=pool.sandbox,
-            critical=pool.critical,
-            broker_namespace=pool.broker_namespace,
-        )
+    def of(cls, name: str, pool: object) -> PoolSpec:
+        """The spec of a validated ``[pools.<name>]`` entry (the service's ``Pool``): each
+        field is the model's attribute of the same name (or :data:`MODEL_ATTRIBUTE`'s),
+        sequences as tuples, so a pool field the infrastructure reads is declared here once."""
+        values: dict[str, Any] = {}
+        for spec_field in fields(cls):
+            if spec_field.name != "name":
+                value = getattr(pool, MODEL_ATTRIBUTE.get(spec_field.name, spec_field.name))
+                values[spec_field.name] = tuple(value) if isinstance(value, list) else value
+        return cls(name=name, **values)
 
     @property
     def stalled_after_s(self) -> int:
