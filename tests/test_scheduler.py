@@ -305,7 +305,10 @@ def test_after_downtime_skip_fires_once_and_catch_up_fires_each_missed_tick_once
     state = cluster.state()
     if policy == "skip":
         first = after[0]
-        assert first - last >= 6, "the ticks of the downtime fired"
+        # The restart came at least 5.5 s after the last tick: the ticks of the downtime
+        # (last + 1 to last + 4) are missed; last + 5 fires only if the new leader was up
+        # within its grace (then it is the latest due tick, on time), else a later one.
+        assert first - last >= 5, "the ticks of the downtime fired"
         assert int(state["runs:missed"]) == first - last - 1
         assert after == list(range(first, first + len(after))), "a tick after the restart was lost"
         assert int(state.get("runs:caught_up", 0)) == 0
