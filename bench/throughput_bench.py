@@ -1,6 +1,6 @@
 """Throughput: the service's own worker against bare Dramatiq 2.2.1, side by side in one run.
 
-    python bench/throughput_bench.py [--rounds 3] [--quick]
+    python bench/throughput_bench.py [--rounds 3] [--quick] [--shape NAME ...]
 
 Both run the same actor body (three small Redis writes per job, plus the job's
 sleep) on the same redis-server, one worker process each, started once per
@@ -206,6 +206,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="defaults only, 1 round")
+    parser.add_argument("--shape", action="append", choices=sorted({s[0] for s in SHAPES}),
+                        help="only this work shape (repeatable; default: all)")
     args = parser.parse_args()
     rounds = 1 if args.quick else args.rounds
     modes = [False] if args.quick else [False, True]
@@ -216,6 +218,8 @@ def main() -> int:
     try:
         for equal in modes:
             for shape in SHAPES:
+                if args.shape and shape[0] not in args.shape:
+                    continue
                 row = measure(bench, shape, equal, rounds)
                 print(json.dumps(row), flush=True)
                 results.append(row)

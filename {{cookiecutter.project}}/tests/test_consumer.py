@@ -124,3 +124,62 @@ def test_once_fetching_stopped_a_settlement_takes_nothing(redis_url: str) -> Non
         assert client.llen(layout.queue_key("draining")) == 1
     finally:
         broker.close()
+
+
+def test_in_a_worker_the_handlers_take_their_next_jobs_themselves(redis_url: str) -> None:
+    broker = SettlingRedisBroker(url=redis_url, middleware=[])
+    done: list[int] = []
+
+    @dramatiq.actor(broker=broker, actor_name="job", queue_name="handed")
+    def job(n: int) -> None:
+        done.append(n)
+
+    enqueue(broker, "handed", 200)
+    fetches = counting_fetches(broker)
+    worker = dramatiq.Worker(broker, worker_threads=2, worker_timeout=50)
+    worker.queue_prefetch = 2
+    worker.start()
+    try:
+        wait_for(lambda: len(done) == 200, 30, "every job")
+    finally:
+        worker.stop()
+        broker.close()
+    assert sorted(done) == list(range(200))
+    # Each settlement took the next message: the consumer thread fetched only to start
+    # (and polled the empty queues), not once per job.
+    assert len(fetches) < 50, f"{len(fetches)} fetches for 200 jobs"
+
+
+class Hooked(dramatiq.Middleware):
+    def __init__(self, calls: list[str], name: str) -> None:
+        self.calls, self.name = calls, name
+
+    def after_ack(self, broker: dramatiq.Broker, message: Any) -> None:
+        self.calls.append(self.name)
+
+
+class Failing(dramatiq.Middleware):
+    def after_ack(self, broker: dramatiq.Broker, message: Any) -> None:
+        raise RuntimeError("injected")
+
+
+def test_signals_reach_exactly_the_middleware_that_handle_them(redis_url: str) -> None:
+    calls: list[str] = []
+    silent = dramatiq.Middleware()  # defines no hook of its own
+    broker = SettlingRedisBroker(
+        url=redis_url, middleware=[Hooked(calls, "first"), silent, Failing()]
+    )
+    try:
+        broker.emit_after("ack", None)  # bottom-up; a failing hook is logged, the rest run
+        assert calls == ["first"]
+        broker.add_middleware(Hooked(calls, "added"))  # the stack changed: seen at once
+        setattr(silent, "after_ack", lambda broker, message: calls.append("patched"))  # noqa: B010
+        broker.middleware.append(broker.middleware.pop())  # same stack, rebuilt list
+        calls.clear()
+        broker.emit_after("ack", None)
+        assert calls == ["added", "patched", "first"]
+        calls.clear()
+        broker.emit_before("ack", None)  # nobody defines before_ack
+        assert calls == []
+    finally:
+        broker.close()

@@ -47,6 +47,7 @@ from dramatiq.broker import MessageProxy
 from dramatiq.brokers.redis import RedisBroker, _RedisConsumer
 from dramatiq.common import compute_backoff, current_millis
 from dramatiq.errors import ConnectionClosed
+from dramatiq.middleware import Middleware, MiddlewareError
 
 from . import layout
 
@@ -182,6 +183,11 @@ class SettlingConsumer(_RedisConsumer):
         self.claimed = 0
         self._slots = threading.Lock()
         self._slot_freed = threading.Event()
+        #: The consumer thread's ``handle_message`` (Dramatiq's ``_ConsumerThread``: a
+        #: message onto the work queue, or the delay queue when it has an eta), taken by
+        #: :meth:`SettlingRedisBroker.consume` from the thread that calls it; None when
+        #: consumed from elsewhere. Handler threads pass their refills on through it.
+        self.dispatch: Callable[[MessageProxy], None] | None = None
         self.delayed = queue_name.endswith(layout.DELAY_SUFFIX)
         self._orphaned = False
         self._fetch_keys = layout.fetch_keys(broker.broker_id, queue_name)
@@ -211,6 +217,28 @@ class SettlingConsumer(_RedisConsumer):
             self.claimed -= claimed
             self.message_cache.extend(fetched)
         self._slot_freed.set()
+
+    def _hand_on(self, claimed: int, fetched: list[tuple[str, bytes | None]]) -> None:
+        """Pass a refill on from the handler thread that settled (see :attr:`dispatch`): its
+        next job is on the work queue without waking the consumer thread, whose wake-up
+        would wait for the interpreter lock while the other handlers run. The consumer
+        thread takes the refill of a delay queue (it releases due messages on its loop),
+        or when there is no dispatch, and is woken when the refill left a slot free."""
+        dispatch = self.dispatch
+        if dispatch is None or self.delayed or not fetched:
+            self._fill(claimed, fetched)
+            return
+        with self._slots:
+            self.claimed -= claimed
+            self.held.update(redis_id for redis_id, _ in fetched)
+        if len(fetched) < claimed:
+            self._slot_freed.set()
+        for redis_id, body in fetched:
+            message = self._admit(redis_id, body)
+            if message is None:
+                self._release(redis_id)
+            else:
+                dispatch(MessageProxy(message))
 
     def _next_cached(self) -> tuple[str, bytes | None] | None:
         """The first fetched message, now held; None when none is cached."""
@@ -318,16 +346,18 @@ class SettlingConsumer(_RedisConsumer):
         """Store ``settlement`` and refill the slot it frees in the same call."""
         redis_id = message.options[layout.REDIS_MESSAGE_ID]
         refill = self._claim(1, releasing=redis_id)
-        fetched: list[tuple[str, bytes | None]] = []
         try:
             _, fetched = self.broker.settle_and_take(self.queue_name, redis_id, settlement, refill)
         except redis.RedisError as error:
             # Still held: Dramatiq retries the settlement until Redis answers.
             with self._slots:
                 self.held.add(redis_id)
+            self._fill(refill, [])
             raise ConnectionClosed(error) from None
-        finally:
-            self._fill(refill, fetched)
+        except BaseException:
+            self._fill(refill, [])
+            raise
+        self._hand_on(refill, fetched)
         if settlement.sent is not None:
             self.broker.emit_after("enqueue", settlement.sent, settlement.delay)
 
@@ -369,6 +399,8 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
         self.settle_script = self.client.register_script(layout.SETTLE)
         #: False once :meth:`stop_fetching` was called: consumers and refills take nothing.
         self.fetching = True
+        self._hooked: dict[str, list[Middleware]] = {}
+        self._hooked_stack: list[Middleware] = []
         self._consumers: dict[str, SettlingConsumer] = {}
         self._consumers_lock = threading.Lock()
 
@@ -379,7 +411,50 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
                 consumer = SettlingConsumer(self, queue_name, prefetch, timeout)
                 self._consumers[queue_name] = consumer
             consumer.prefetch, consumer.timeout = prefetch, timeout
+            consumer.dispatch = getattr(threading.current_thread(), "handle_message", None)
             return consumer
+
+    # -- signals: only to the middleware that handle them ---------------------------------
+
+    def emit_before(self, signal: str, *args: Any, **kwargs: Any) -> None:
+        """Dramatiq's ``emit_before``, calling only the middleware that define the hook (a
+        dozen middleware and a few signals per job: most calls were the base no-op)."""
+        hook = "before_" + signal
+        for middleware in self._handling(hook):
+            try:
+                getattr(middleware, hook)(self, *args, **kwargs)
+            except MiddlewareError:
+                raise
+            except Exception:
+                self.logger.critical(
+                    "Unexpected failure in %s of %r.", hook, middleware, exc_info=True
+                )
+
+    def emit_after(self, signal: str, *args: Any, **kwargs: Any) -> None:
+        """Dramatiq's ``emit_after`` (bottom-up), calling only the middleware that define it."""
+        hook = "after_" + signal
+        for middleware in reversed(self._handling(hook)):
+            try:
+                getattr(middleware, hook)(self, *args, **kwargs)
+            except Exception:
+                self.logger.critical(
+                    "Unexpected failure in %s of %r.", hook, middleware, exc_info=True
+                )
+
+    def _handling(self, hook: str) -> list[Middleware]:
+        """The middleware, in order, whose class or instance defines ``hook`` (kept per hook
+        until the stack changes)."""
+        if self._hooked_stack != self.middleware:
+            self._hooked, self._hooked_stack = {}, list(self.middleware)
+        found = self._hooked.get(hook)
+        if found is None:
+            base = getattr(Middleware, hook, None)
+            found = self._hooked[hook] = [
+                m
+                for m in self._hooked_stack
+                if hook in vars(m) or getattr(type(m), hook, None) not in (None, base)
+            ]
+        return found
 
     def stop_fetching(self) -> None:
         """Take no more messages (the drain): consumers and refills fetch nothing from now on."""
