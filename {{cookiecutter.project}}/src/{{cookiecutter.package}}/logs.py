@@ -4,12 +4,13 @@ A line logged while a span is current (a job's lines, with tracing on) carries i
 ``trace_id`` and ``span_id``, so logs and traces join.
 
 Lines are written by one thread of their own (the standard library's ``QueueHandler``
-and ``QueueListener``): a handler thread that logs its job's line hands the record over
+hands records to it): a handler thread that logs its job's line hands the record over
 and goes on, instead of waiting for the handler lock while another thread formats and
 writes (measured: a third of the handler threads' time with 8 no-op jobs at a time).
 The writer writes what is pending every :data:`WRITE_INTERVAL_S`; up to
 :data:`PENDING_LINES` lines wait, past that a logging thread waits for the writer
-(nothing is dropped). It writes what is pending when the process exits.
+(nothing is dropped). It writes what is pending when the process exits; a process
+killed outright (SIGKILL) loses at most the last :data:`WRITE_INTERVAL_S` of lines.
 """
 
 from __future__ import annotations
