@@ -129,6 +129,11 @@ def configure(service: str, level: str = "INFO") -> None:
     writer = _Writer(pending, JsonFormatter(service))
     _writers.append(writer)
     writer.start()
+    # The lines carry none of the caller's file, line, thread or process names: skip
+    # collecting them for every record (the logging HOWTO's "Optimization" knobs).
+    logging._srcfile = None
+    logging.logThreads = False
+    logging.logMultiprocessing = False
     root = logging.getLogger()
     root.handlers[:] = [_HandOver(pending)]
     root.setLevel(level)
