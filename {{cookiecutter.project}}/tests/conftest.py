@@ -102,3 +102,11 @@ def redis_url(redis_server: RedisServer) -> Iterator[str]:
     client.flushall()
     yield redis_server.url
     client.close()
+
+
+@pytest.fixture
+def client(redis_url: str) -> Iterator[redis.Redis]:
+    """A client of the session's Redis (emptied before each test)."""
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()

@@ -29,6 +29,19 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> None:
         time.sleep(0.01)
 
 
+def work(broker: SettlingRedisBroker, threads: int, done: Callable[[], bool]) -> None:
+    """Run a Worker with ``threads`` handler threads and as many prefetched messages until
+    ``done()``; then stop it and close ``broker``."""
+    worker = dramatiq.Worker(broker, worker_threads=threads, worker_timeout=50)
+    worker.queue_prefetch = threads
+    worker.start()
+    try:
+        wait_for(done, 30, "every job")
+    finally:
+        worker.stop()
+        broker.close()
+
+
 def enqueue(broker: SettlingRedisBroker, queue: str, count: int) -> None:
     for n in range(count):
         message: Message[Any] = Message(
@@ -96,14 +109,7 @@ def test_held_messages_never_exceed_the_prefetch(redis_url: str) -> None:
             done.append(n)
 
     enqueue(broker, "bounded", 300)
-    worker = dramatiq.Worker(broker, worker_threads=4, worker_timeout=50)
-    worker.queue_prefetch = 4
-    worker.start()
-    try:
-        wait_for(lambda: len(done) == 300, 30, "every job")
-    finally:
-        worker.stop()
-        broker.close()
+    work(broker, 4, lambda: len(done) == 300)
     assert sorted(done) == list(range(300))
     assert 1 <= most[0] <= 4, f"held {most[0]} messages with a prefetch of 4"
 
@@ -136,14 +142,7 @@ def test_in_a_worker_the_handlers_take_their_next_jobs_themselves(redis_url: str
 
     enqueue(broker, "handed", 200)
     fetches = counting_fetches(broker)
-    worker = dramatiq.Worker(broker, worker_threads=2, worker_timeout=50)
-    worker.queue_prefetch = 2
-    worker.start()
-    try:
-        wait_for(lambda: len(done) == 200, 30, "every job")
-    finally:
-        worker.stop()
-        broker.close()
+    work(broker, 2, lambda: len(done) == 200)
     assert sorted(done) == list(range(200))
     # Each settlement took the next message: the consumer thread fetched only to start
     # (and polled the empty queues), not once per job.

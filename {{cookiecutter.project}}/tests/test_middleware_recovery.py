@@ -5,7 +5,6 @@ the thread of the passes outlives errors and stops with the worker."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -20,13 +19,6 @@ QUEUE = "work"
 MAX_ATTEMPTS = 3
 TIMEOUT_MS = 30_000
 TTL_MS = 86_400_000
-
-
-@pytest.fixture
-def client(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url)
-    yield client
-    client.close()
 
 
 def hold(client: redis.Redis, worker: str, redis_id: str, **options: int) -> None:

@@ -5,7 +5,6 @@ a redelivery takes its own lock over, the lease is renewed while the run goes on
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 
 import dramatiq
 import pytest
@@ -29,13 +28,6 @@ from {{ cookiecutter.package }}.schedules import (
 from stub_brokers import RedisStubBroker, work_off
 
 LEASE_MS = 60_000
-
-
-@pytest.fixture
-def client(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url)
-    yield client
-    client.close()
 
 
 def scheduled(schedule: str) -> dict[str, object]:
