@@ -235,10 +235,8 @@ class SettlingConsumer(_RedisConsumer):
             self._slot_freed.set()
         for redis_id, body in fetched:
             message = self._admit(redis_id, body)
-            if message is None:
-                self._release(redis_id)
-            else:
-                dispatch(MessageProxy(message))
+            if message is not None:
+                dispatch(message)
 
     def _next_cached(self) -> tuple[str, bytes | None] | None:
         """The first fetched message, now held; None when none is cached."""
@@ -261,8 +259,7 @@ class SettlingConsumer(_RedisConsumer):
                     self.misses = 0
                     message = self._admit(*cached)
                     if message is not None:
-                        return MessageProxy(message)
-                    self._release(cached[0])
+                        return message
                     continue
                 if self.outstanding_message_count >= self.prefetch or not self.broker.fetching:
                     # Every slot is taken: sleep until a delivery is settled, not on a timer.
@@ -291,8 +288,17 @@ class SettlingConsumer(_RedisConsumer):
         )
         return _pairs(raw)
 
-    def _admit(self, redis_id: str, body: bytes | None) -> Message[Any] | None:
-        """The message to hand on, or None when it was malformed (then dead-lettered)."""
+    def _admit(self, redis_id: str, body: bytes | None) -> MessageProxy | None:
+        """The held message ``redis_id`` to hand on; None when it was not one (then settled:
+        dropped or dead-lettered, and its slot freed)."""
+        message = self._check(redis_id, body)
+        if message is None:
+            self._release(redis_id)
+            return None
+        return MessageProxy(message)
+
+    def _check(self, redis_id: str, body: bytes | None) -> Message[Any] | None:
+        """The message, or None when it was malformed (then dead-lettered)."""
         if body is None:
             # Queued without a body (deleted meanwhile): nothing to run; stop holding it.
             self.broker.settle(self.queue_name, redis_id, ACK)
@@ -420,26 +426,30 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
         """Dramatiq's ``emit_before``, calling only the middleware that define the hook (a
         dozen middleware and a few signals per job: most calls were the base no-op)."""
         hook = "before_" + signal
-        for middleware in self._handling(hook):
-            try:
-                getattr(middleware, hook)(self, *args, **kwargs)
-            except MiddlewareError:
-                raise
-            except Exception:
-                self.logger.critical(
-                    "Unexpected failure in %s of %r.", hook, middleware, exc_info=True
-                )
+        self._emit(hook, self._handling(hook), args, kwargs, reraise=(MiddlewareError,))
 
     def emit_after(self, signal: str, *args: Any, **kwargs: Any) -> None:
         """Dramatiq's ``emit_after`` (bottom-up), calling only the middleware that define it."""
         hook = "after_" + signal
-        for middleware in reversed(self._handling(hook)):
+        self._emit(hook, reversed(self._handling(hook)), args, kwargs, reraise=())
+
+    def _emit(
+        self,
+        hook: str,
+        middleware: Iterable[Middleware],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        reraise: tuple[type[Exception], ...],
+    ) -> None:
+        """Call ``hook`` of each of ``middleware``; a failure is logged (as Dramatiq does),
+        except the ``reraise`` kinds."""
+        for each in middleware:
             try:
-                getattr(middleware, hook)(self, *args, **kwargs)
+                getattr(each, hook)(self, *args, **kwargs)
+            except reraise:
+                raise
             except Exception:
-                self.logger.critical(
-                    "Unexpected failure in %s of %r.", hook, middleware, exc_info=True
-                )
+                self.logger.critical("Unexpected failure in %s of %r.", hook, each, exc_info=True)
 
     def _handling(self, hook: str) -> list[Middleware]:
         """The middleware, in order, whose class or instance defines ``hook`` (kept per hook
