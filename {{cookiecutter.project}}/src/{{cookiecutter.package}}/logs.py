@@ -52,7 +52,8 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "service": self.service,
             "pid": record.process,
-            "msg": record.getMessage(),
+            # Rendered once, by the logging thread (see _HandOver.prepare), when it went there.
+            "msg": record.__dict__.get("message") or record.getMessage(),
         }
         span = getattr(record, "_span", None) or trace.get_current_span().get_span_context()
         if span.is_valid:
@@ -90,7 +91,8 @@ class _Writer(threading.Thread):
     def __init__(self, pending: queue.Queue[logging.LogRecord], formatter: JsonFormatter) -> None:
         super().__init__(name="log-writer", daemon=True)
         self.pending = pending
-        self.formatter = formatter
+        self.output = logging.StreamHandler(sys.stderr)
+        self.output.setFormatter(formatter)
         self.stopping = threading.Event()
 
     def run(self) -> None:
@@ -106,12 +108,12 @@ class _Writer(threading.Thread):
             except queue.Empty:
                 break
             try:
-                lines.append(self.formatter.format(record))
+                lines.append(self.output.format(record))
             except Exception:  # a record that cannot be formatted: say so, keep the others
-                logging.Handler.handleError(logging.Handler(), record)
+                self.output.handleError(record)
         if lines:
-            sys.stderr.write("\n".join(lines) + "\n")
-            sys.stderr.flush()
+            self.output.stream.write("\n".join(lines) + "\n")
+            self.output.flush()
 
     def stop(self) -> None:
         """Write what is pending and end."""
