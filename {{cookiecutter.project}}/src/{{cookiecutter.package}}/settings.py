@@ -359,13 +359,14 @@ class ConfigRefused(SystemExit):
 
 
 #: Where :func:`refuse` writes instead of printing (see :func:`report_refusals_to`).
-_refusals: list[Path] = []
+_refusal_report: Path | None = None
 
 
 def report_refusals_to(path: Path) -> None:
     """Write later refusals to ``path`` instead of stderr: a worker process started by its
     supervisor, which prints the reason once for the container (one line, not two)."""
-    _refusals[:] = [path]
+    global _refusal_report
+    _refusal_report = path
 
 
 def _wrote(report: Path, lines: list[str]) -> bool:
@@ -379,7 +380,7 @@ def _wrote(report: Path, lines: list[str]) -> bool:
 def refuse(lines: list[str]) -> NoReturn:
     """Print the configuration problems (or write them to the refusal report, when one was
     set and can be written) and exit with EX_CONFIG."""
-    if not any(_wrote(report, lines) for report in _refusals):
+    if _refusal_report is None or not _wrote(_refusal_report, lines):
         for line in lines:
             print(f"config error: {line}", file=sys.stderr, flush=True)
     raise ConfigRefused(lines)
