@@ -238,6 +238,10 @@ class SettlingConsumer(_RedisConsumer):
             if message is not None:
                 dispatch(message)
 
+    def _no_free_slot(self) -> bool:
+        """True when a fetch could take nothing: every slot held, or fetching stopped."""
+        return self.outstanding_message_count >= int(self.prefetch) or not self.broker.fetching
+
     def _next_cached(self) -> tuple[str, bytes | None] | None:
         """The first fetched message, now held; None when none is cached."""
         with self._slots:
@@ -261,10 +265,11 @@ class SettlingConsumer(_RedisConsumer):
                     if message is not None:
                         return message
                     continue
-                if self.outstanding_message_count >= self.prefetch or not self.broker.fetching:
-                    # Every slot is taken: sleep until a delivery is settled, not on a timer.
+                if self._no_free_slot():
+                    # Every slot is taken: sleep until a delivery is settled, not on a timer
+                    # (checked again once the event is cleared: a settlement may have come).
                     self._slot_freed.clear()
-                    if self.outstanding_message_count >= self.prefetch or not self.broker.fetching:
+                    if self._no_free_slot():
                         self._slot_freed.wait(self.timeout / 1000)
                     return None
                 claimed = self._claim(self.prefetch)
