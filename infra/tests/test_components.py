@@ -256,15 +256,25 @@ def test_backlog_scaler_without_a_password_has_no_trigger_authentication() -> No
     assert all("authenticationRef" not in t for t in objects[0]["spec"]["triggers"])
 
 
-def test_sandbox_pool_is_locked_down(service: ServiceSpec) -> None:
+def sandbox_args(service: ServiceSpec, **changes: Any) -> SandboxPoolArgs:
+    """The arguments of the service's sandbox pool in namespace ``sb``, then ``changes``."""
     pool = next(p for p in service.pools if p.sandbox)
-    args = SandboxPoolArgs(
-        pool=pool,
+    defaults: dict[str, Any] = {
+        "project": "o",
+        "image": "i",
+        "namespace": "sb",
+        "broker": BROKER,
+        "pools_file": pools_file_text(),
+    }
+    return SandboxPoolArgs(pool=pool, **{**defaults, **changes})
+
+
+def test_sandbox_pool_is_locked_down(service: ServiceSpec) -> None:
+    args = sandbox_args(
+        service,
         project="orders-worker",
         image="img:1",
         namespace="orders-worker-sandbox",
-        broker=BROKER,
-        pools_file=pools_file_text(),
         sandbox=service.sandbox,
     )
     objects = run(lambda: SandboxPool("sandbox", args))
@@ -290,15 +300,7 @@ def test_sandbox_pool_is_locked_down(service: ServiceSpec) -> None:
 
 
 def test_sandbox_policy_check_notices_an_extra_egress_rule(service: ServiceSpec) -> None:
-    pool = next(p for p in service.pools if p.sandbox)
-    args = SandboxPoolArgs(
-        pool=pool,
-        project="o",
-        image="i",
-        namespace="sb",
-        broker=BROKER,
-        pools_file=pools_file_text(),
-    )
+    args = sandbox_args(service)
     objects = run(lambda: SandboxPool("sandbox", args))
     assert sandbox_problems(objects, "sb", broker_port=6380) == []
     allow = next(o for o in objects if o["metadata"]["name"] == "allow-broker")
@@ -307,31 +309,19 @@ def test_sandbox_policy_check_notices_an_extra_egress_rule(service: ServiceSpec)
 
 
 def test_sandbox_policy_check_covers_plain_environment_values(service: ServiceSpec) -> None:
-    pool = next(p for p in service.pools if p.sandbox)
     for env in (
         {"DATABASE_URL": "postgresql://app:pw@db/app"},
         {"PARTNER": "https://user:pw@partner.example.com"},
         {"API_TOKEN": "abc"},
     ):
-        args = SandboxPoolArgs(
-            pool=pool,
-            project="o",
-            image="i",
-            namespace="sb",
-            broker=BROKER,
-            pools_file=pools_file_text(),
-            env=env,
-        )
+        args = sandbox_args(service, env=env)
         objects = run(lambda args=args: SandboxPool("sandbox", args))
         (name,) = env
         assert f"sb: pod gets {name} in plain text" in sandbox_problems(objects, "sb", 6380)
 
 
 def test_sandbox_policy_check_notices_a_wider_ingress_rule(service: ServiceSpec) -> None:
-    pool = next(p for p in service.pools if p.sandbox)
-    args = SandboxPoolArgs(
-        pool=pool, project="o", image="i", namespace="sb", broker=BROKER, pools_file="x"
-    )
+    args = sandbox_args(service, pools_file="x")
     objects = run(lambda: SandboxPool("sandbox", args))
     scrape = next(o for o in objects if o["metadata"]["name"] == "allow-scrape")
     scrape["spec"]["ingress"][0]["from"].append({"namespaceSelector": {}})
