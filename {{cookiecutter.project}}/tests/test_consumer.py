@@ -9,8 +9,6 @@ takes nothing.
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 from typing import Any
 
 import dramatiq
@@ -21,25 +19,25 @@ from {{ cookiecutter.package }} import layout
 from {{ cookiecutter.package }}.consumer import SettlingRedisBroker
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
-
-
-def work(broker: SettlingRedisBroker, threads: int, done: Callable[[], bool]) -> None:
+def work(broker: SettlingRedisBroker, queue: str, threads: int) -> None:
     """Run a Worker with ``threads`` handler threads and as many prefetched messages until
-    ``done()``; then stop it and close ``broker``."""
+    every message of ``queue`` is settled; then stop it and close ``broker``."""
     worker = dramatiq.Worker(broker, worker_threads=threads, worker_timeout=50)
     worker.queue_prefetch = threads
     worker.start()
     try:
-        wait_for(done, 30, "every job")
+        broker.join(queue, timeout=30_000)
     finally:
         worker.stop()
         broker.close()
+
+
+def held_and_queued(redis_url: str, broker: SettlingRedisBroker, queue: str) -> tuple[int, int]:
+    """How many of ``queue``'s messages ``broker`` holds, and how many wait in Redis."""
+    client = redis.Redis.from_url(redis_url)
+    return client.scard(layout.acks_key(broker.broker_id, queue)), client.llen(
+        layout.queue_key(queue)
+    )
 
 
 def enqueue(broker: SettlingRedisBroker, queue: str, count: int) -> None:
@@ -86,9 +84,7 @@ def test_a_settlement_takes_the_next_message_in_the_same_call(redis_url: str) ->
         assert third is not None and third.args == (2,)
         assert len(fetches) == 1, "a settlement's refill must spare the consumer's fetch"
         consumer.ack(third)
-        client = redis.Redis.from_url(redis_url)
-        assert client.scard(layout.acks_key(broker.broker_id, "refill")) == 0
-        assert client.llen(layout.queue_key("refill")) == 0
+        assert held_and_queued(redis_url, broker, "refill") == (0, 0)
     finally:
         broker.close()
 
@@ -109,7 +105,7 @@ def test_held_messages_never_exceed_the_prefetch(redis_url: str) -> None:
             done.append(n)
 
     enqueue(broker, "bounded", 300)
-    work(broker, 4, lambda: len(done) == 300)
+    work(broker, "bounded", 4)
     assert sorted(done) == list(range(300))
     assert 1 <= most[0] <= 4, f"held {most[0]} messages with a prefetch of 4"
 
@@ -125,9 +121,7 @@ def test_once_fetching_stopped_a_settlement_takes_nothing(redis_url: str) -> Non
         broker.stop_fetching()
         consumer.ack(first)
         assert next(consumer) is None
-        client = redis.Redis.from_url(redis_url)
-        assert client.scard(layout.acks_key(broker.broker_id, "draining")) == 0
-        assert client.llen(layout.queue_key("draining")) == 1
+        assert held_and_queued(redis_url, broker, "draining") == (0, 1)
     finally:
         broker.close()
 
@@ -142,7 +136,7 @@ def test_in_a_worker_the_handlers_take_their_next_jobs_themselves(redis_url: str
 
     enqueue(broker, "handed", 200)
     fetches = counting_fetches(broker)
-    work(broker, 2, lambda: len(done) == 200)
+    work(broker, "handed", 2)
     assert sorted(done) == list(range(200))
     # Each settlement took the next message: the consumer thread fetched only to start
     # (and polled the empty queues), not once per job.
