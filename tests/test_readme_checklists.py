@@ -216,9 +216,10 @@ def run_the_pool(project: Path, env: dict[str, str], log: Path, redis_url: str) 
         deadline = time.monotonic() + 60
         ended: list[dict[str, Any]] = []
         while not ended and time.monotonic() < deadline and worker.poll() is None:
-            ended = [json.loads(line) for line in log.read_text().splitlines()
-                     if line.startswith("{") and f'"job_id": "{job_id}"' in line
-                     and '"event": "job_end"' in line]
+            lines = [json.loads(line) for line in log.read_text().splitlines()
+                     if line.startswith("{")]
+            ended = [line for line in lines
+                     if line.get("job_id") == job_id and line.get("event") == "job_end"]
             time.sleep(0.05)
         assert ended and ended[0]["outcome"] == "success", log.read_text()[-3000:]
         assert redis.Redis.from_url(redis_url).llen("dramatiq:imports") == 0

@@ -1,4 +1,5 @@
-"""Metrics on Dramatiq's StubBroker: each outcome counted once its settlement is stored.
+"""Metrics on Dramatiq's StubBroker: each outcome counted once its settlement is stored,
+published by one thread; handler threads take no lock.
 
 The broker settles deliveries as the worker's does (:class:`stub_brokers.SettlingStubBroker`),
 so CrashAwareRetries and GracefulShutdown decide each outcome as they do in production.
@@ -12,7 +13,7 @@ import dramatiq
 import pytest
 from dramatiq.broker import MessageProxy
 from dramatiq.middleware import AgeLimit
-from prometheus_client import REGISTRY
+from prometheus_client import REGISTRY, Histogram
 
 from {{ cookiecutter.package }}.lifecycle import Requeue
 from {{ cookiecutter.package }}.middleware import (
@@ -20,6 +21,10 @@ from {{ cookiecutter.package }}.middleware import (
     CrashAwareRetries,
     GracefulShutdown,
     Metrics,
+)
+from {{ cookiecutter.package }}.middleware.metrics import (
+    DURATION_BUCKETS,
+    observe_all,
 )
 
 from stub_brokers import SettlingStubBroker, work_off
@@ -61,12 +66,13 @@ def stack(concurrency: int = 2) -> tuple[Metrics, SettlingStubBroker]:
 def test_each_outcome_is_counted_once_with_its_duration_and_log_line(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    _, broker = stack()
+    metrics, broker = stack()
     queue = "metrics_outcomes"
     inflight_seen: list[float] = []
 
     @dramatiq.actor(broker=broker, queue_name=queue)
     def succeeds() -> None:
+        metrics.publish()
         inflight_seen.append(gauge("worker_inflight_jobs"))
 
     @dramatiq.actor(broker=broker, queue_name=queue)
@@ -112,7 +118,7 @@ def test_each_outcome_is_counted_once_with_its_duration_and_log_line(
     runs_before = {actor: durations(queue, actor) for actor in actors}
 
     with caplog.at_level(logging.INFO):
-        work_off(broker, queue)
+        work_off(broker, queue)  # the worker's shutdown publishes what is left
 
     counted = {
         key: processed(queue, *key) - value
@@ -152,13 +158,16 @@ def test_an_outcome_is_counted_only_once_redis_holds_it() -> None:
     before = processed(queue, "job", "success")
     metrics.before_process_message(broker, message)
     metrics.after_process_message(broker, message)
+    metrics.publish()
     assert processed(queue, "job", "success") == before, (
         "not counted before the ack: while Redis is down the settlement is retried"
     )
     metrics.after_ack(broker, message)
+    metrics.publish()
     assert processed(queue, "job", "success") == before + 1
     metrics.after_ack(broker, message)  # Dramatiq retried a settlement that had succeeded
     metrics.after_nack(broker, message)
+    metrics.publish()
     assert processed(queue, "job", "success") == before + 1, "counted once"
 
 
@@ -170,4 +179,27 @@ def test_a_delayed_message_moved_to_its_queue_is_not_a_job() -> None:
 
     before = processed("metrics_moved", "job", "success")
     metrics.after_ack(broker, MessageProxy(job.message()))  # acked without a handler run
+    metrics.publish()
     assert processed("metrics_moved", "job", "success") == before
+
+
+def test_observe_all_writes_what_observe_writes_one_by_one() -> None:
+    amounts = [0.0, 0.0049, 0.005, 0.0051, 0.3, 7.0, 3600.0, 3600.5, 1e9, 0.005, 0.01]
+    one_by_one = Histogram("one_by_one", "h", buckets=DURATION_BUCKETS, registry=None)
+    at_once = Histogram("at_once", "h", buckets=DURATION_BUCKETS, registry=None)
+    for amount in amounts:
+        one_by_one.observe(amount)
+    observe_all(at_once, amounts)
+
+    def samples(histogram: Histogram, name: str) -> dict[tuple[str, str], float]:
+        (metric,) = histogram.collect()
+        return {
+            (sample.name.replace(name, ""), sample.labels.get("le", "")): sample.value
+            for sample in metric.samples
+            if not sample.name.endswith("_created")
+        }
+
+    expected, got = samples(one_by_one, "one_by_one"), samples(at_once, "at_once")
+    assert got.keys() == expected.keys()
+    for key, value in expected.items():
+        assert got[key] == pytest.approx(value), key

@@ -19,7 +19,6 @@ from dramatiq.middleware import (
     AgeLimit,
     Callbacks,
     CurrentMessage,
-    Pipelines,
     Retries,
     TimeLimit,
 )
@@ -32,6 +31,7 @@ from .middleware import (
     CrashAwareRetries,
     GracefulShutdown,
     Metrics,
+    Pipelines,
     Progress,
     Recovery,
     Tracing,

@@ -35,12 +35,14 @@ down at that moment. :class:`SettlingRedisBroker` and :class:`SettlingConsumer` 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Container, Iterable
 from typing import Any, Literal
 
+import orjson
 import redis
 from dramatiq import Message
 from dramatiq.broker import MessageProxy
@@ -132,7 +134,7 @@ def inspect(
     Parameters:
       actors: the declared actor names (None: not checked, e.g. in the supervisor).
     """
-    problem, fields = layout.malformation(body, queue)
+    problem, fields = layout.malformation(body, queue, parse=loads)
     if problem is not None:
         return problem, None, fields
     message: Message[Any] = Message(**{**fields, "args": tuple(fields["args"])})
@@ -148,6 +150,16 @@ def inspect(
     if actors is not None and message.actor_name not in actors:
         return f"unknown actor {message.actor_name!r} (none declared here)", message, fields
     return None, message, fields
+
+
+def loads(body: bytes) -> Any:
+    """``json.loads(body)``, parsed by orjson (each fetched body is parsed on the hot path);
+    what orjson refuses and the standard library reads (``NaN``, integers beyond 64
+    bits, as Dramatiq's own decoder accepts them) is read by the standard library."""
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return json.loads(body)
 
 
 def dead_letter_body(
@@ -411,7 +423,8 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
         #: False once :meth:`stop_fetching` was called: consumers and refills take nothing.
         self.fetching = True
         self._hooked: dict[str, list[Middleware]] = {}
-        self._hooked_stack: list[Middleware] = []
+        self._hooked_stack: list[Middleware] | None = None
+        self._hooked_size = 0
         self._consumers: dict[str, SettlingConsumer] = {}
         self._consumers_lock = threading.Lock()
 
@@ -458,15 +471,17 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
 
     def _handling(self, hook: str) -> list[Middleware]:
         """The middleware, in order, whose class or instance defines ``hook`` (kept per hook
-        until the stack changes)."""
-        if self._hooked_stack != self.middleware:
-            self._hooked, self._hooked_stack = {}, list(self.middleware)
+        until the stack changes: another list, or a longer or shorter one, as
+        ``add_middleware`` makes it)."""
+        stack = self.middleware
+        if self._hooked_stack is not stack or self._hooked_size != len(stack):
+            self._hooked, self._hooked_stack, self._hooked_size = {}, stack, len(stack)
         found = self._hooked.get(hook)
         if found is None:
             base = getattr(Middleware, hook, None)
             found = self._hooked[hook] = [
                 m
-                for m in self._hooked_stack
+                for m in stack
                 if hook in vars(m) or getattr(type(m), hook, None) not in (None, base)
             ]
         return found

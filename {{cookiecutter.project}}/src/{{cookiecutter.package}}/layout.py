@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -220,16 +220,19 @@ def deliveries(options: dict[str, Any]) -> int:
     return int(options.get(RETRIES, 0)) + crashes(options)
 
 
-def malformation(body: bytes, queue: str) -> tuple[str | None, Any]:
+def malformation(
+    body: bytes, queue: str, parse: Callable[[bytes], Any] = json.loads
+) -> tuple[str | None, Any]:
     """Why ``body``, fetched from ``queue``, is not a Dramatiq message it can run, or None.
 
     Returns (problem, parsed JSON or None). Checks the JSON object, each field and
     its type, the counters of its options, and that its ``queue_name`` is ``queue``
     (a message naming another queue would be acked on the wrong one). The Redis id
-    and the actor are the caller's to check.
+    and the actor are the caller's to check. ``parse`` reads the JSON (default
+    ``json.loads``; it raises ``ValueError`` on a body that is not JSON).
     """
     try:
-        fields = json.loads(body)
+        fields = parse(body)
     except ValueError as error:
         return f"body is not JSON ({error})", None
     if not isinstance(fields, dict):

@@ -2,6 +2,7 @@
 
 from .attempts import Attempts
 from .metrics import Metrics
+from .pipelines import Pipelines
 from .progress import Progress
 from .recovery import Recovery
 from .retries import CrashAwareRetries
@@ -15,6 +16,7 @@ __all__ = [
     "CrashAwareRetries",
     "GracefulShutdown",
     "Metrics",
+    "Pipelines",
     "Progress",
     "Recovery",
     "Tracing",

@@ -21,34 +21,69 @@ class SuspectGate:
 
     A readers-writer lock that prefers the suspect: once one waits, no new handler
     starts until it has run. Waiting gives up when ``abort()`` turns true.
+
+    An ordinary handler enters and leaves without taking a lock while no suspect
+    runs or waits (every job passes here; a lock that handler threads queue on
+    costs more than the jobs' own work). It puts itself on the running list first
+    and then looks for a suspect, and a suspect announces itself first and then
+    looks at the running list, so one of the two always sees the other: the
+    ordinary handler steps back, or the suspect waits for it to leave. Suspects and
+    handlers that wait take the condition's lock.
     """
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._running = 0
-        self._alone = False
+        self._cond = threading.Condition(threading.Lock())
+        #: Thread ids of the handlers that entered (the suspect included); list operations
+        #: are atomic, so handler threads change it without the lock.
+        self._running: list[int] = []
+        self._suspect: int | None = None
         self._suspects_waiting = 0
+        self._waiting = 0
 
     def enter(self, suspect: bool, abort: Callable[[], bool]) -> bool:
         """Wait for a turn (alone when ``suspect``); False when ``abort()`` stopped the wait."""
+        me = threading.get_ident()
+        if not suspect:
+            self._running.append(me)
+            if self._suspect is None and not self._suspects_waiting:
+                return True
+            self._running.remove(me)  # a suspect runs or waits: step back, wait below
+            self._wake()
         with self._cond:
             self._suspects_waiting += suspect
             try:
-                while self._alone or (self._running if suspect else self._suspects_waiting):
+                while self._suspect is not None or (
+                    self._running if suspect else self._suspects_waiting
+                ):
                     if abort():
                         return False
-                    self._cond.wait(0.1)
-                self._alone = suspect
-                self._running += 1
+                    self._waiting += 1
+                    try:
+                        self._cond.wait(0.1)
+                    finally:
+                        self._waiting -= 1
+                if suspect:
+                    self._suspect = me
+                self._running.append(me)
                 return True
             finally:
                 self._suspects_waiting -= suspect
 
     def leave(self) -> None:
-        with self._cond:
-            self._running -= 1
-            self._alone = False
-            self._cond.notify_all()
+        me = threading.get_ident()
+        self._running.remove(me)
+        if self._suspect == me:
+            with self._cond:
+                self._suspect = None
+                self._cond.notify_all()
+        else:
+            self._wake()
+
+    def _wake(self) -> None:
+        """Wake the waiters, if any, to look again."""
+        if self._waiting:
+            with self._cond:
+                self._cond.notify_all()
 
 
 class Attempts(Middleware):

@@ -24,6 +24,15 @@ An outcome is counted (and the job's line logged) once Redis holds it, after
 Dramatiq's ack or nack succeeded (``after_ack``/``after_nack``): while Redis is
 down a failed job's retry is not stored, so it is not counted either.
 
+The job's line is written before the ack's hook returns. The counts, durations and
+the in-flight gauge reach the metric files every ``PUBLISH_INTERVAL_S`` (0.5 s), from
+one publisher thread: a handler thread only appends to a queue, so the hot path
+takes none of prometheus-client's locks (its multiprocess values share one lock per
+process, and handler threads waiting on it cost more than the jobs' own work).
+Prometheus scrapes every 15 s or more, so the delay does not show; the final
+values are published when the worker shuts down, and a process killed outright
+(SIGKILL, OOM) loses at most the last interval's counts, not the job lines.
+
 A malformed message (not a Dramatiq message, an unknown actor, no Redis id) is
 dead-lettered by the consumer before any handler sees it and counted here as
 ``dead_letter`` (``actor`` is ``unknown`` when it names no declared actor). A
@@ -34,8 +43,11 @@ reaches a handler and is not counted here (``queue_dead_letters`` shows it).
 
 from __future__ import annotations
 
+import bisect
+import collections
 import importlib
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -75,8 +87,9 @@ DURATION_BUCKETS = (
     3600.0,
 )
 OUTCOMES = ("success", "failure", "retry", "dead_letter", "requeued", "skipped")
-#: How often a worker process refreshes db_pool_in_use / db_pool_size.
-DB_POOL_INTERVAL_S = 1.0
+#: How often a worker process publishes its recorded jobs, the in-flight gauge and
+#: db_pool_in_use / db_pool_size to the metric files.
+PUBLISH_INTERVAL_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -151,6 +164,32 @@ def db_instruments() -> DbPoolInstruments:
         return _db_instruments
 
 
+def observe_all(histogram: Histogram, amounts: list[float]) -> None:
+    """``histogram.observe(a)`` for each of ``amounts``, with one write per bucket.
+
+    ``observe`` writes the sum and one bucket per amount, each under the process's
+    metric lock; a publication of a few thousand jobs writes each once instead. It
+    relies on prometheus-client's Histogram layout (``_upper_bounds``, ``_buckets``,
+    ``_sum``, one bucket per bound, an amount counted in the first bound it does not
+    exceed); ``test_middleware_metrics`` compares it with ``observe`` on the installed
+    release, and any other layout falls back to ``observe``.
+    """
+    bounds = getattr(histogram, "_upper_bounds", None)
+    buckets = getattr(histogram, "_buckets", None)
+    total = getattr(histogram, "_sum", None)
+    if bounds is None or buckets is None or total is None or len(bounds) != len(buckets):
+        for amount in amounts:
+            histogram.observe(amount)
+        return
+    counts = [0] * len(bounds)
+    for amount in amounts:
+        counts[bisect.bisect_left(bounds, amount)] += 1
+    total.inc(math.fsum(amounts))
+    for bucket, count in zip(buckets, counts, strict=True):
+        if count:
+            bucket.inc(count)
+
+
 #: Attribute of a MessageProxy holding (outcome, duration) between the handler's end and its ack.
 _ENDED = "_metrics_ended"
 
@@ -178,40 +217,78 @@ def skip_outcome(message: MessageProxy) -> str:
 class Metrics(Middleware):
     """Records job outcomes, durations and the in-flight count; logs each job's end.
 
+    Handler threads record into queues; a publisher thread writes them to the
+    metric objects every ``publish_interval_s`` (see the module docstring) and
+    :meth:`publish` does it at once.
+
     Parameters:
       concurrency: ``WORKER_CONCURRENCY`` (this process's handler threads).
       database: publish the connection pool's use (default: the database option is on).
+      publish_interval_s: seconds between two publications (default ``PUBLISH_INTERVAL_S``).
     """
 
-    def __init__(self, concurrency: int, database: bool | None = None) -> None:
+    def __init__(
+        self,
+        concurrency: int,
+        database: bool | None = None,
+        publish_interval_s: float = PUBLISH_INTERVAL_S,
+    ) -> None:
         self.concurrency = concurrency
         self.database = DATABASE_ENABLED if database is None else database
-        self._local = threading.local()
+        self.publish_interval_s = publish_interval_s
+        #: Handler thread id -> ``perf_counter()`` when its job started (the jobs in flight).
+        self._running: dict[int, float] = {}
+        #: Recorded, not yet published: (queue, actor, outcome) and (queue, actor, seconds).
+        self._outcomes: collections.deque[tuple[str, str, str]] = collections.deque()
+        self._durations: collections.deque[tuple[str, str, float]] = collections.deque()
         self._children: dict[tuple[str, str, str], Counter] = {}
         self._timers: dict[tuple[str, str], Histogram] = {}
+        self._publishing = threading.Lock()
         self._stop = threading.Event()
 
     # -- boot and shutdown -------------------------------------------------------------------
 
     def before_worker_boot(self, broker: Broker, worker: Worker) -> None:
-        metrics = instruments()
-        metrics.concurrency.set(self.concurrency)
-        if self.database:
-            threading.Thread(
-                target=self._watch_db_pool, name="metrics-db-pool", daemon=True
-            ).start()
+        instruments().concurrency.set(self.concurrency)
+        self._stop.clear()
+        threading.Thread(target=self._publish_loop, name="metrics", daemon=True).start()
 
     def after_worker_shutdown(self, broker: Broker, worker: Worker) -> None:
         self._stop.set()
+        self.publish()
 
-    def _watch_db_pool(self) -> None:
-        while True:
+    def _publish_loop(self) -> None:
+        while not self._stop.wait(self.publish_interval_s):
             try:
-                self.update_db_pool()
+                self.publish()
             except Exception:  # a background thread never dies: one line, then go on
-                logger.exception("database pool metrics failed")
-            if self._stop.wait(DB_POOL_INTERVAL_S):
-                return
+                logger.exception("publishing metrics failed")
+
+    def publish(self) -> None:
+        """Write the recorded outcomes and durations, the in-flight count and (with the
+        database option) the pool's use to the metric objects."""
+        with self._publishing:
+            metrics = instruments()
+            outcomes: collections.Counter[tuple[str, str, str]] = collections.Counter()
+            while self._outcomes:
+                outcomes[self._outcomes.popleft()] += 1
+            for key, count in outcomes.items():
+                counter = self._children.get(key)
+                if counter is None:
+                    counter = self._children[key] = metrics.processed.labels(*key)
+                counter.inc(count)
+            durations: dict[tuple[str, str], list[float]] = {}
+            while self._durations:
+                queue, actor, seconds = self._durations.popleft()
+                durations.setdefault((queue, actor), []).append(seconds)
+            for labels, amounts in durations.items():
+                timer = self._timers.get(labels)
+                if timer is None:
+                    timer = self._timers[labels] = metrics.duration.labels(*labels)
+                observe_all(timer, amounts)
+            metrics.inflight.set(len(self._running))
+            if self.database:
+                self.update_db_pool()
 
     def update_db_pool(self) -> None:
         """Publish this process's pool size and connections in use (cheap: no I/O)."""
@@ -226,11 +303,10 @@ class Metrics(Middleware):
         gauges.size.set(pool.max_size)
         gauges.in_use.set(stats.get("pool_size", 0) - stats.get("pool_available", 0))
 
-    # -- per message ---------------------------------------------------------------------------
+    # -- per message (handler threads: no lock, no I/O) ----------------------------------------
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
-        instruments().inflight.inc()
-        self._local.started = time.perf_counter()
+        self._running[threading.get_ident()] = time.perf_counter()
 
     def after_process_message(
         self,
@@ -251,18 +327,13 @@ class Metrics(Middleware):
 
     def _end(self, broker: Broker, message: MessageProxy, outcome: str, *, ran: bool) -> None:
         """The handler is done: time it now, count and log its outcome once it is settled."""
-        started: float | None = getattr(self._local, "started", None)
-        self._local.started = None
+        started = self._running.pop(threading.get_ident(), None)
         duration = 0.0
         if started is not None:
-            instruments().inflight.dec()
             duration = time.perf_counter() - started
             if ran:
-                queue, actor = canonical(message.queue_name), message.actor_name
-                timer = self._timers.get((queue, actor))
-                if timer is None:
-                    timer = self._timers[queue, actor] = instruments().duration.labels(queue, actor)
-                timer.observe(duration)
+                queue = canonical(message.queue_name)
+                self._durations.append((queue, message.actor_name, duration))
         setattr(message, _ENDED, (outcome, duration))
 
     # -- once the outcome is stored (Dramatiq's ack or nack succeeded) ------------------------
@@ -295,9 +366,6 @@ class Metrics(Middleware):
     after_nack = after_ack
 
     def count(self, queue: str, actor: str, outcome: str) -> None:
-        """Add one to ``jobs_processed_total{queue,actor,outcome}`` (O(1), no I/O)."""
-        key = (queue, actor, outcome)
-        counter = self._children.get(key)
-        if counter is None:
-            counter = self._children[key] = instruments().processed.labels(queue, actor, outcome)
-        counter.inc()
+        """Add one to ``jobs_processed_total{queue,actor,outcome}`` at the next publication
+        (O(1), no lock, no I/O)."""
+        self._outcomes.append((queue, actor, outcome))

@@ -24,18 +24,28 @@ class GracefulShutdown(Middleware):
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        #: Handler thread id -> its message. Each thread sets and pops its own key (atomic
+        #: dict operations): the per-job hooks take no lock.
         self._in_flight: dict[int, MessageProxy] = {}
-        self.finished = 0
-        self.requeued = 0
+        #: Handler thread id -> [finished, requeued] by that thread (each thread counts its own).
+        self._ended: dict[int, list[int]] = {}
 
     @property
     def in_flight(self) -> int:
         return len(self._in_flight)
 
+    @property
+    def finished(self) -> int:
+        """Handlers that ended other than by a requeue."""
+        return sum(counts[0] for counts in list(self._ended.values()))
+
+    @property
+    def requeued(self) -> int:
+        """Handlers whose message was requeued by a shutdown."""
+        return sum(counts[1] for counts in list(self._ended.values()))
+
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
-        with self._lock:
-            self._in_flight[threading.get_ident()] = message
+        self._in_flight[threading.get_ident()] = message
 
     def after_process_message(
         self,
@@ -45,25 +55,24 @@ class GracefulShutdown(Middleware):
         result: Any = None,
         exception: BaseException | None = None,
     ) -> None:
-        with self._lock:
-            self._in_flight.pop(threading.get_ident(), None)
-            if isinstance(exception, Requeue):
-                if settles(broker):  # requeued with its ack, even if Redis is down now
-                    settle_with(message, Settlement("requeue"))
-                else:
-                    broker.do_requeue(message.queue_name, message.options[REDIS_MESSAGE_ID])  # type: ignore[attr-defined]
-                self.requeued += 1
+        me = threading.get_ident()
+        self._in_flight.pop(me, None)
+        counts = self._ended.setdefault(me, [0, 0])
+        if isinstance(exception, Requeue):
+            if settles(broker):  # requeued with its ack, even if Redis is down now
+                settle_with(message, Settlement("requeue"))
             else:
-                self.finished += 1
+                broker.do_requeue(message.queue_name, message.options[REDIS_MESSAGE_ID])  # type: ignore[attr-defined]
+            counts[1] += 1
+        else:
+            counts[0] += 1
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
-        with self._lock:
-            self._in_flight.pop(threading.get_ident(), None)
+        self._in_flight.pop(threading.get_ident(), None)
 
     def interrupt(self) -> int:
         """Raise :class:`Requeue` in every handler still in flight; return how many."""
-        with self._lock:
-            threads = list(self._in_flight)
+        threads = list(self._in_flight)
         for thread_id in threads:
             raise_thread_exception(thread_id, Requeue)
         return len(threads)

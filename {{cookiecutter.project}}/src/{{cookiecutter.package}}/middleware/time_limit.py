@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import threading
-from typing import Final
+import time
+from typing import Any, Final
 
 from dramatiq import Broker
 from dramatiq.broker import MessageProxy
 from dramatiq.middleware import TimeLimit
 from dramatiq.middleware.time_limit import TimeLimitExceeded
-from dramatiq.worker import Worker
+from dramatiq.worker import Worker, WorkerThread
 
 __all__ = ["TIME_LIMIT_REASON", "CappedTimeLimit", "TimeLimitExceeded"]
 
@@ -48,6 +49,9 @@ class CappedTimeLimit(TimeLimit):
         super().__init__(time_limit=time_limit, interval=interval)
         self._started = False
         self._start_lock = threading.Lock()
+        #: Actor name -> the setting lowered by the actor's ``time_limit`` (actors do not
+        #: change once declared).
+        self._actor_limits: dict[str, float] = {}
 
     @property
     def running(self) -> bool:
@@ -56,9 +60,13 @@ class CappedTimeLimit(TimeLimit):
 
     def limit_ms(self, broker: Broker, message: MessageProxy) -> float:
         """The time limit of ``message``: the setting, lowered by the actor or the message."""
-        actor = broker.get_actor(message.actor_name)
-        asked = (message.options.get("time_limit"), actor.options.get("time_limit"))
-        return min([self.time_limit, *(float(limit) for limit in asked if limit)])
+        limit = self._actor_limits.get(message.actor_name)
+        if limit is None:
+            asked = broker.get_actor(message.actor_name).options.get("time_limit")
+            limit = min(float(self.time_limit), float(asked) if asked else float("inf"))
+            self._actor_limits[message.actor_name] = limit
+        asked = message.options.get("time_limit")
+        return min(limit, float(asked)) if asked else limit
 
     def _start(self) -> None:
         with self._start_lock:
@@ -72,6 +80,36 @@ class CappedTimeLimit(TimeLimit):
     def before_worker_boot(self, broker: Broker, worker: Worker) -> None:
         self._start()
 
+    # -- per message: the handler thread sets its own deadline, without the watchdog's lock --
+
+    def after_worker_thread_boot(self, broker: Broker, thread: WorkerThread) -> None:
+        """Give the handler thread its entry in the watchdog's table now, under the table's
+        lock; each job then only sets the entry's value, which takes no lock (the table
+        never grows while the watchdog walks it, and handler threads do not queue on its
+        lock). The table is Dramatiq's ``_CtypesTimeoutManager.deadlines`` (Dramatiq is
+        pinned); a manager without one (gevent's) is called as Dramatiq does."""
+        self.manager.remove_timeout(threading.get_ident())  # type: ignore[no-untyped-call]
+
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         limit = self.limit_ms(broker, message)
-        self.manager.add_timeout(threading.get_ident(), limit)  # type: ignore[no-untyped-call]
+        me, deadlines = threading.get_ident(), getattr(self.manager, "deadlines", None)
+        if deadlines is not None and me in deadlines:
+            deadlines[me] = time.monotonic() + limit / 1000
+        else:
+            self.manager.add_timeout(me, limit)  # type: ignore[no-untyped-call]
+
+    def after_process_message(
+        self,
+        broker: Broker,
+        message: MessageProxy,
+        *,
+        result: Any = None,
+        exception: BaseException | None = None,
+    ) -> None:
+        me, deadlines = threading.get_ident(), getattr(self.manager, "deadlines", None)
+        if deadlines is not None and me in deadlines:
+            deadlines[me] = None
+        else:
+            self.manager.remove_timeout(me)  # type: ignore[no-untyped-call]
+
+    after_skip_message = after_process_message
