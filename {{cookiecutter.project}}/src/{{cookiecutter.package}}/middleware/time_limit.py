@@ -91,12 +91,7 @@ class CappedTimeLimit(TimeLimit):
         self.manager.remove_timeout(threading.get_ident())  # type: ignore[no-untyped-call]
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
-        limit = self.limit_ms(broker, message)
-        me, deadlines = threading.get_ident(), getattr(self.manager, "deadlines", None)
-        if deadlines is not None and me in deadlines:
-            deadlines[me] = time.monotonic() + limit / 1000
-        else:
-            self.manager.add_timeout(me, limit)  # type: ignore[no-untyped-call]
+        self._arm(self.limit_ms(broker, message))
 
     def after_process_message(
         self,
@@ -106,10 +101,18 @@ class CappedTimeLimit(TimeLimit):
         result: Any = None,
         exception: BaseException | None = None,
     ) -> None:
+        self._arm(None)
+
+    def _arm(self, limit_ms: float | None) -> None:
+        """Set the current thread's deadline ``limit_ms`` from now (None: disarm it): its
+        entry in the watchdog's table, without the table's lock, once the thread has one;
+        otherwise through the manager, as Dramatiq does."""
         me, deadlines = threading.get_ident(), getattr(self.manager, "deadlines", None)
         if deadlines is not None and me in deadlines:
-            deadlines[me] = None
-        else:
+            deadlines[me] = None if limit_ms is None else time.monotonic() + limit_ms / 1000
+        elif limit_ms is None:
             self.manager.remove_timeout(me)  # type: ignore[no-untyped-call]
+        else:
+            self.manager.add_timeout(me, limit_ms)  # type: ignore[no-untyped-call]
 
     after_skip_message = after_process_message
