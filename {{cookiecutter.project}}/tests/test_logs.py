@@ -114,3 +114,94 @@ def test_an_exception_is_formatted_with_its_traceback() -> None:
     )
     assert line["msg"] == "failed" and line["job_id"] == "j" and line["level"] == "error"
     assert "ValueError: boom" in str(line["exc"])
+
+
+def test_an_event_line_is_the_line_its_record_makes_without_making_the_record() -> None:
+    lines = run(
+        """
+        import datetime, logging
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from {{ cookiecutter.package }} import logs
+        logs.configure("svc")
+        log = logging.getLogger("{{ cookiecutter.package }}.middleware.metrics")
+        fields = {
+            "event": "job_end", "job_id": "j", "big": 2**70, "_private": 1,
+            "when": datetime.date(2026, 1, 2), "retries": 0,
+        }
+        trace.set_tracer_provider(TracerProvider())
+        made = []
+        make = logging.Logger.makeRecord
+        def counted(self, *args, **kwargs):
+            made.append(1)
+            return make(self, *args, **kwargs)
+        logging.Logger.makeRecord = counted
+        for level in (logging.INFO, logging.WARNING):
+            with trace.get_tracer("t").start_as_current_span("job"):
+                log.log(level, "job %s", "retry", extra={**fields, "way": "record"})
+                logs.event(log, level, "job %s", ("retry",), {**fields, "way": "event"})
+        logs.event(log, logging.DEBUG, "job %s", ("x",), {"way": "below the level"})
+        log.info("done", extra={"records_made": len(made)})
+        """
+    )
+    *pairs, done = lines
+    assert done["records_made"] == 2, "the two record-way lines only"
+    assert [line["way"] for line in pairs] == ["record", "event"] * 2
+    for record_way, event_way in zip(pairs[::2], pairs[1::2], strict=True):
+        for line in (record_way, event_way):
+            del line["ts"], line["way"]
+            assert line["trace_id"] and line["big"] == 2**70 and line["when"] == "2026-01-02"
+        assert list(event_way.items()) == list(record_way.items()), "same keys, same order"
+
+
+def test_an_event_reaches_other_handlers_filters_and_record_factories_as_a_record() -> None:
+    lines = run(
+        """
+        import logging
+        from {{ cookiecutter.package }} import logs
+        logs.configure("svc")
+        log = logging.getLogger("{{ cookiecutter.package }}.middleware.metrics")
+        def event(case):
+            logs.event(log, logging.INFO, "job %s", ("success",), {"case": case})
+
+        seen = []
+        class Keep(logging.Handler):
+            def emit(self, record):
+                seen.append(record.case)
+        keep = Keep()
+        logging.getLogger("{{ cookiecutter.package }}").addHandler(keep)
+        event("another handler")
+        logging.getLogger("{{ cookiecutter.package }}").removeHandler(keep)
+
+        log.addFilter(lambda record: False)
+        event("a filter that drops it")
+        log.filters.clear()
+
+        plain = logging.getLogRecordFactory()
+        def with_pod(*args, **kwargs):
+            record = plain(*args, **kwargs)
+            record.pod = "p-1"
+            return record
+        logging.setLogRecordFactory(with_pod)
+        event("a record factory")
+        logging.setLogRecordFactory(plain)
+
+        logging.getLogger().handlers[0].setLevel(logging.ERROR)
+        event("a handler above the level")
+        logging.getLogger().handlers[0].setLevel(logging.NOTSET)
+
+        logging.disable(logging.INFO)
+        event("logging disabled")
+        logging.disable(logging.NOTSET)
+
+        event("nothing else")
+        log.info("seen", extra={"seen": seen})
+        """
+    )
+    assert [line.get("case") for line in lines[:-1]] == [
+        "another handler",
+        "a record factory",
+        "nothing else",
+    ]
+    assert lines[1]["pod"] == "p-1", "the factory's attribute is on the line"
+    assert lines[-1]["seen"] == ["another handler"]

@@ -5,8 +5,9 @@ A line logged while a span is current (a job's lines, with tracing on) carries i
 
 Each line reaches stderr in one ``write(2)`` before the logging call returns, so a
 process killed the next moment keeps it. In a busy worker that write takes no lock
-that another handler thread could be kept waiting on (see :class:`LineHandler`): a
-job's ``job_end`` line costs its formatting and a system call.
+that another handler thread could be kept waiting on (see :class:`LineHandler`), and
+a line logged once per job goes through :func:`event`: when our handler alone would
+see its record, the handler writes the line without the record being made.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import os
 import select
 import stat
 import sys
+import time
 from collections.abc import Callable
 from typing import IO, Any
 
@@ -53,27 +55,89 @@ class JsonFormatter(logging.Formatter):
         self.service = service
 
     def format(self, record: logging.LogRecord) -> str:
+        extras = itertools.islice(vars(record).items(), _N_RECORD_FIELDS, None)
+        line = self.fields(record.created, record.levelname, record.name, record.getMessage())
+        line.update((key, value) for key, value in extras if _is_extra(key))
+        if record.exc_info:
+            line["exc"] = self.formatException(record.exc_info)
+        return _dumps(line).decode()
+
+    def fields(self, created: float, level: str, logger: str, message: str) -> dict[str, Any]:
+        """The keys every line starts with (an ``extra`` field comes after them)."""
         line: dict[str, Any] = {
-            "ts": round(record.created, 3),
-            "level": record.levelname.lower(),
-            "logger": record.name,
+            "ts": round(created, 3),
+            "level": level.lower(),
+            "logger": logger,
             "service": self.service,
             "pid": _pid(),
-            "msg": record.getMessage(),
+            "msg": message,
         }
         span = trace.get_current_span().get_span_context()
         if span.is_valid:
             line["trace_id"] = trace.format_trace_id(span.trace_id)
             line["span_id"] = trace.format_span_id(span.span_id)
-        for key, value in itertools.islice(vars(record).items(), _N_RECORD_FIELDS, None):
-            if key not in _STANDARD and not key.startswith("_"):
-                line[key] = value
-        if record.exc_info:
-            line["exc"] = self.formatException(record.exc_info)
-        try:
-            return orjson.dumps(line, default=str).decode()
-        except orjson.JSONEncodeError:  # e.g. an int beyond 64 bits: the standard library's way
-            return json.dumps(line, default=str)
+        return line
+
+
+def _is_extra(key: str) -> bool:
+    """True for an ``extra`` field a line shows (not a record attribute, not private)."""
+    return key not in _STANDARD and not key.startswith("_")
+
+
+def _dumps(line: dict[str, Any]) -> bytes:
+    try:
+        return orjson.dumps(line, default=str)
+    except orjson.JSONEncodeError:  # e.g. an int beyond 64 bits: the standard library's way
+        return json.dumps(line, default=str).encode()
+
+
+def event(
+    logger: logging.Logger, level: int, msg: str, args: tuple[Any, ...], fields: dict[str, Any]
+) -> None:
+    """``logger.log(level, msg, *args, extra=fields)`` for a line logged once per job.
+
+    When the record would reach our :class:`LineHandler` alone (see :func:`sole_handler`),
+    the handler writes the line the record would have made, without the record: making
+    and dispatching a LogRecord costs more than the line's own rendering and write, and
+    in a busy worker that cost is paid per job. Anything else in the way (another
+    handler, a filter, a record factory, a logger class of its own) gets the record,
+    as ``logger.log`` makes it.
+    """
+    if not logger.isEnabledFor(level):
+        return
+    handler = sole_handler(logger, level)
+    if handler is None or not handler.write_event(level, logger.name, msg, args, fields):
+        logger.log(level, msg, *args, extra=fields)
+
+
+def sole_handler(logger: logging.Logger, level: int) -> LineHandler | None:
+    """The :class:`LineHandler` that alone would handle ``logger``'s records at ``level``,
+    formatting them with a :class:`JsonFormatter`; None when a record would meet anything
+    else (a filter, another handler, a record factory, a Logger or formatter subclass)."""
+    if logging.getLogRecordFactory() is not logging.LogRecord:
+        return None
+    handlers: list[logging.Handler] = []
+    current: logging.Logger | None = logger
+    while current is not None:
+        if type(current) not in _PLAIN_LOGGERS or current.filters or current.disabled:
+            return None
+        handlers += current.handlers
+        current = current.parent if current.propagate else None
+    if len(handlers) != 1:
+        return None
+    handler = handlers[0]
+    if (
+        type(handler) is not LineHandler
+        or handler.filters
+        or handler.fd is None
+        or level < handler.level
+        or type(handler.formatter) is not JsonFormatter
+    ):
+        return None
+    return handler
+
+
+_PLAIN_LOGGERS = (logging.Logger, logging.RootLogger)
 
 
 def _libc_write() -> Any:
@@ -145,6 +209,25 @@ class LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
             raise
         except Exception:
             self.handleError(record)
+
+    def write_event(
+        self, level: int, logger: str, msg: str, args: tuple[Any, ...], fields: dict[str, Any]
+    ) -> bool:
+        """Write the line :class:`JsonFormatter` makes of a record of ``logger`` at ``level``
+        with ``msg % args`` and the ``extra`` ``fields``, without the record (see
+        :func:`event`). False when it could not (the caller then logs the record, whose
+        way reports the error)."""
+        formatter = self.formatter
+        if self.fd is None or not isinstance(formatter, JsonFormatter):
+            return False
+        try:
+            message = msg % args if args else msg  # as LogRecord.getMessage makes it
+            line = formatter.fields(time.time(), logging.getLevelName(level), logger, message)
+            line.update((key, value) for key, value in fields.items() if _is_extra(key))
+            self._write(_dumps(line) + self.terminator.encode())
+        except Exception:
+            return False
+        return True
 
     def _write(self, line: bytes) -> None:
         sent, write_now = 0, self._write_now

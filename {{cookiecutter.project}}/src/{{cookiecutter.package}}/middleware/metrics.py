@@ -58,6 +58,7 @@ from dramatiq.broker import MessageProxy
 from dramatiq.worker import Worker
 from prometheus_client import Counter, Gauge, Histogram
 
+from .. import logs
 from ..layout import RETRIES, canonical
 from ..lifecycle import Requeue
 from ..settings import DATABASE_ENABLED
@@ -87,6 +88,8 @@ DURATION_BUCKETS = (
     3600.0,
 )
 OUTCOMES = ("success", "failure", "retry", "dead_letter", "requeued", "skipped")
+#: Outcomes logged at INFO; the others at WARNING.
+_ROUTINE = frozenset({"success", "requeued", "skipped"})
 #: How often a worker process publishes its recorded jobs, the in-flight gauge and
 #: db_pool_in_use / db_pool_size to the metric files.
 PUBLISH_INTERVAL_S = 0.5
@@ -190,7 +193,8 @@ def observe_all(histogram: Histogram, amounts: list[float]) -> None:
             bucket.inc(count)
 
 
-#: Attribute of a MessageProxy holding (outcome, duration) between the handler's end and its ack.
+#: Attribute of a MessageProxy holding (outcome, duration, queue) between the handler's end and
+#: its ack.
 _ENDED = "_metrics_ended"
 
 
@@ -329,30 +333,31 @@ class Metrics(Middleware):
         """The handler is done: time it now, count and log its outcome once it is settled."""
         started = self._running.pop(threading.get_ident(), None)
         duration = 0.0
+        queue = canonical(message.queue_name)
         if started is not None:
             duration = time.perf_counter() - started
             if ran:
-                queue = canonical(message.queue_name)
                 self._durations.append((queue, message.actor_name, duration))
-        setattr(message, _ENDED, (outcome, duration))
+        setattr(message, _ENDED, (outcome, duration, queue))
 
     # -- once the outcome is stored (Dramatiq's ack or nack succeeded) ------------------------
 
     def after_ack(self, broker: Broker, message: MessageProxy) -> None:
         """Count and log the job's outcome now that Redis holds it: a retry is counted only
         once its copy is stored, so a retry lost to an outage would never be counted."""
-        ended: tuple[str, float] | None = getattr(message, _ENDED, None)
+        ended: tuple[str, float, str] | None = getattr(message, _ENDED, None)
         if ended is None:  # not a handled job (e.g. a delayed message moved to its queue)
             return
         delattr(message, _ENDED)
-        outcome, duration = ended
-        queue, actor = canonical(message.queue_name), message.actor_name
+        outcome, duration, queue = ended
+        actor = message.actor_name
         self.count(queue, actor, outcome)
-        logger.log(
-            logging.INFO if outcome in {"success", "requeued", "skipped"} else logging.WARNING,
+        logs.event(
+            logger,
+            logging.INFO if outcome in _ROUTINE else logging.WARNING,
             "job %s",
-            outcome,
-            extra={
+            (outcome,),
+            {
                 "event": "job_end",
                 "job_id": message.message_id,
                 "queue": queue,

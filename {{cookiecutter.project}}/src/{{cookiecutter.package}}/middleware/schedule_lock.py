@@ -92,6 +92,8 @@ class ScheduleLock(Middleware):
         result: Any = None,
         exception: BaseException | None = None,
     ) -> None:
+        if message.options.get(OPTION_SCHEDULE) is None:
+            return  # not a scheduled run: no lock taken (this hook runs for every job)
         with self._lock:
             held = self._held.pop(message.message_id, None)
         if held is None:
