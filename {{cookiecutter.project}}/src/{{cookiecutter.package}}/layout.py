@@ -35,6 +35,7 @@ This module imports neither Dramatiq nor redis-py at run time: the CLI stays fas
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -408,10 +409,12 @@ def fetch_keys(broker_id: str, queue: str) -> list[str]:
     return [queue_key(queue), bodies_key(queue), acks_key(broker_id, queue), heartbeats]
 
 
-def settle_keys(broker_id: str, queue: str, target: str) -> list[str]:
+@functools.lru_cache(maxsize=1024)
+def settle_keys(broker_id: str, queue: str, target: str) -> tuple[str, ...]:
     """The KEYS of :data:`SETTLE` for a delivery held on ``queue``; ``target`` is the queue
-    of a retry copy or requeue (``queue`` itself for a requeue)."""
-    return [
+    of a retry copy or requeue (``queue`` itself for a requeue). Kept once made: every
+    delivery is settled with them, and a worker holds a few queues."""
+    return (
         acks_key(broker_id, queue),
         bodies_key(queue),
         queue_key(target),
@@ -419,7 +422,7 @@ def settle_keys(broker_id: str, queue: str, target: str) -> list[str]:
         *dead_letter_keys(queue),
         heartbeats_key(namespace_of(queue)),
         queue_key(queue),
-    ]
+    )
 
 
 #: What :data:`BACKLOG` returns per queue, in order (its record width is the length).

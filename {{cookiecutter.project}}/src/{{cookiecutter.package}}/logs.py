@@ -22,7 +22,7 @@ import select
 import stat
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import IO, Any
 
 import orjson
@@ -55,9 +55,8 @@ class JsonFormatter(logging.Formatter):
         self.service = service
 
     def format(self, record: logging.LogRecord) -> str:
-        extras = itertools.islice(vars(record).items(), _N_RECORD_FIELDS, None)
         line = self.fields(record.created, record.levelname, record.name, record.getMessage())
-        line.update((key, value) for key, value in extras if _is_extra(key))
+        line.update(_extras(itertools.islice(vars(record).items(), _N_RECORD_FIELDS, None)))
         if record.exc_info:
             line["exc"] = self.formatException(record.exc_info)
         return _dumps(line).decode()
@@ -79,9 +78,9 @@ class JsonFormatter(logging.Formatter):
         return line
 
 
-def _is_extra(key: str) -> bool:
-    """True for an ``extra`` field a line shows (not a record attribute, not private)."""
-    return key not in _STANDARD and not key.startswith("_")
+def _extras(fields: Iterable[tuple[str, Any]]) -> dict[str, Any]:
+    """The ``extra`` fields a line shows: not a record attribute, not private."""
+    return {key: value for key, value in fields if key not in _STANDARD and key[:1] != "_"}
 
 
 def _dumps(line: dict[str, Any]) -> bytes:
@@ -223,7 +222,7 @@ class LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
         try:
             message = msg % args if args else msg  # as LogRecord.getMessage makes it
             line = formatter.fields(time.time(), logging.getLevelName(level), logger, message)
-            line.update((key, value) for key, value in fields.items() if _is_extra(key))
+            line.update(_extras(fields.items()))
             self._write(_dumps(line) + self.terminator.encode())
         except Exception:
             return False
