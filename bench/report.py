@@ -77,6 +77,12 @@ def sandbox(results: dict[str, Any]) -> Iterator[Row]:
            f"{_f(results['ratio'])} x")
 
 
+def calls(results: dict[str, Any]) -> Iterator[Row]:
+    per_job = results["calls_per_job"]
+    yield ("Python and C calls per no-op job (1 thread, setprofile)", f"{per_job['service']:.0f}",
+           f"bare Dramatiq {per_job['bare']:.0f}", f"{_f(per_job['service'] / per_job['bare'])} x")
+
+
 def bake(results: dict[str, Any]) -> Iterator[Row]:
     yield ("bake the defaults (cookiecutter, median)", f"{_f(results['bake_s'])} s", "", "")
     yield ("the baked suite (`pytest` as `make test` runs it)", f"{results['suite_s']:.0f} s",
@@ -85,6 +91,7 @@ def bake(results: dict[str, Any]) -> Iterator[Row]:
 
 SUMMARIES: dict[str, Callable[[dict[str, Any]], Iterator[Row]]] = {
     "throughput_bench": throughput,
+    "call_count": calls,
     "lifecycle_bench": lifecycle,
     "metrics_bench": metrics,
     "sandbox_overhead": sandbox,
