@@ -109,6 +109,10 @@ def event(
         logger.log(level, msg, *args, extra=fields)
 
 
+#: The logger classes whose records :func:`event` may leave unmade (no handle() of their own).
+_PLAIN_LOGGERS = (logging.Logger, logging.RootLogger)
+
+
 def sole_handler(logger: logging.Logger, level: int) -> LineHandler | None:
     """The :class:`LineHandler` that alone would handle ``logger``'s records at ``level``,
     formatting them with a :class:`JsonFormatter`; None when a record would meet anything
@@ -134,9 +138,6 @@ def sole_handler(logger: logging.Logger, level: int) -> LineHandler | None:
     ):
         return None
     return handler
-
-
-_PLAIN_LOGGERS = (logging.Logger, logging.RootLogger)
 
 
 def _libc_write() -> Any:
