@@ -42,6 +42,7 @@ __all__ = [
     "bake",
     "foreign_free_env",
     "free_port",
+    "in_process",
     "message",
     "pipeline",
     "push",
@@ -80,6 +81,39 @@ def redis_server(directory: Path) -> RedisServer:
     server = RedisServer(directory)
     server.start()
     return server
+
+
+#: The actor of the benchmarks that run the service's stack in their own process: it sleeps
+#: ``ms`` (a no-op for 0).
+PROFILE_ACTOR = '''
+import time
+
+import dramatiq
+
+
+@dramatiq.actor(queue_name="notifications", max_retries=0)
+def profile_job(ms):
+    if ms:
+        time.sleep(ms / 1000)
+'''
+
+
+def in_process(
+    root: Path, driver: str, **settings: str
+) -> tuple[Path, Path, RedisServer, dict[str, str]]:
+    """What a benchmark that runs the service's stack in a process of its own needs, under
+    ``root``: a bake (``database=none``) with :data:`PROFILE_ACTOR`, ``driver`` written
+    to ``root/driver.py``, a started redis-server, and the worker's environment (metric
+    and state folders made) with ``settings``. Returns (project, driver, server, env)."""
+    project = bake(root, {"profile_job": PROFILE_ACTOR}, database="none")
+    script = root / "driver.py"
+    script.write_text(driver)
+    for folder in ("prom", "state"):
+        (root / folder).mkdir()
+    server = redis_server(root / "redis")
+    env = worker_env(project, server.url, root / "state",
+                     PROMETHEUS_MULTIPROC_DIR=str(root / "prom"), **settings)
+    return project, script, server, env
 
 
 def foreign_free_env(env: dict[str, str]) -> dict[str, str]:

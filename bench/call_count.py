@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -29,15 +30,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _results  # noqa: E402
 import _workers  # noqa: E402
-
-ACTORS = '''
-import dramatiq
-
-
-@dramatiq.actor(queue_name="notifications", max_retries=0)
-def profile_job(ms):
-    pass
-'''
 
 DRIVER = r'''
 import collections, json, os, sys, threading, time
@@ -138,23 +130,18 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2000)
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="call-count-"))
-    project = _workers.bake(root, {"profile_job": ACTORS}, database="none")
-    (root / "driver.py").write_text(DRIVER)
-    for folder in ("prom", "state"):
-        (root / folder).mkdir()
-    server = _workers.redis_server(root / "redis")
-    env = _workers.worker_env(project, server.url, root / "state", WORKER_CONCURRENCY="1",
-                              PROMETHEUS_MULTIPROC_DIR=str(root / "prom"))
+    project, driver, server, env = _workers.in_process(root, DRIVER, WORKER_CONCURRENCY="1")
     counts: dict[str, dict[str, float]] = {}
     try:
         for which in ("service", "bare"):
             out = root / f"{which}.json"
-            subprocess.run([sys.executable, str(root / "driver.py"), which, str(args.jobs),
+            subprocess.run([sys.executable, str(driver), which, str(args.jobs),
                             str(out)], env=env, cwd=project, check=True, timeout=600,
                            stderr=subprocess.DEVNULL)
             counts[which] = json.loads(out.read_text())["calls"]
     finally:
         server.stop()
+        shutil.rmtree(root, ignore_errors=True)
     totals = {which: round(sum(calls.values()), 1) for which, calls in counts.items()}
     by_package: dict[str, dict[str, float]] = {}
     for which, calls in counts.items():

@@ -38,18 +38,6 @@ import _workers  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
-ACTORS = '''
-import time
-
-import dramatiq
-
-
-@dramatiq.actor(queue_name="notifications", max_retries=0)
-def profile_job(ms):
-    if ms:
-        time.sleep(ms / 1000)
-'''
-
 DRIVER = r'''
 import json, statistics, sys, threading, time
 from collections import defaultdict
@@ -165,15 +153,9 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2000)
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="noop-profile-"))
-    project = _workers.bake(root, {"profile_job": ACTORS}, database="none")
-    (root / "driver.py").write_text(DRIVER)
-    server = _workers.redis_server(root / "redis")
+    project, driver, server, env = _workers.in_process(
+        root, DRIVER, WORKER_JOB_TIMEOUT_MS="20000", WORKER_SHUTDOWN_TIMEOUT_MS="25000")
     client = redis.Redis.from_url(server.url)
-    env = _workers.worker_env(project, server.url, root / "state",
-                              WORKER_JOB_TIMEOUT_MS="20000", WORKER_SHUTDOWN_TIMEOUT_MS="25000",
-                              PROMETHEUS_MULTIPROC_DIR=str(root / "prom"))
-    (root / "prom").mkdir()
-    (root / "state").mkdir()
     runs = [(args.jobs, 0.0, 1, "1"), (args.jobs, 0.0, 8, "1"), (30, 100.0, 1, "1"),
             (30, 100.0, 1, "0")]
     results = []
@@ -181,7 +163,7 @@ def main() -> int:
         for jobs, ms, threads, wake in runs:
             client.flushall()
             env["WORKER_CONCURRENCY"] = str(threads)
-            out = subprocess.run([sys.executable, str(root / "driver.py"), str(jobs), str(ms),
+            out = subprocess.run([sys.executable, str(driver), str(jobs), str(ms),
                                   str(threads), wake], env=env, cwd=project, check=True,
                                  stdout=subprocess.PIPE, text=True, timeout=600)
             row = json.loads(out.stdout.strip().splitlines()[-1])
