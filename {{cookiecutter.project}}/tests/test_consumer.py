@@ -16,7 +16,7 @@ import redis
 from dramatiq import Message
 
 from {{ cookiecutter.package }} import layout
-from {{ cookiecutter.package }}.consumer import SettlingRedisBroker
+from {{ cookiecutter.package }}.consumer import ACK, SettlingRedisBroker
 
 
 def work(broker: SettlingRedisBroker, queue: str, threads: int) -> None:
@@ -174,5 +174,105 @@ def test_signals_reach_exactly_the_middleware_that_handle_them(redis_url: str) -
         calls.clear()
         broker.emit_before("ack", None)  # nobody defines before_ack
         assert calls == []
+    finally:
+        broker.close()
+
+
+def held_one(broker: SettlingRedisBroker, queue: str, count: int) -> Any:
+    """A consumer of ``queue`` (prefetch 1) holding the first of ``count`` new messages."""
+    declare_job(broker, queue)
+    enqueue(broker, queue, count)
+    consumer = broker.consume(queue, prefetch=1, timeout=50)
+    message = next(consumer)
+    assert message is not None
+    return consumer, message
+
+
+def test_settlements_go_on_the_threads_own_connection_not_through_the_pool(
+    redis_url: str,
+) -> None:
+    broker = SettlingRedisBroker(url=redis_url, middleware=[])
+    consumer, message = held_one(broker, "lane", 3)
+    checkouts: list[int] = []
+    pool = broker.client.connection_pool
+    real = pool.get_connection
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        checkouts.append(1)
+        return real(*args, **kwargs)
+
+    pool.get_connection = counted  # type: ignore[method-assign]
+    try:
+        for n in (1, 2):
+            consumer.ack(message)
+            message = next(consumer)  # the refill, taken by the ack
+            assert message is not None and message.args == (n,)
+        consumer.ack(message)
+        assert checkouts == [], "a settlement checked a connection out of the pool"
+        # Each thread has a lane of its own.
+        lanes: list[Any] = [broker.lanes._mine.connection]
+        other = threading.Thread(target=lambda: lanes.append(_lane_after_settle(broker)))
+        other.start()
+        other.join()
+        assert lanes[1] is not None and lanes[1] is not lanes[0]
+        assert held_and_queued(redis_url, broker, "lane") == (0, 0)
+    finally:
+        broker.close()
+    assert all(lane._sock is None for lane in lanes), "close() left a lane connected"
+
+
+def _lane_after_settle(broker: SettlingRedisBroker) -> Any:
+    broker.settle("lane", "no-such-id", ACK)
+    return broker.lanes._mine.connection
+
+
+def test_a_settlement_survives_a_flushed_script_cache_and_a_killed_connection(
+    redis_url: str,
+) -> None:
+    broker = SettlingRedisBroker(url=redis_url, middleware=[])
+    admin = redis.Redis.from_url(redis_url)
+    consumer, message = held_one(broker, "lost", 4)
+    try:
+        consumer.ack(message)  # the lane exists now
+        message = next(consumer)
+        admin.script_flush()  # as a restarted Redis: EVALSHA answers NOSCRIPT
+        consumer.ack(message)
+        message = next(consumer)
+        assert message is not None and message.args == (2,)
+        admin.client_kill_filter(_type="normal", skipme=True)  # the lane and the pool's
+        consumer.ack(message)
+        message = next(consumer)
+        assert message is not None and message.args == (3,)
+        consumer.ack(message)
+        assert held_and_queued(redis_url, broker, "lost") == (0, 0)
+    finally:
+        broker.close()
+
+
+def test_a_reply_left_unread_is_never_taken_for_the_next_settlements(redis_url: str) -> None:
+    """An exception between a settlement's command and its reply (e.g. raised in the
+    thread by a signal) must not leave that reply to be read as the next one's."""
+    broker = SettlingRedisBroker(url=redis_url, middleware=[])
+    consumer, message = held_one(broker, "stray", 2)
+    try:
+        lane = broker.lanes._mine.connection if hasattr(broker.lanes._mine, "connection") else None
+        assert lane is None
+        broker.settle("stray", "no-such-id", ACK)  # makes this thread's lane
+        lane = broker.lanes._mine.connection
+
+        def interrupted() -> Any:
+            raise KeyboardInterrupt
+
+        lane.read_response = interrupted  # the command is sent, its reply never read
+        try:
+            consumer.ack(message)  # settles message 0 and takes message 1 into the acks set
+        except KeyboardInterrupt:
+            pass
+        del lane.read_response
+        # Had the lane kept its socket, this would read the reply above: "settled, and
+        # here is message 1", for a delivery this worker never held.
+        assert broker.settle_and_take("stray", "no-such-id", ACK, 0) == (False, [])
+        acks = redis.Redis.from_url(redis_url).smembers(layout.acks_key(broker.broker_id, "stray"))
+        assert len(acks) == 1  # message 1, taken by the interrupted settlement
     finally:
         broker.close()
