@@ -37,10 +37,13 @@ def write(script: str, results: dict[str, Any], **extra: Any) -> Path:
 
 
 def latest(script: str) -> dict[str, Any] | None:
-    """The newest results file of ``script``, parsed, or None when it never ran."""
-    files = sorted(RESULTS.glob(f"{script}-*.json"))
-    if not files:
-        return None
-    document: dict[str, Any] = json.loads(files[-1].read_text())
-    document.setdefault("utc", files[-1].stem.rsplit("-", 1)[-1])
-    return document
+    """The newest complete results file of ``script``, parsed, or None when it never ran
+    whole. A run of part of a benchmark (its document says ``"partial": true``, e.g.
+    ``throughput_bench.py --shape``) is kept in the results but not reported."""
+    for path in sorted(RESULTS.glob(f"{script}-*.json"), reverse=True):
+        document: dict[str, Any] = json.loads(path.read_text())
+        if document.get("partial"):
+            continue
+        document.setdefault("utc", path.stem.rsplit("-", 1)[-1])
+        return document
+    return None

@@ -20,7 +20,8 @@ slices of 100 ms against the ideal 48/threads), 3,000 near-no-op jobs at 8 threa
 1,000 jobs of 10 ms at 8 threads. Each shape runs twice: at each tool's defaults
 (service: ``WORKER_PREFETCH`` = concurrency; Dramatiq: prefetch twice the threads),
 and at equal prefetch (Dramatiq's ``dramatiq_queue_prefetch`` = the threads, the
-service's default). Writes ``bench/results/throughput_bench-<UTC>.json``.
+service's default). Writes ``bench/results/throughput_bench-<UTC>.json`` (marked
+``partial`` with ``--quick`` or ``--shape``: ``bench/report.py`` reports whole runs).
 
 The figures depend on the machine's load: run it on a quiet machine and quote the
 core count with them.
@@ -231,6 +232,7 @@ def main() -> int:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out = RESULTS / f"throughput_bench-{stamp}.json"
     out.write_text(json.dumps({"cores": os.cpu_count(), "rounds": rounds,
+                               "partial": bool(args.quick or args.shape),
                                "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
                                "results": {"rows": results, "table": table(results)}}, indent=2))
     print(f"wrote {out}")
