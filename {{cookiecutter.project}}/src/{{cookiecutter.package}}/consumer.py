@@ -450,8 +450,9 @@ class SettleLanes:
         except (redis.ConnectionError, redis.TimeoutError):
             connection.disconnect()
         except BaseException:
-            # Anything else (a Redis error reply, an exception raised in this thread by a
-            # signal): the reply may still be on its way; it must not be read as the next.
+            # Anything else: a Redis error reply, or an exception raised in this thread
+            # (by a signal) between the command and its reply, which must not be read as
+            # the next command's.
             connection.disconnect()
             raise
         return script(keys=keys, args=args)

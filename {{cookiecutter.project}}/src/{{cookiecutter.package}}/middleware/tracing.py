@@ -11,7 +11,10 @@ Worker side: each delivery is a ``process <queue>`` span (kind CONSUMER), a chil
 the message's context (and linked to it, as the messaging conventions ask), current
 in the worker thread from the first middleware hook until the delivery is settled
 (acked, retried or dead-lettered), so Redis commands and SQL queries are its children
-and the job's log lines carry its ``trace_id`` and ``span_id``. Attributes:
+and the job's log lines carry its ``trace_id`` and ``span_id``. The settlement's own
+Lua call is not one of them: it goes on the handler thread's own connection
+(:class:`..consumer.SettleLanes`), past the Redis instrumentation, and the span's
+``dramatiq.outcome`` records what it stored. Attributes:
 
 ``messaging.system``              ``dramatiq``
 ``messaging.destination.name``    the queue (a delay queue ``q.DQ`` counts as ``q``)
