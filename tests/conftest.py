@@ -45,3 +45,20 @@ def node_tools() -> None:
         install()
     except Unavailable as reason:
         pytest.skip(str(reason))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    """A failed test's report carries the last 40 lines of every ``*.log`` under its
+    ``tmp_path`` (the workers', schedulers' and terminals' logs), so a failure in CI says
+    what the processes did."""
+    outcome = yield
+    report = outcome.get_result()
+    tmp_path = getattr(item, "funcargs", {}).get("tmp_path")
+    if report.failed and isinstance(tmp_path, Path):
+        for log in sorted(tmp_path.rglob("*.log"))[:8]:
+            try:
+                tail = log.read_text(errors="replace").splitlines()[-40:]
+            except OSError:
+                continue
+            report.sections.append((f"log {log.relative_to(tmp_path)}", "\n".join(tail)))

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from typing import Any
 
+import dramatiq
 import pytest
+from dramatiq.brokers.stub import StubBroker
+from psycopg_pool import ConnectionPool
 
 from {{ cookiecutter.package }} import db, idempotency
+from {{ cookiecutter.package }}.middleware.database import DatabasePool
 from {{ cookiecutter.package }}.settings import Settings
 
 DATABASE_URL = os.environ.get("DATABASE_URL", "")
@@ -70,3 +75,38 @@ def test_once_in_transaction_commits_the_key_with_the_writes_or_neither(
             conn.execute(f"drop table if exists {table}")
             conn.execute("delete from idempotency_keys where key = %s", (key,))
         db.close_pool()
+
+
+def test_a_job_waiting_at_boot_finds_the_pool_open(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job already queued when the worker starts runs on an open pool, first time, even
+    when the pool is slow to open: the consumers start only after it is open."""
+    monkeypatch.setenv("WORKER_POOL", "interactive")
+    monkeypatch.setenv("DATABASE_URL", DATABASE_URL)
+    opening = ConnectionPool.open
+
+    def slow_open(pool: ConnectionPool, *args: Any, **kwargs: Any) -> None:
+        time.sleep(0.5)  # a database slow to accept connections
+        opening(pool, *args, **kwargs)
+
+    monkeypatch.setattr(ConnectionPool, "open", slow_open)
+    broker = StubBroker(middleware=[DatabasePool(Settings())])  # type: ignore[call-arg]
+    outcomes: list[object] = []
+
+    @dramatiq.actor(broker=broker, queue_name="boot")
+    def query() -> None:
+        try:
+            with db.connection() as conn:
+                outcomes.append(conn.execute("select 1").fetchone())
+        except Exception as error:
+            outcomes.append(error)
+
+    query.send()
+    worker = dramatiq.Worker(broker, worker_timeout=20, worker_threads=2)
+    worker.start()
+    try:
+        broker.join("boot", timeout=10_000)
+        worker.join()
+    finally:
+        worker.stop()
+        db.close_pool()
+    assert outcomes == [(1,)]

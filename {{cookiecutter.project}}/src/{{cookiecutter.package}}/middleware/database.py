@@ -12,6 +12,10 @@ from ..settings import Settings
 class DatabasePool(Middleware):
     """One psycopg pool of ``DB_POOL_SIZE`` connections per worker process.
 
+    The pool opens in ``before_worker_boot``: Dramatiq starts the consumers and handler
+    threads before ``after_worker_boot``, so a job already waiting in Redis would run
+    before a pool opened there, fail on its first attempt and wait out a retry backoff.
+
     Parameters:
       settings: supplies ``DATABASE_URL`` and ``DB_POOL_SIZE``.
     """
@@ -19,7 +23,7 @@ class DatabasePool(Middleware):
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
 
-    def after_worker_boot(self, broker: Broker, worker: Worker) -> None:
+    def before_worker_boot(self, broker: Broker, worker: Worker) -> None:
         db.open_pool(self.settings)
 
     def after_worker_shutdown(self, broker: Broker, worker: Worker) -> None:
