@@ -55,17 +55,32 @@ def declare_job(broker: SettlingRedisBroker, queue: str) -> None:
         pass
 
 
-def counting_fetches(broker: SettlingRedisBroker) -> list[int]:
-    """Count the consumer thread's own fetches (FETCH calls) from now on."""
+def counting(owner: Any, name: str) -> list[int]:
+    """Count the calls of ``owner.name`` from now on (it is wrapped in place)."""
     calls: list[int] = []
-    real = broker.fetch_script
+    real = getattr(owner, name)
 
-    def fetch(*args: Any, **kwargs: Any) -> Any:
+    def counted(*args: Any, **kwargs: Any) -> Any:
         calls.append(1)
         return real(*args, **kwargs)
 
-    broker.fetch_script = fetch
+    setattr(owner, name, counted)
     return calls
+
+
+def counting_fetches(broker: SettlingRedisBroker) -> list[int]:
+    """Count the consumer thread's own fetches (FETCH calls) from now on."""
+    return counting(broker, "fetch_script")
+
+
+def held_one(broker: SettlingRedisBroker, queue: str, count: int) -> Any:
+    """A consumer of ``queue`` (prefetch 1) holding the first of ``count`` new messages."""
+    declare_job(broker, queue)
+    enqueue(broker, queue, count)
+    consumer = broker.consume(queue, prefetch=1, timeout=50)
+    message = next(consumer)
+    assert message is not None
+    return consumer, message
 
 
 def test_a_settlement_takes_the_next_message_in_the_same_call(redis_url: str) -> None:
@@ -113,12 +128,8 @@ def test_held_messages_never_exceed_the_prefetch(redis_url: str) -> None:
 
 def test_once_fetching_stopped_a_settlement_takes_nothing(redis_url: str) -> None:
     broker = SettlingRedisBroker(url=redis_url, middleware=[])
-    declare_job(broker, "draining")
-    enqueue(broker, "draining", 2)
-    consumer = broker.consume("draining", prefetch=1, timeout=50)
+    consumer, first = held_one(broker, "draining", 2)
     try:
-        first = next(consumer)
-        assert first is not None
         broker.stop_fetching()
         consumer.ack(first)
         assert next(consumer) is None
@@ -179,30 +190,12 @@ def test_signals_reach_exactly_the_middleware_that_handle_them(redis_url: str) -
         broker.close()
 
 
-def held_one(broker: SettlingRedisBroker, queue: str, count: int) -> Any:
-    """A consumer of ``queue`` (prefetch 1) holding the first of ``count`` new messages."""
-    declare_job(broker, queue)
-    enqueue(broker, queue, count)
-    consumer = broker.consume(queue, prefetch=1, timeout=50)
-    message = next(consumer)
-    assert message is not None
-    return consumer, message
-
-
 def test_settlements_go_on_the_threads_own_connection_not_through_the_pool(
     redis_url: str,
 ) -> None:
     broker = SettlingRedisBroker(url=redis_url, middleware=[])
     consumer, message = held_one(broker, "lane", 3)
-    checkouts: list[int] = []
-    pool = broker.client.connection_pool
-    real = pool.get_connection
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        checkouts.append(1)
-        return real(*args, **kwargs)
-
-    pool.get_connection = counted  # type: ignore[method-assign]
+    checkouts = counting(broker.client.connection_pool, "get_connection")
     try:
         for n in (1, 2):
             consumer.ack(message)
