@@ -213,6 +213,21 @@ def wait_for(what: str, predicate: Callable[[], Any], timeout: float = 60) -> An
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def still_running(group: int) -> str:
+    """What is left of process group ``group``: each process and where its threads wait."""
+    rows = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if os.getpgid(int(proc.name)) != group:
+                continue
+            command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()[:120]
+            waits = sorted({(task / "wchan").read_text() for task in (proc / "task").iterdir()})
+        except OSError:
+            continue
+        rows.append(f"{proc.name} {command} (threads waiting in: {', '.join(waits)})")
+    return "\n".join(rows) or "nothing"
+
+
 # ---- the run ----------------------------------------------------------------------------------
 
 
@@ -313,8 +328,11 @@ class Runbook:
         """Ctrl-C in the foreground command's terminal: SIGINT to its process group."""
         process, log = self.foreground[f"make run POOL={POOL}"]
         os.killpg(process.pid, signal.SIGINT)
-        wait_for("the worker to stop after Ctrl-C",
-                 lambda: any(line.get("event") == "stop" for line in json_lines(log)), 90)
+        try:
+            wait_for("the worker to stop after Ctrl-C",
+                     lambda: any(line.get("event") == "stop" for line in json_lines(log)), 90)
+        except AssertionError as timeout:
+            raise AssertionError(f"{timeout}; still running:\n{still_running(process.pid)}") from None
         process.wait(timeout=30)
         with pytest.raises(ProcessLookupError):  # nothing of the pool is left running
             os.killpg(process.pid, 0)
