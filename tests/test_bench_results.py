@@ -27,3 +27,14 @@ def test_the_report_skips_a_newer_partial_run(
     (tmp_path / "throughput_bench-20261130T120000Z.json").write_text(json.dumps(whole))
     newest = _results.latest("throughput_bench")
     assert newest is not None and newest["utc"] == "20261130T120000Z"
+
+
+def test_the_readme_quotes_the_reports_table() -> None:
+    """The README's bench table is what ``bench/report.py`` prints from the committed
+    results (after a benchmark run, paste it between the markers)."""
+    import report
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    start, end = "<!-- bench table -->\n", "\n<!-- end bench table -->"
+    quoted = readme[readme.index(start) + len(start):readme.index(end)]
+    assert quoted == report.table()
