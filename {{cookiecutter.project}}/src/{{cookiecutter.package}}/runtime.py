@@ -17,7 +17,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from types import FrameType
 
 import dramatiq
 import redis
@@ -32,11 +31,10 @@ from .exitcodes import EX_OK
 from .lifecycle import LIFECYCLE, Lifecycle
 from .middleware import GracefulShutdown
 from .settings import Settings
+from .stopsignals import StopSignals
 
 logger = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1
-#: A second signal closer than this to the first is the same event (e.g. TERM to the group).
-SIGNAL_DEBOUNCE_S = 1.0
 #: How long interrupted handlers get to unwind before the process exits without them.
 INTERRUPT_GRACE_S = 2.0
 #: How long the consumers get to stop fetching (one fetch of ``FETCH_TIMEOUT_MS`` at most,
@@ -64,12 +62,13 @@ def die_with_parent() -> None:
 def _join(
     threads: Iterable[threading.Thread],
     deadline: float,
-    stop: threading.Event,
+    stop: Callable[[], bool],
     board: ProgressBoard,
 ) -> bool:
-    """Wait until ``threads`` end, ``deadline`` passes or ``stop`` is set; True if all ended."""
+    """Wait until ``threads`` end, ``deadline`` passes or ``stop()`` is true; True if all
+    ended."""
     pending = [thread for thread in threads if thread.is_alive()]
-    while pending and time.monotonic() < deadline and not stop.is_set():
+    while pending and time.monotonic() < deadline and not stop():
         pending[0].join(timeout=JOIN_POLL_S)
         pending = [thread for thread in pending if thread.is_alive()]
         board.tick()
@@ -117,22 +116,11 @@ class WorkerProcess:
         self.shutdown = shutdown
         self.lifecycle = lifecycle
         self.load_actors = load_actors
-        self.stopping = threading.Event()
-        self.hurry = threading.Event()
-        self._first_signal = 0.0
-
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        now = time.monotonic()
-        if not self.stopping.is_set():
-            self._first_signal = now
-            self.stopping.set()
-        elif now - self._first_signal >= SIGNAL_DEBOUNCE_S:
-            self.hurry.set()
+        self.signals = StopSignals()
 
     def run(self) -> int:
         die_with_parent()
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
+        self.signals.install()
         broker = self.broker
         broker.emit_after("process_boot")  # as Dramatiq's CLI: starts the time-limit watchdog
         self.load_actors()
@@ -149,7 +137,7 @@ class WorkerProcess:
         )
         worker.queue_prefetch = self.settings.prefetch
         worker.start()
-        while not self.stopping.wait(TICK_INTERVAL_S):
+        while not self.signals.wait(TICK_INTERVAL_S):
             board.tick()
         return self.drain(worker, board)
 
@@ -167,13 +155,14 @@ class WorkerProcess:
             consumer.stop()
         for thread in worker.workers:
             thread.stop()
-        _join(worker.consumers.values(), started + CONSUMER_STOP_S, self.hurry, board)
+        hurried = self.signals.is_hurried
+        _join(worker.consumers.values(), started + CONSUMER_STOP_S, hurried, board)
         handed_back = _unless_redis_down(lambda: self._requeue_prefetched(worker), "hand back")
 
         interrupted = 0
-        if not _join(worker.workers, deadline, self.hurry, board):
+        if not _join(worker.workers, deadline, hurried, board):
             interrupted = shutdown.interrupt()
-            _join(worker.workers, time.monotonic() + INTERRUPT_GRACE_S, threading.Event(), board)
+            _join(worker.workers, time.monotonic() + INTERRUPT_GRACE_S, lambda: False, board)
         swept = _unless_redis_down(lambda: self._sweep(broker), "requeue")
         broker.emit_after("worker_shutdown", worker)
         broker.close()

@@ -33,7 +33,6 @@ import logging
 import math
 import os
 import shutil
-import signal
 import socket
 import threading
 import time
@@ -41,7 +40,6 @@ import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import redis
@@ -78,6 +76,7 @@ from .settings import (
     config_errors,
     refuse,
 )
+from .stopsignals import StopSignals
 
 if TYPE_CHECKING:
     import dramatiq
@@ -180,19 +179,15 @@ class Scheduler:
             settings.redis_url.get_secret_value(), socket_timeout=5, socket_connect_timeout=2
         )
         self.me = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self.stopping = threading.Event()
+        self.signals = StopSignals()
         self.leading = False
         self._renewed = 0.0
 
     # -- process -------------------------------------------------------------------------------
 
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self.stopping.set()
-
     def run(self) -> int:
         """Serve until SIGTERM/SIGINT; exit code 0 after a clean stop."""
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
+        self.signals.install()
         folder = progress_dir(self.settings.worker_state_dir)
         shutil.rmtree(folder, ignore_errors=True)  # boards of a previous run are stale
         board = ProgressBoard(self.settings.worker_state_dir, 1, self.me)
@@ -220,7 +215,7 @@ class Scheduler:
                 },
             },
         )
-        while not self.stopping.is_set():
+        while not self.signals.requested:
             board.tick()
             try:
                 wait = self.step(time.time())
@@ -229,7 +224,7 @@ class Scheduler:
                 wait = min(1.0, self.settings.ttl_s / 4)
                 if self.leading and time.monotonic() - self._renewed > self.settings.ttl_s:
                     self._step_down("leader lock not renewed within its TTL")
-            self.stopping.wait(wait)
+            self.signals.wait(wait)
         if self.leading:
             try:
                 release_lock(self.client, scheduler_leader_key(), self.me)

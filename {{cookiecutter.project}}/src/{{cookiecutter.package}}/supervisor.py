@@ -43,6 +43,7 @@ from . import probe, recovery
 from .boards import progress_dir, read_board
 from .exitcodes import EX_CONFIG, EX_FAILURE, EX_OK
 from .settings import PROJECT, VERSION, Settings
+from .stopsignals import SIGNAL_DEBOUNCE_S
 
 logger = logging.getLogger(__name__)
 #: First and longest pause before a crashed worker process is replaced.
@@ -51,8 +52,6 @@ RESTART_BACKOFF_S = (0.2, 30.0)
 STABLE_AFTER_S = 60.0
 #: Seconds between two looks at the children.
 WATCH_INTERVAL_S = 0.1
-#: A second signal closer than this to the first is the same event (e.g. TERM to the group).
-SIGNAL_DEBOUNCE_S = 1.0
 
 
 class ChildState(enum.Enum):
