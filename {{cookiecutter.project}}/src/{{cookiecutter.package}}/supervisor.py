@@ -215,6 +215,8 @@ class Supervisor:
                 if now >= child.restart_at and not self.stopping:
                     child.process = self._spawn(child.report)
                     child.state, child.started = ChildState.RUNNING, now
+                    if self.stopping:  # the signal came while it was spawned: not told yet
+                        child.process.send_signal(signal.SIGTERM)
                 continue
             code = child.process.poll()
             if child.state is not ChildState.RUNNING or code is None:
