@@ -27,7 +27,7 @@ while not signals.wait(0):  # the tightest loop: always just entering or leaving
     pass
 print("stopping", flush=True)
 line = sys.stdin.readline()  # the test sends its later signals, then a line
-print("hurried" if signals.is_hurried() else "not hurried", flush=True)
+print("hurried" if signals.hurried else "not hurried", flush=True)
 """
 
 

@@ -155,12 +155,12 @@ class WorkerProcess:
             consumer.stop()
         for thread in worker.workers:
             thread.stop()
-        hurried = self.signals.is_hurried
-        _join(worker.consumers.values(), started + CONSUMER_STOP_S, hurried, board)
+        signals = self.signals
+        _join(worker.consumers.values(), started + CONSUMER_STOP_S, lambda: signals.hurried, board)
         handed_back = _unless_redis_down(lambda: self._requeue_prefetched(worker), "hand back")
 
         interrupted = 0
-        if not _join(worker.workers, deadline, hurried, board):
+        if not _join(worker.workers, deadline, lambda: signals.hurried, board):
             interrupted = shutdown.interrupt()
             _join(worker.workers, time.monotonic() + INTERRUPT_GRACE_S, lambda: False, board)
         swept = _unless_redis_down(lambda: self._sweep(broker), "requeue")

@@ -26,13 +26,12 @@ class StopSignals:
     Parameters:
       debounce_s: a signal closer than this to the first is the same request (the
         process group's signal and the one the supervisor forwards); one at least this
-        long after the first makes :meth:`is_hurried` true (default :data:`SIGNAL_DEBOUNCE_S`).
+        long after the first makes :attr:`hurried` true (default :data:`SIGNAL_DEBOUNCE_S`).
     """
 
     def __init__(self, debounce_s: float = SIGNAL_DEBOUNCE_S) -> None:
         self.debounce_s = debounce_s
-        #: ``time.monotonic()`` of the first signal; None until one came.
-        self.first_at: float | None = None
+        self._first_at: float | None = None  # time.monotonic() of the first signal
         self._hurried = False
         self._wake_read, self._wake_write = os.pipe()
         for fd in (self._wake_read, self._wake_write):
@@ -46,19 +45,20 @@ class StopSignals:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         now = time.monotonic()
-        if self.first_at is None:
-            self.first_at = now
-        elif now - self.first_at >= self.debounce_s:
+        if self._first_at is None:
+            self._first_at = now
+        elif now - self._first_at >= self.debounce_s:
             self._hurried = True
-
-    def is_hurried(self) -> bool:
-        """True once a signal came at least ``debounce_s`` after the first."""
-        return self._hurried
 
     @property
     def requested(self) -> bool:
         """True once the first signal came."""
-        return self.first_at is not None
+        return self._first_at is not None
+
+    @property
+    def hurried(self) -> bool:
+        """True once a signal came at least ``debounce_s`` after the first."""
+        return self._hurried
 
     def wait(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` seconds for the first signal; True once it came."""
