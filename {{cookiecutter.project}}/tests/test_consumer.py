@@ -3,7 +3,8 @@
 Against a real Redis: a settlement takes the next message in the same Lua call (no
 fetch of its own), the acks set never holds more than the prefetch while several
 threads settle and fetch at once, and once the drain stops fetching a settlement
-takes nothing.
+takes nothing. A message taken by a call whose reply was lost is requeued, never held
+for good, and a take whose reply is only late is never mistaken for one.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import redis
 from dramatiq import Message
 
 from {{ cookiecutter.package }} import layout
-from {{ cookiecutter.package }}.consumer import ACK, SettlingRedisBroker
+from {{ cookiecutter.package }}.consumer import ACK, ORPHAN_AFTER_S, SettlingRedisBroker
 
 
 def work(broker: SettlingRedisBroker, queue: str, threads: int) -> None:
@@ -266,3 +267,60 @@ def test_a_reply_left_unread_is_never_taken_for_the_next_settlements(redis_url: 
         assert len(acks) == 1  # message 1, taken by the interrupted settlement
     finally:
         broker.close()
+
+
+def test_a_lost_settlement_reply_leaves_no_message_held_for_good(redis_url: str) -> None:
+    """The lane's reply is lost after Redis ran the settlement (a socket timeout): the retry
+    through the client settles nothing twice but takes another message, and the first
+    call's refill, which this process never saw, is requeued once it has been unknown
+    for ORPHAN_AFTER_S."""
+    broker = SettlingRedisBroker(url=redis_url, middleware=[])
+    consumer, message = held_one(broker, "orphan", 3)
+    lane = _lane_after_settle(broker)
+    read = lane.read_response
+
+    def lost(*args: Any, **kwargs: Any) -> Any:
+        read(*args, **kwargs)  # Redis ran it: acked 0 and took 1; the reply never comes
+        del lane.read_response
+        raise redis.TimeoutError("Timeout reading from socket")
+
+    lane.read_response = lost
+    try:
+        consumer.ack(message)  # the retry through the client takes 2
+        assert held_and_queued(redis_url, broker, "orphan") == (2, 0)
+        assert consumer.reclaim_orphans(now=100.0) == 0
+        assert consumer.reclaim_orphans(now=100.0 + ORPHAN_AFTER_S - 1) == 0
+        assert consumer.reclaim_orphans(now=100.0 + ORPHAN_AFTER_S) == 1
+        assert held_and_queued(redis_url, broker, "orphan") == (1, 1)
+        kept = next(consumer)  # what this process knew of is still its own
+        assert kept is not None and kept.args == (2,)
+        assert consumer.reclaim_orphans(now=100.0 + 10 * ORPHAN_AFTER_S) == 0
+        assert held_and_queued(redis_url, broker, "orphan") == (1, 1)
+        assert [m.args for m in map(Message.decode, _bodies(redis_url, "orphan"))] == [(1,)]
+    finally:
+        broker.close()
+
+
+def test_a_take_whose_reply_is_late_is_never_taken_for_an_orphan(redis_url: str) -> None:
+    """A fetch Redis has run but whose reply is not yet read holds a message nobody here
+    knows of; once the reply is read, no later look requeues it."""
+    broker = SettlingRedisBroker(url=redis_url, middleware=[])
+    consumer, _ = held_one(broker, "late", 2)
+    consumer.prefetch = 2
+    try:
+        claimed = consumer._claim(1)
+        assert claimed == 1
+        on_its_way = consumer._fetch(claimed)  # ran in Redis; the consumer has not seen it
+        assert consumer.reclaim_orphans(now=0.0) == 0
+        consumer._fill(claimed, on_its_way)  # the reply is read
+        assert consumer.reclaim_orphans(now=ORPHAN_AFTER_S + 1) == 0
+        assert held_and_queued(redis_url, broker, "late") == (2, 0)
+    finally:
+        broker.close()
+
+
+def _bodies(redis_url: str, queue: str) -> list[bytes]:
+    """The bodies of the messages waiting on ``queue``, in order."""
+    client = redis.Redis.from_url(redis_url)
+    ids = client.lrange(layout.queue_key(queue), 0, -1)
+    return [body for body in client.hmget(layout.bodies_key(queue), ids) if body is not None]

@@ -1,17 +1,21 @@
 """Recovery on a StubBroker carrying a real Redis client (the passes are Lua): a pass
-heartbeats, recovers a dead worker's messages counting a crash, expires old dead letters;
-the thread of the passes outlives errors and stops with the worker."""
+heartbeats, recovers a dead worker's messages counting a crash, expires old dead letters,
+and requeues what this worker holds in Redis but lost in memory; the thread of the passes
+outlives errors and stops with the worker."""
 
 from __future__ import annotations
 
 import threading
+import types
 
 import pytest
 import redis
 from dramatiq import Message, Worker
 
 from {{ cookiecutter.package }} import layout
+from {{ cookiecutter.package }}.consumer import ORPHAN_AFTER_S, SettlingRedisBroker
 from {{ cookiecutter.package }}.middleware import Recovery
+from {{ cookiecutter.package }}.middleware import recovery as recovery_module
 
 from stub_brokers import RedisStubBroker
 
@@ -91,3 +95,23 @@ def test_the_passes_run_until_the_worker_shuts_down_and_outlive_errors(
     assert recovery.thread is not None
     recovery.thread.join(5)
     assert not recovery.thread.is_alive(), "the passes stop with the worker"
+
+
+def test_the_passes_requeue_what_this_worker_holds_in_redis_but_lost(
+    redis_url: str, client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broker = SettlingRedisBroker(url=redis_url, middleware=[])
+    broker.consume(QUEUE, prefetch=1, timeout=50)
+    hold(client, broker.broker_id, "lost")  # taken by a call whose reply never came
+    clock = [1000.0]
+    monkeypatch.setattr(recovery_module, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+    recovery = Recovery([QUEUE], TIMEOUT_MS, MAX_ATTEMPTS)
+    try:
+        recovery.run_once(broker)
+        assert client.llen(layout.queue_key(QUEUE)) == 0, "not before ORPHAN_AFTER_S"
+        clock[0] += ORPHAN_AFTER_S
+        recovery.run_once(broker)
+        assert [layout.text(i) for i in client.lrange(layout.queue_key(QUEUE), 0, -1)] == ["lost"]
+        assert client.smembers(layout.acks_key(broker.broker_id, QUEUE)) == set()
+    finally:
+        broker.close()

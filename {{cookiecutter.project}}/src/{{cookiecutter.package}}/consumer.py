@@ -32,6 +32,11 @@ down at that moment. :class:`SettlingRedisBroker` and :class:`SettlingConsumer` 
 * A consumer outlives the restarts of its consumer thread (one per queue), so its
   count of held messages stays right after an outage; the delay queue's consumer
   hands back what its thread dropped from memory on a connection error.
+* A fetch or settlement whose reply is lost after Redis ran it (a socket timeout, a
+  dropped connection) took messages this process never saw, and its retry takes
+  others. The Recovery pass requeues them once they have stayed unknown for
+  :data:`ORPHAN_AFTER_S` (:meth:`SettlingConsumer.reclaim_orphans`), instead of leaving
+  them held until the process stops.
 """
 
 from __future__ import annotations
@@ -56,6 +61,12 @@ from dramatiq.middleware import Middleware, MiddlewareError
 from . import layout
 
 logger = logging.getLogger(__name__)
+
+#: How long a message this worker holds in Redis must stay unknown in memory before
+#: :meth:`SettlingConsumer.reclaim_orphans` requeues it: longer than any fetch or
+#: settlement can be on its way (the client's socket timeout is 10 s), so a take whose
+#: reply is still coming is never mistaken for an orphan.
+ORPHAN_AFTER_S = 60.0
 
 #: The ``actor`` label of a malformed message whose actor is not declared here (bounded).
 UNKNOWN_ACTOR = "unknown"
@@ -205,6 +216,8 @@ class SettlingConsumer(_RedisConsumer):
         self.delayed = queue_name.endswith(layout.DELAY_SUFFIX)
         self._orphaned = False
         self._fetch_keys = layout.fetch_keys(broker.broker_id, queue_name)
+        #: Ids held in Redis and not in memory: when each was first seen so.
+        self._unknown_since: dict[str, float] = {}
 
     @property
     def outstanding_message_count(self) -> int:
@@ -359,6 +372,32 @@ class SettlingConsumer(_RedisConsumer):
                 extra={"queue": self.queue_name, "requeued": len(orphans)},
             )
 
+    def reclaim_orphans(self, now: float) -> int:
+        """Requeue the messages this worker holds in Redis but nowhere in memory; return how
+        many. A fetch or settlement whose reply was lost after Redis ran it (a socket
+        timeout, a dropped connection) took messages that nobody here knows of, and the
+        retried call took others: without this they would wait in the acks set until this
+        process stops. An id is requeued once it was unknown in every look for
+        :data:`ORPHAN_AFTER_S` (``now``: ``time.monotonic()``); the requeue is the
+        settlement's, so an id settled meanwhile is left alone."""
+        acks = layout.acks_key(self.broker.broker_id, self.queue_name)
+        in_redis = {layout.text(raw) for raw in self.broker.client.smembers(acks)}
+        with self._slots:
+            known = self.held.union(redis_id for redis_id, _ in self.message_cache)
+        self._unknown_since = {
+            redis_id: self._unknown_since.get(redis_id, now) for redis_id in in_redis - known
+        }
+        due = [i for i, since in self._unknown_since.items() if now - since >= ORPHAN_AFTER_S]
+        for redis_id in due:
+            self.broker.settle(self.queue_name, redis_id, Settlement("requeue"))
+            del self._unknown_since[redis_id]
+        if due:
+            logger.warning(
+                "requeued messages held in Redis but lost by this process",
+                extra={"queue": layout.canonical(self.queue_name), "requeued": len(due)},
+            )
+        return len(due)
+
     # -- settling (worker threads) -------------------------------------------------------------
 
     def ack(self, message: MessageProxy) -> None:
@@ -421,7 +460,9 @@ class SettleLanes:
     thread alone, one command and its reply at a time, so no stray reply can wait on it:
     any failure between the command and its reply disconnects it. What fails on a lane
     (a lost connection, a script cache flushed by a restarted Redis) is sent again
-    through the client, whose pool and retries handle it as for any other command.
+    through the client, whose pool and retries handle it as for any other command; when
+    Redis had run it, the outcome is not stored twice (its removal from the acks set guards it)
+    and the first call's refill is requeued by :meth:`SettlingConsumer.reclaim_orphans`.
 
     Parameters:
       client: the broker's client; a lane is made by its pool (same address,
@@ -579,6 +620,12 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
         this worker no longer held it (someone else recovered it)."""
         settled, _ = self.settle_and_take(queue, redis_id, settlement, 0)
         return settled
+
+    def reclaim_orphans(self, now: float) -> int:
+        """:meth:`SettlingConsumer.reclaim_orphans` on every queue this worker consumes."""
+        with self._consumers_lock:
+            consumers = list(self._consumers.values())
+        return sum(consumer.reclaim_orphans(now) for consumer in consumers)
 
     def settle_and_take(
         self, queue: str, redis_id: str, settlement: Settlement, take: int

@@ -1,15 +1,18 @@
-"""Recovery: a heartbeat and a periodic pass that recovers the messages of dead workers."""
+"""Recovery: a heartbeat and a periodic pass that recovers the messages of dead workers
+and the orphans of this one."""
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import redis
 from dramatiq import Broker, Middleware
 from dramatiq.worker import Worker
 
 from .. import recovery
+from ..consumer import SettlingRedisBroker
 
 logger = logging.getLogger(__name__)
 
@@ -18,7 +21,9 @@ class Recovery(Middleware):
     """Runs :func:`~..recovery.recover_dead_workers` every ``interval_s`` in each worker.
 
     The same thread keeps this worker's heartbeat fresh, so its messages are not
-    taken from it while a long job runs or while it drains with fetching stopped.
+    taken from it while a long job runs or while it drains with fetching stopped, and
+    requeues what this worker holds in Redis but lost in memory (a call whose reply was
+    lost: :meth:`.SettlingConsumer.reclaim_orphans`).
 
     Parameters:
       queues: the queues this worker serves (it recovers only those).
@@ -62,6 +67,8 @@ class Recovery(Middleware):
             client, self.queues, self.heartbeat_timeout_ms, self.max_attempts
         )
         recovery.expire_dead_letters(client, self.queues, self.dead_message_ttl_ms)
+        if isinstance(broker, SettlingRedisBroker):
+            broker.reclaim_orphans(time.monotonic())
 
     def _loop(self, broker: Broker) -> None:
         while not self._stopped.is_set():
