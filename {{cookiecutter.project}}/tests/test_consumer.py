@@ -18,7 +18,11 @@ import redis
 from dramatiq import Message
 
 from {{ cookiecutter.package }} import layout
-from {{ cookiecutter.package }}.consumer import ACK, ORPHAN_AFTER_S, SettlingRedisBroker
+from {{ cookiecutter.package }}.consumer import (
+    ACK,
+    ORPHAN_AFTER_S,
+    SettlingRedisBroker,
+)
 
 
 def work(broker: SettlingRedisBroker, queue: str, threads: int) -> None:

@@ -13,7 +13,10 @@ import redis
 from dramatiq import Message, Worker
 
 from {{ cookiecutter.package }} import layout
-from {{ cookiecutter.package }}.consumer import ORPHAN_AFTER_S, SettlingRedisBroker
+from {{ cookiecutter.package }}.consumer import (
+    ORPHAN_AFTER_S,
+    SettlingRedisBroker,
+)
 from {{ cookiecutter.package }}.middleware import Recovery
 from {{ cookiecutter.package }}.middleware import recovery as recovery_module
 
