@@ -1,5 +1,6 @@
 """The supervisor with real processes: boot failures are final, crash loops back off and fail
-liveness, SIGTERM with Redis down drains cleanly, a busy METRICS_PORT is one line.
+liveness, SIGTERM with Redis down drains cleanly, a process that cannot drain is killed after
+its drain window and its messages recovered, a busy METRICS_PORT is one line.
 
 A worker process that exits 78 (EX_CONFIG) cannot boot and never will: the supervisor exits
 78 at once with the child's reason instead of replacing it forever while the probes say OK.
@@ -23,6 +24,9 @@ import pytest
 from _lifecycle import (
     Jobs, Worker, get, jobs, lc_project, started, wait_for, wait_ready, workers)
 from bakery import RedisServer, package_of
+
+#: The supervisor's margin past the drain window (supervisor.KILL_AFTER_DRAIN_S).
+KILL_AFTER_DRAIN_S = 10.0
 
 pytestmark = pytest.mark.slow
 __all__ = ["jobs", "lc_project", "workers"]
@@ -183,6 +187,31 @@ def test_sigterm_while_redis_is_down_drains_and_exits_zero_with_json_logs_only(
     assert not not_json, "\n".join(not_json[:20])
     assert any(r.get("msg") == "drained" for r in worker.records())
     assert worker.records("stop")
+
+
+def test_a_process_that_cannot_drain_is_killed_after_its_window_and_loses_nothing(
+        workers: Callable[..., Worker], jobs: Jobs) -> None:
+    """A worker process stopped (SIGSTOP) with a job in hand never hears SIGTERM: the
+    supervisor kills it KILL_AFTER_DRAIN_S past WORKER_SHUTDOWN_TIMEOUT_MS, recovers its
+    job (a crash counted), and exits non-zero with its stop line."""
+    worker = workers(WORKER_JOB_TIMEOUT_MS="500", WORKER_SHUTDOWN_TIMEOUT_MS="1000")
+    jobs.enqueue("lc_long", "held", 60.0)
+    wait_for(lambda: jobs.starts("held"), 20, "the job to start")
+    (child,) = worker.children()
+    os.kill(child, signal.SIGSTOP)
+    started = worker.signal(signal.SIGTERM)
+    code = worker.wait(timeout=60)
+    elapsed = time.monotonic() - started
+    log = worker.log()
+    assert code == 1, log[-3000:]
+    assert 1.0 + KILL_AFTER_DRAIN_S - 1 <= elapsed <= 1.0 + KILL_AFTER_DRAIN_S + 5, elapsed
+    (overrun,) = worker.records("drain_overrun")
+    assert overrun["pid"] == child
+    (died,) = worker.records("process_died")
+    assert died["exit_code"] == -signal.SIGKILL and died["requeued"] == 1, died
+    assert jobs.queued_ids() == ["held"] and jobs.stranded() == {}
+    (stop,) = worker.records("stop")
+    assert stop["exit_code"] == 1, stop
 
 
 def test_busy_metrics_port_is_one_line_and_exit_78(

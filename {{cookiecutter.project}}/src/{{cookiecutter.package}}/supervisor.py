@@ -52,6 +52,10 @@ RESTART_BACKOFF_S = (0.2, 30.0)
 STABLE_AFTER_S = 60.0
 #: Seconds between two looks at the children.
 WATCH_INTERVAL_S = 0.1
+#: How long past ``WORKER_SHUTDOWN_TIMEOUT_MS`` a worker process that has not exited is
+#: killed, its messages recovered at once: past the process's own bound (its consumers'
+#: stop, the interrupt grace, the requeue), within the pod's grace margin (15 s).
+KILL_AFTER_DRAIN_S = 10.0
 
 
 class ChildState(enum.Enum):
@@ -116,6 +120,8 @@ class Supervisor:
         self.settings = settings
         self.children: list[Child] = []
         self.stopping = False
+        #: ``time.monotonic()`` after which a process still running is killed (once stopping).
+        self.kill_at: float | None = None
         self.failure: str | None = None
         self._last_signal = 0.0
         self._short_since: float | None = time.monotonic()
@@ -198,8 +204,12 @@ class Supervisor:
             self._stop_children()
 
     def _stop_children(self) -> None:
-        """Stop replacing processes and ask every running one to drain."""
+        """Stop replacing processes and ask every running one to drain (the first call sets
+        the deadline after which :meth:`_watch` kills what still runs)."""
         self.stopping = True
+        if self.kill_at is None:
+            window_s = self.settings.worker_shutdown_timeout_ms / 1000
+            self.kill_at = time.monotonic() + window_s + KILL_AFTER_DRAIN_S
         for child in self.children:
             if child.process.poll() is None:
                 child.process.send_signal(signal.SIGTERM)
@@ -210,6 +220,8 @@ class Supervisor:
     def _watch(self) -> None:
         """Move each slot along its states; record how many processes are live."""
         now = time.monotonic()
+        if self.kill_at is not None and now >= self.kill_at:
+            self._kill_overdue()
         for child in self.children:
             if child.state is ChildState.WAITING:
                 if now >= child.restart_at and not self.stopping:
@@ -232,6 +244,18 @@ class Supervisor:
                 child.state, child.restart_at = ChildState.WAITING, now + pause
                 self._bury(child, code, restart_in_s=pause)
         self._record_live()
+
+    def _kill_overdue(self) -> None:
+        """Kill every process still running past :attr:`kill_at` (a drain that cannot end:
+        a stopped or hung process); :meth:`_watch` then recovers its messages."""
+        self.kill_at = None
+        for child in self.children:
+            if child.state is ChildState.RUNNING and child.process.poll() is None:
+                logger.error(
+                    "a worker process did not exit within its drain window; killing it",
+                    extra={"event": "drain_overrun", "slot": child.index, "pid": child.process.pid},
+                )
+                child.process.kill()
 
     def _refuse(self, child: Child) -> None:
         """A process cannot boot: stop the others and exit EX_CONFIG with its reason."""
