@@ -149,6 +149,10 @@ def test_one_missing_process_fails_liveness_only_after_the_stall_limit(
     worker = run_worker(project, WORKER_PROCESSES="2", CRASH_FLAG=str(flag),
                         HEALTH_STALLED_AFTER_S=str(stalled_after))
     wait_ready(jobs, 2)
+    # The time counts from the supervisor's last look at a whole container: readiness
+    # passes once it saw both processes live. Killing one before that (both booted
+    # between two looks) would count from the container's start.
+    wait_for(lambda: worker.healthcheck("ready").returncode == 0, 10, "readiness")
     wait_for(lambda: worker.healthcheck("live").returncode == 0, 10, "liveness")
     flag.touch()
     victim = worker.children()[0]

@@ -6,7 +6,8 @@ fails when a worker process died, when a process's main loop is frozen, when a
 handler holds a job and made no progress (job start or ``checkpoint()``) for
 longer than ``HEALTH_STALLED_AFTER_S``, or when fewer worker processes than
 ``WORKER_PROCESSES`` have been live for longer than that (they crash at boot, or
-keep dying). An idle worker, or one whose Redis or database is down, stays live:
+keep dying; counted from the supervisor's first look that found one missing, so a
+container whole only between two looks, 0.1 s apart, counts as short all along). An idle worker, or one whose Redis or database is down, stays live:
 restarting it would not help.
 
 Readiness: every worker process of the container is up (no grace period: a pod
@@ -41,8 +42,8 @@ class SupervisorStatus:
       pid: the supervisor's pid (a status left by a dead supervisor is ignored).
       expected: ``WORKER_PROCESSES``.
       live: worker processes running with their progress board written (booted).
-      short_since: ``time.monotonic()`` since when fewer than ``expected`` are live; None
-        when all are.
+      short_since: ``time.monotonic()`` of the first look that found fewer than
+        ``expected`` live since the last look that found all of them; None when all are.
     """
 
     pid: int
