@@ -6,6 +6,7 @@ Every baked project runs from its ``src/`` through ``PYTHONPATH`` in this one ve
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import os
 import shutil
@@ -51,6 +52,16 @@ def bake_project(output_dir: Path, **context: str) -> Path:
 
 def package_of(project: Path) -> str:
     return project.name.replace("-", "_")
+
+
+def baked_constant(project: Path, module: str, name: str) -> Any:
+    """The literal assigned to ``name`` at the top of the baked ``module``, read without
+    importing it (the test process has no baked settings): the baked code stays the owner."""
+    source = (project / "src" / package_of(project) / f"{module}.py").read_text()
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == [name]:
+            return ast.literal_eval(node.value)
+    raise LookupError(f"no {name} = <literal> in {module}.py")
 
 
 def add_actors(project: Path, **modules: str) -> Path:
