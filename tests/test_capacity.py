@@ -94,11 +94,15 @@ def test_io_bound_handler_keeps_rising(service: Path, redis_url: str) -> None:
                       "--jobs", "60", "--concurrency", "1,2,4")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0] == "actor 'wait' on queue 'notifications' (pool interactive), 60 jobs per level"
-    assert lines[2].split() == ["concurrency", "jobs/s", "gain"]
+    assert lines[0] == ("actor 'wait' on queue 'notifications' (pool interactive), 60 jobs per "
+                        "level, best of 3 rounds")
+    assert lines[2].split() == ["concurrency", "jobs/s", "gain", "rounds"]
     assert [line.split()[0] for line in lines[3:6]] == ["1", "2", "4"]
     assert lines[-1] == ("throughput still rises at concurrency 4, the highest level measured; "
                          "measure higher levels")
+    for line in lines[3:6]:  # a level is its best round, and every round is shown
+        rate, *rounds = (float(field) for field in line.split()[1:2] + line.split()[3:])
+        assert len(rounds) == 3 and rate == max(rounds), line
     one, two, four = (float(line.split()[1]) for line in lines[3:6])
     assert two > 1.5 * one and four > 1.5 * two
     assert_queue_empty(redis_url)
@@ -109,6 +113,9 @@ def test_serialized_handler_stops_rising(service: Path, redis_url: str) -> None:
                                "--jobs", "40", "--concurrency", "1,2,4", "--json"))
     # 1, or 2 while the worker's prefetch equals its concurrency (the fetcher's pauses).
     assert report["stops_rising_at"] in (1, 2), report
+    assert report["rounds"] == 3
+    for level in report["levels"]:  # type: ignore[union-attr]
+        assert len(level["rounds"]) == 3 and level["jobs_per_s"] == max(level["rounds"]), level
     one, two, four = rates(report)
     assert four < 1.1 * max(one, two)
     assert max(one, two, four) < 1 / 0.02 * 1.05  # never above the lock's 50 jobs/s
@@ -171,6 +178,24 @@ def test_redis_down_is_one_line(service: Path) -> None:
     [line] = result.stderr.splitlines()
     assert line.startswith("capacity: Redis at redis://:***@127.0.0.1:")
     assert "unreachable" in line and "hunter2" not in line
+
+
+def test_too_few_jobs_to_time_the_highest_level_is_one_line(service: Path, redis_url: str
+                                                             ) -> None:
+    result = capacity(service, redis_url, "--actor", "wait", "--jobs", "15",
+                      "--concurrency", "1,2,4")
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        "capacity: --jobs 15 is too few to time concurrency 4: give at least 16 (a level's "
+        "first and last 4 are not timed)")
+    assert_queue_empty(redis_url)
+
+
+def test_rounds_is_a_positive_whole_number(service: Path, redis_url: str) -> None:
+    result = capacity(service, redis_url, "--actor", "wait", "--rounds", "0")
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1].endswith("argument --rounds: must be at least 1"), (
+        result.stderr)
 
 
 def test_unknown_actor(service: Path, redis_url: str) -> None:

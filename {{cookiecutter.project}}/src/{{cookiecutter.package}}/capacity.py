@@ -1,9 +1,11 @@
 """Capacity: throughput against concurrency, and the level where it stops rising.
 
     capacity --actor NAME [--args JSON] [--kwargs JSON] [--jobs N]
-             [--concurrency 1,2,4,8,16] [--min-gain 0.1] [--timeout S] [--json]
+             [--concurrency 1,2,4,8,16] [--rounds 3] [--min-gain 0.1] [--timeout S]
+             [--json]
 
-For each concurrency level ``c``, lowest first, it:
+In each of ``--rounds`` rounds (default 3), for each concurrency level ``c``,
+lowest first, it:
 
 1. enqueues ``--jobs`` messages (default 200) of the actor with ``--args`` and
    ``--kwargs`` on the actor's queue;
@@ -12,13 +14,21 @@ For each concurrency level ``c``, lowest first, it:
    ``WORKER_PROCESSES=1``, ``WORKER_QUEUES=<the queue>`` (and ``DB_POOL_SIZE``
    at least ``c``), with a private ``WORKER_STATE_DIR`` and ``METRICS_PORT``,
    against ``REDIS_URL``: the real middleware stack, actor and broker;
-3. polls the queue every few milliseconds; the clock starts when the first job
-   is done (so the worker's boot is not counted) and stops when the last one is;
-   throughput is the jobs done in between over that time;
+3. polls the queue every few milliseconds and times the steady state: the clock
+   starts once ``c`` jobs are done and stops once all but ``c`` are, and
+   throughput is the jobs done in between over that time. The first wave (the
+   worker's boot, ``c`` jobs begun together) and the last (fewer jobs left than
+   threads) are not timed: timing from the first job done would count ``c - 1``
+   jobs already under way as done in the window and favour higher levels (by
+   25 % at ``c`` = 4 with 16 jobs). So ``--jobs`` must be a few times the
+   highest level (its help says how many);
 4. stops the worker with SIGTERM, its normal drain.
 
-It then reports, per level, jobs/s and the gain over the previous level, and
-where throughput stops rising: the lowest level that no higher level beats by
+A level's throughput is its best round: other load on the machine only slows a
+round, and alternating the levels spreads a burst of it over all of them, so
+one disturbed round cannot make a level look slower or faster than it is. It
+then reports, per level, that jobs/s, every round's, the gain over the previous
+level, and where throughput stops rising: the lowest level that no higher level beats by
 ``--min-gain`` (default 10 %) or more. An I/O-bound handler scales with threads
 until something downstream saturates; a CPU-bound one stops at 1, because of
 the GIL: give it processes or replicas, not threads.
@@ -63,8 +73,10 @@ if TYPE_CHECKING:
 DEFAULT_LEVELS = (1, 2, 4, 8, 16)
 #: Seconds between two looks at the queue while the worker runs.
 POLL_INTERVAL_S = 0.005
-#: A level whose jobs take less than this to run is too fast to time: enqueue more.
+#: A level whose timed jobs take less than this to run is too fast to time: enqueue more.
 MIN_WINDOW_S = 0.2
+#: ``--jobs`` at least this many times the highest level: half of them or more are timed.
+TIMED_SHARE = 4
 #: Lines of the worker's log shown when it fails.
 LOG_TAIL = 5
 
@@ -97,11 +109,13 @@ class Probe:
 
 @dataclass(frozen=True)
 class Level:
-    """The throughput measured at one concurrency, and its gain over the level before."""
+    """The throughput measured at one concurrency (its best round), and its gain over the
+    level before."""
 
     concurrency: int
     jobs_per_s: float
     gain: float | None = None
+    rounds: tuple[float, ...] = ()
 
 
 def free_port() -> int:
@@ -238,9 +252,15 @@ def tail(log: Path, lines: int = LOG_TAIL) -> str:
 
 
 def time_jobs(
-    client: redis.Redis, probe: Probe, worker: subprocess.Popen[bytes], log: Path, dead_before: int
+    client: redis.Redis,
+    probe: Probe,
+    concurrency: int,
+    worker: subprocess.Popen[bytes],
+    log: Path,
+    dead_before: int,
 ) -> float:
-    """Watch the queue until the probe's jobs are done; return jobs per second.
+    """Watch the queue until the probe's jobs are done; return jobs per second from the
+    ``concurrency``-th job done to the last but ``concurrency`` (the steady state).
 
     Raises:
       CapacityError: when a job fails, the worker exits, ``probe.timeout_s`` passes,
@@ -248,7 +268,7 @@ def time_jobs(
     """
     keys = QueueKeys.of(probe.queue)
     deadline = time.monotonic() + probe.timeout_s
-    started = counted = None
+    start = stop = None  # (time, jobs done) at the clock's start and stop
     while True:
         pipe = client.pipeline(transaction=False)
         pipe.hlen(keys.ready_bodies)
@@ -262,8 +282,11 @@ def time_jobs(
                 f"{failed} probe job(s) failed ({failure_reason(client, probe.queue)}); "
                 "capacity is measured with jobs that succeed"
             )
-        if started is None and pending < probe.jobs:
-            started, counted = now, pending
+        done = probe.jobs - pending
+        if start is None and done >= concurrency:
+            start = (now, done)
+        if stop is None and done >= probe.jobs - concurrency:
+            stop = (now, done)
         if pending == 0:
             break
         if worker.poll() is not None:
@@ -274,7 +297,8 @@ def time_jobs(
                 f"{probe.timeout_s:g} s (--timeout)"
             )
         time.sleep(POLL_INTERVAL_S)
-    window = now - (started or now)
+    assert start is not None and stop is not None  # pending == 0: every job is done
+    window, counted = stop[0] - start[0], stop[1] - start[1]
     if not counted or window < MIN_WINDOW_S:
         raise CapacityError(
             f"{probe.jobs} jobs were done in {window:.3f} s, too fast to time; give more --jobs"
@@ -300,19 +324,21 @@ def measure(client: redis.Redis, probe: Probe, pool: str, concurrency: int) -> f
         env = worker_environment(probe, pool, concurrency, Path(state) / "state")
         worker = start_worker(env, log)
         try:
-            return time_jobs(client, probe, worker, log, dead_before)
+            return time_jobs(client, probe, concurrency, worker, log, dead_before)
         finally:
             stop_worker(worker, drain_s)
             if messages_in(client, probe.queue) or client.zcard(keys.dead) > dead_before:
                 remove(client, probe.queue, message_ids)
 
 
-def with_gains(measured: list[tuple[int, float]]) -> list[Level]:
-    """``(concurrency, jobs/s)`` pairs as levels with the gain over the one before."""
+def with_gains(measured: dict[int, list[float]]) -> list[Level]:
+    """Each level's rounds (concurrency -> jobs/s of each round, lowest level first) as
+    levels: the best round, with the gain over the level before."""
     levels: list[Level] = []
-    for concurrency, rate in measured:
+    for concurrency, rounds in measured.items():
+        rate = max(rounds)
         gain = rate / levels[-1].jobs_per_s - 1 if levels else None
-        levels.append(Level(concurrency, rate, gain))
+        levels.append(Level(concurrency, rate, gain, tuple(rounds)))
     return levels
 
 
@@ -359,8 +385,8 @@ def _rate(level: Level) -> float:
     return level.jobs_per_s
 
 
-def _row(concurrency: object, rate: object, gain: object) -> str:
-    return f"{concurrency!s:>11}  {rate!s:>10}  {gain!s:>7}"
+def _row(concurrency: object, rate: object, gain: object, rounds: object) -> str:
+    return f"{concurrency!s:>11}  {rate!s:>10}  {gain!s:>7}  {rounds!s}"
 
 
 def _probe(args: argparse.Namespace) -> Probe:
@@ -385,21 +411,31 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         probe = _probe(args)
+        highest = args.concurrency[-1]
+        if probe.jobs < TIMED_SHARE * highest:
+            raise CapacityError(
+                f"--jobs {probe.jobs} is too few to time concurrency {highest}: give at least "
+                f"{TIMED_SHARE * highest} (a level's first and last {highest} are not timed)"
+            )
         pool = pools().pool_of_queue(probe.queue) or ""
         client = probe.actor.broker.client  # type: ignore[attr-defined]
         if not args.json:
+            plural = "s" if args.rounds > 1 else ""
             print(
                 f"actor {args.actor!r} on queue {probe.queue!r} (pool {pool}), "
-                f"{probe.jobs} jobs per level\n"
+                f"{probe.jobs} jobs per level, best of {args.rounds} round{plural}\n"
             )
-            print(_row("concurrency", "jobs/s", "gain"), flush=True)
-        measured: list[tuple[int, float]] = []
-        for concurrency in args.concurrency:
-            measured.append((concurrency, measure(client, probe, pool, concurrency)))
-            level = with_gains(measured)[-1]
-            if not args.json:
-                gain = "-" if level.gain is None else f"{level.gain:+.0%}"
-                print(_row(concurrency, f"{level.jobs_per_s:.1f}", gain), flush=True)
+            print(_row("concurrency", "jobs/s", "gain", "rounds"), flush=True)
+        measured: dict[int, list[float]] = {concurrency: [] for concurrency in args.concurrency}
+        for number in range(1, args.rounds + 1):
+            for concurrency in args.concurrency:
+                measured[concurrency].append(measure(client, probe, pool, concurrency))
+                if number == args.rounds and not args.json:  # the level's row is complete
+                    so_far = {c: rates for c, rates in measured.items() if c <= concurrency}
+                    level = with_gains(so_far)[-1]
+                    gain = "-" if level.gain is None else f"{level.gain:+.0%}"
+                    rounds = " ".join(f"{rate:.1f}" for rate in level.rounds)
+                    print(_row(concurrency, f"{level.jobs_per_s:.1f}", gain, rounds), flush=True)
     except CapacityError as error:
         print(f"capacity: {error}", file=sys.stderr)
         return EX_FAILURE
@@ -424,6 +460,7 @@ def run(args: argparse.Namespace) -> int:
                     "queue": probe.queue,
                     "pool": pool,
                     "jobs": probe.jobs,
+                    "rounds": args.rounds,
                     "min_gain": args.min_gain,
                     "levels": [level.__dict__ for level in levels],
                     "stops_rising_at": stops_rising_at(levels, args.min_gain),
@@ -482,7 +519,7 @@ def add_command(commands: Any) -> None:
         type=positive_int,
         default=200,
         metavar="N",
-        help="jobs per concurrency level (default 200)",
+        help=f"jobs per level and round, at least {TIMED_SHARE} x the highest level (default 200)",
     )
     capacity.add_argument(
         "--concurrency",
@@ -490,6 +527,13 @@ def add_command(commands: Any) -> None:
         default=list(DEFAULT_LEVELS),
         metavar="LEVELS",
         help="comma list of levels (default 1,2,4,8,16)",
+    )
+    capacity.add_argument(
+        "--rounds",
+        type=positive_int,
+        default=3,
+        metavar="N",
+        help="rounds over the levels; a level counts its best (default 3)",
     )
     capacity.add_argument(
         "--min-gain",
