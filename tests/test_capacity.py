@@ -3,7 +3,8 @@
 The baked project is copied and given test actors on the ``notifications`` queue
 (pool ``interactive``): one that waits (I/O-bound: scales with threads), one
 that waits holding a process-wide lock (serialized: stops rising early), one
-that computes (CPU-bound: stops rising at 1 under the GIL) and one that fails.
+that computes (CPU-bound: stops rising at 1 under the GIL), one that fails, and one
+that is slower in the first worker process a probe starts (a disturbed round).
 """
 
 from __future__ import annotations
@@ -26,12 +27,22 @@ pytestmark = pytest.mark.slow
 ACTORS = '''
 """Test actors for ``capacity``."""
 
+import os
 import threading
 import time
+from pathlib import Path
 
 import dramatiq
 
 _ONE_AT_A_TIME = threading.Lock()
+# Each process that imports the actors adds a byte: the probe's own is the first, its
+# first worker process (level 1, round 1) the second.
+_BOOTS = os.environ.get("CAPACITY_TEST_BOOTS")
+_BOOT = 0
+if _BOOTS:
+    with open(_BOOTS, "a") as boots:
+        boots.write("x")
+    _BOOT = Path(_BOOTS).stat().st_size
 
 
 @dramatiq.actor(queue_name="notifications", max_retries=0)
@@ -53,6 +64,11 @@ def compute(loops: int) -> None:
 
 
 @dramatiq.actor(queue_name="notifications", max_retries=0)
+def wait_longer_in_the_first_worker(seconds: float) -> None:
+    time.sleep(seconds * 3 if _BOOT == 2 else seconds)
+
+
+@dramatiq.actor(queue_name="notifications", max_retries=0)
 def fail() -> None:
     raise RuntimeError("probe job fails")
 '''
@@ -65,8 +81,9 @@ def service(bake: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory)
                         capacity_probes=ACTORS)
 
 
-def capacity(service: Path, redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = project_env(service, WORKER_POOL="interactive", REDIS_URL=redis_url)
+def capacity(service: Path, redis_url: str, *args: str, **env_vars: str
+             ) -> subprocess.CompletedProcess[str]:
+    env = project_env(service, WORKER_POOL="interactive", REDIS_URL=redis_url, **env_vars)
     return run_cli(service, "capacity", *args, env=env, timeout=120)
 
 
@@ -113,7 +130,7 @@ def test_serialized_handler_stops_rising(service: Path, redis_url: str) -> None:
                                "--jobs", "40", "--concurrency", "1,2,4", "--json"))
     # 1, or 2 while the worker's prefetch equals its concurrency (the fetcher's pauses).
     assert report["stops_rising_at"] in (1, 2), report
-    assert report["rounds"] == 3
+    assert report["rounds"] == 3 and isinstance(report["noisy"], list)
     for level in report["levels"]:  # type: ignore[union-attr]
         assert len(level["rounds"]) == 3 and level["jobs_per_s"] == max(level["rounds"]), level
     one, two, four = rates(report)
@@ -132,14 +149,35 @@ def test_cpu_bound_handler_stops_rising_at_one_thread(service: Path, redis_url: 
     env = project_env(service, WORKER_POOL="interactive", REDIS_URL=redis_url,
                       WORKER_POOLS_FILE=str(pools))
     # A gain under 30% counts as flat: the suite runs on two busy cores, and threads that
-    # the GIL serialises gain nothing, where waiting handlers double (test above).
-    result = run_cli(service, "capacity", "--actor", "compute", "--args", "[300000]",
-                     "--jobs", "60", "--concurrency", "1,2,4", "--min-gain", "0.3", env=env,
-                     timeout=120)
-    assert_queue_empty(redis_url)
-    assert result.returncode == 0, result.stderr
-    assert "throughput stops rising at concurrency 1:" in result.stdout
+    # the GIL serialises gain nothing, where waiting handlers double (test above). A run
+    # that says its rounds disagree (other tests took the cores) is measured again.
+    for _ in range(3):
+        result = run_cli(service, "capacity", "--actor", "compute", "--args", "[300000]",
+                         "--jobs", "60", "--concurrency", "1,2,4", "--min-gain", "0.3",
+                         env=env, timeout=180)
+        assert_queue_empty(redis_url)
+        assert result.returncode == 0, result.stderr
+        if "something else ran on this machine" not in result.stdout:
+            break
+    else:
+        pytest.fail(f"three runs were disturbed by other load:\n{result.stdout}")
+    assert "throughput stops rising at concurrency 1:" in result.stdout, result.stdout
     assert "scale it with WORKER_PROCESSES or replicas" in result.stdout
+
+
+def test_a_disturbed_round_is_reported(service: Path, redis_url: str, tmp_path: Path) -> None:
+    result = capacity(service, redis_url, "--actor", "wait_longer_in_the_first_worker",
+                      "--args", "[0.02]", "--jobs", "20", "--concurrency", "1", "--rounds", "2",
+                      CAPACITY_TEST_BOOTS=str(tmp_path / "boots"))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    first, second = (float(rate) for rate in lines[3].split()[3:])
+    assert second > 2 * first, lines[3]  # the first round ran three times longer jobs
+    assert float(lines[3].split()[1]) == second  # the level is its best round
+    warning = next(line for line in lines if line.startswith("the rounds of concurrency 1 "))
+    assert warning.endswith(": something else ran on this machine, and the verdict may be "
+                            "wrong; measure again where nothing else runs"), warning
+    assert_queue_empty(redis_url)
 
 
 def test_refuses_a_queue_that_holds_messages(service: Path, redis_url: str) -> None:

@@ -25,12 +25,13 @@ lowest first, it:
 4. stops the worker with SIGTERM, its normal drain.
 
 A level's throughput is its best round: other load on the machine only slows a
-round, and alternating the levels spreads a burst of it over all of them, so
-one disturbed round cannot make a level look slower or faster than it is. It
-then reports, per level, that jobs/s, every round's, the gain over the previous
-level, and where throughput stops rising: the lowest level that no higher level beats by
-``--min-gain`` (default 10 %) or more. An I/O-bound handler scales with threads
-until something downstream saturates; a CPU-bound one stops at 1, because of
+round, and alternating the levels spreads a burst of it over all of them. It
+then reports, per level, that jobs/s, every round's and the gain over the level
+before; where throughput stops rising: the lowest level that no higher level
+beats by ``--min-gain`` (default 10 %) or more; and, when a level's rounds
+differ by more than ``NOISY_SPREAD`` (25 %), that something else ran and the
+verdict may be wrong. An I/O-bound handler scales with threads until something
+downstream saturates; a CPU-bound one stops at 1, because of
 the GIL: give it processes or replicas, not threads.
 
 Dramatiq's key namespace is fixed, so the probe runs on the actor's real queue.
@@ -77,6 +78,9 @@ POLL_INTERVAL_S = 0.005
 MIN_WINDOW_S = 0.2
 #: ``--jobs`` at least this many times the highest level: half of them or more are timed.
 TIMED_SHARE = 4
+#: A level whose best round beats its slowest by more than this was measured on a busy
+#: machine; the report says so.
+NOISY_SPREAD = 0.25
 #: Lines of the worker's log shown when it fails.
 LOG_TAIL = 5
 
@@ -116,6 +120,11 @@ class Level:
     jobs_per_s: float
     gain: float | None = None
     rounds: tuple[float, ...] = ()
+
+    @property
+    def spread(self) -> float:
+        """How much the best round beats the slowest (0 with one round)."""
+        return max(self.rounds) / min(self.rounds) - 1 if self.rounds else 0.0
 
 
 def free_port() -> int:
@@ -356,6 +365,24 @@ def stops_rising_at(levels: list[Level], min_gain: float) -> int | None:
     return None
 
 
+def noisy(levels: list[Level]) -> list[int]:
+    """The levels whose rounds differ by more than ``NOISY_SPREAD``."""
+    return [level.concurrency for level in levels if level.spread > NOISY_SPREAD]
+
+
+def noise_warning(levels: list[Level]) -> str | None:
+    """A line saying which levels were measured on a busy machine; None when none was."""
+    busy = noisy(levels)
+    if not busy:
+        return None
+    worst = max(level.spread for level in levels)
+    return (
+        f"the rounds of concurrency {', '.join(map(str, busy))} differ by up to {worst:.0%}: "
+        "something else ran on this machine, and the verdict may be wrong; measure again "
+        "where nothing else runs"
+    )
+
+
 def verdict(levels: list[Level], min_gain: float, configured: int) -> str:
     """A sentence or two on where throughput stops rising, and what that means."""
     knee = stops_rising_at(levels, min_gain)
@@ -464,11 +491,14 @@ def run(args: argparse.Namespace) -> int:
                     "min_gain": args.min_gain,
                     "levels": [level.__dict__ for level in levels],
                     "stops_rising_at": stops_rising_at(levels, args.min_gain),
+                    "noisy": noisy(levels),
                 },
                 indent=2,
             )
         )
     else:
+        if warning := noise_warning(levels):
+            print(f"\n{warning}")
         print("\n" + verdict(levels, args.min_gain, pools().pools[pool].concurrency))
     return EX_OK
 
