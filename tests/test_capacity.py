@@ -229,6 +229,16 @@ def test_too_few_jobs_to_time_the_highest_level_is_one_line(service: Path, redis
     assert_queue_empty(redis_url)
 
 
+def test_jobs_too_fast_to_time_is_one_line(service: Path, redis_url: str) -> None:
+    result = capacity(service, redis_url, "--actor", "wait", "--args", "[0]", "--jobs", "8",
+                      "--concurrency", "1,2")
+    assert result.returncode == 1
+    [line] = result.stderr.splitlines()
+    assert line.startswith("capacity: the ") and " timed jobs of 8 were done in " in line, line
+    assert line.endswith(" s, too fast to time; give more --jobs"), line
+    assert_queue_empty(redis_url)
+
+
 def test_rounds_is_a_positive_whole_number(service: Path, redis_url: str) -> None:
     result = capacity(service, redis_url, "--actor", "wait", "--rounds", "0")
     assert result.returncode == 2

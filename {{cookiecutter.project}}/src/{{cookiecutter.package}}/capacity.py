@@ -310,7 +310,8 @@ def time_jobs(
     window, counted = stop[0] - start[0], stop[1] - start[1]
     if not counted or window < MIN_WINDOW_S:
         raise CapacityError(
-            f"{probe.jobs} jobs were done in {window:.3f} s, too fast to time; give more --jobs"
+            f"the {counted} timed jobs of {probe.jobs} were done in {window:.3f} s, too fast "
+            "to time; give more --jobs"
         )
     return counted / window
 
