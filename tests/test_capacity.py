@@ -146,15 +146,13 @@ def test_cpu_bound_handler_stops_rising_at_one_thread(service: Path, redis_url: 
     pools = tmp_path / "pools.toml"
     pools.write_text((service / "pools.toml").read_text().replace(
         'queues = ["notifications"]', 'queues = ["notifications"]\nprefetch = 16', 1))
-    env = project_env(service, WORKER_POOL="interactive", REDIS_URL=redis_url,
-                      WORKER_POOLS_FILE=str(pools))
     # A gain under 30% counts as flat: the suite runs on two busy cores, and threads that
     # the GIL serialises gain nothing, where waiting handlers double (test above). A run
     # that says its rounds disagree (other tests took the cores) is measured again.
     for _ in range(3):
-        result = run_cli(service, "capacity", "--actor", "compute", "--args", "[300000]",
-                         "--jobs", "60", "--concurrency", "1,2,4", "--min-gain", "0.3",
-                         env=env, timeout=180)
+        result = capacity(service, redis_url, "--actor", "compute", "--args", "[300000]",
+                          "--jobs", "60", "--concurrency", "1,2,4", "--min-gain", "0.3",
+                          WORKER_POOLS_FILE=str(pools))
         assert_queue_empty(redis_url)
         assert result.returncode == 0, result.stderr
         if "something else ran on this machine" not in result.stdout:

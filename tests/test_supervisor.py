@@ -25,7 +25,6 @@ from _lifecycle import (
     Jobs, Worker, get, jobs, lc_project, started, wait_for, wait_ready, workers)
 from bakery import RedisServer, baked_constant, package_of
 
-
 pytestmark = pytest.mark.slow
 __all__ = ["jobs", "lc_project", "workers"]
 

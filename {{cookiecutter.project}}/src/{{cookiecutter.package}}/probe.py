@@ -7,7 +7,8 @@ handler holds a job and made no progress (job start or ``checkpoint()``) for
 longer than ``HEALTH_STALLED_AFTER_S``, or when fewer worker processes than
 ``WORKER_PROCESSES`` have been live for longer than that (they crash at boot, or
 keep dying; counted from the supervisor's first look that found one missing, so a
-container whole only between two looks, 0.1 s apart, counts as short all along).
+container whole only between two looks, ``supervisor.WATCH_INTERVAL_S`` apart, counts
+as short all along).
 An idle worker, or one whose Redis or database is down, stays live:
 restarting it would not help.
 
