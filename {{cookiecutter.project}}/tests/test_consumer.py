@@ -19,10 +19,10 @@ from dramatiq import Message
 
 from {{ cookiecutter.package }} import layout
 from {{ cookiecutter.package }}.consumer import (
-    ACK,
     ORPHAN_AFTER_S,
     SettlingRedisBroker,
 )
+from {{ cookiecutter.package }}.settlement import ACK
 
 
 def work(broker: SettlingRedisBroker, queue: str, threads: int) -> None:

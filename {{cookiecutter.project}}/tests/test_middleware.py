@@ -20,17 +20,9 @@ from {{ cookiecutter.package }}.boards import ProgressBoard, read_boards
 from {{ cookiecutter.package }}.lifecycle import Lifecycle, Requeue
 from {{ cookiecutter.package }}.middleware import GracefulShutdown, Progress
 from {{ cookiecutter.package }}.middleware.attempts import SuspectGate
+from {{ cookiecutter.package }}.settlement import ACK, REQUEUE
 
-
-class RequeueRecordingBroker(StubBroker):
-    """A StubBroker that records what GracefulShutdown hands back (RedisBroker.do_requeue)."""
-
-    def __init__(self, middleware: list[dramatiq.Middleware]) -> None:
-        super().__init__(middleware=middleware)
-        self.requeued: list[tuple[str, ...]] = []
-
-    def do_requeue(self, queue_name: str, *redis_ids: str) -> None:
-        self.requeued.append((queue_name, *redis_ids))
+from stub_brokers import SettlingStubBroker
 
 
 def run_worker(broker: StubBroker, queue: str, threads: int = 1) -> Iterator[Worker]:
@@ -82,7 +74,7 @@ def test_checkpoint_raises_requeue_once_shutdown_is_requested(lifecycle: Lifecyc
 
 def test_graceful_shutdown_interrupts_in_flight_handlers_and_requeues_them() -> None:
     shutdown = GracefulShutdown()
-    broker = RequeueRecordingBroker(middleware=[shutdown])
+    broker = SettlingStubBroker(middleware=[shutdown])
     started = threading.Event()
 
     @dramatiq.actor(broker=broker)
@@ -91,7 +83,7 @@ def test_graceful_shutdown_interrupts_in_flight_handlers_and_requeues_them() -> 
         while True:
             time.sleep(0.01)
 
-    endless.send_with_options(redis_message_id="r-1")
+    endless_id = endless.send().message_id
     for _ in run_worker(broker, endless.queue_name):
         assert started.wait(5)
         assert shutdown.in_flight == 1
@@ -101,12 +93,12 @@ def test_graceful_shutdown_interrupts_in_flight_handlers_and_requeues_them() -> 
             time.sleep(0.01)
     assert shutdown.in_flight == 0
     assert (shutdown.requeued, shutdown.finished) == (1, 0)
-    assert broker.requeued == [(endless.queue_name, "r-1")]
+    assert broker.settled == [(endless.queue_name, endless_id, REQUEUE)]
 
 
 def test_graceful_shutdown_counts_finished_jobs() -> None:
     shutdown = GracefulShutdown()
-    broker = RequeueRecordingBroker(middleware=[shutdown])
+    broker = SettlingStubBroker(middleware=[shutdown])
 
     @dramatiq.actor(broker=broker)
     def quick() -> None: ...
@@ -116,7 +108,7 @@ def test_graceful_shutdown_counts_finished_jobs() -> None:
     for _ in run_worker(broker, quick.queue_name):
         broker.join(quick.queue_name, timeout=5000)
     assert (shutdown.finished, shutdown.requeued, shutdown.in_flight) == (3, 0, 0)
-    assert broker.requeued == []
+    assert broker.settlements() == [ACK] * 3
 
 
 def test_suspect_gate_runs_a_suspect_alone() -> None:

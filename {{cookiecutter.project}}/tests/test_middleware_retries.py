@@ -13,7 +13,6 @@ import dramatiq
 from dramatiq import Message
 from dramatiq.common import dq_name
 
-from {{ cookiecutter.package }}.consumer import Settlement
 from {{ cookiecutter.package }}.layout import (
     CRASHES,
     DEAD_LETTER_REASON,
@@ -25,10 +24,8 @@ from {{ cookiecutter.package }}.middleware import (
     CrashAwareRetries,
     GracefulShutdown,
 )
-from {{ cookiecutter.package }}.middleware.time_limit import (
-    TIME_LIMIT_REASON,
-    TimeLimitExceeded,
-)
+from {{ cookiecutter.package }}.middleware.time_limit import TimeLimitExceeded
+from {{ cookiecutter.package }}.settlement import TIME_LIMIT_REASON, Settlement
 
 from stub_brokers import SettlingStubBroker, work_off
 

@@ -16,14 +16,12 @@ from {{ cookiecutter.package }}.layout import (
     schedule_state_key,
 )
 from {{ cookiecutter.package }}.middleware import Metrics
-from {{ cookiecutter.package }}.middleware.schedule_lock import (
-    SKIPPED_OPTION,
-    ScheduleLock,
-)
+from {{ cookiecutter.package }}.middleware.schedule_lock import ScheduleLock
 from {{ cookiecutter.package }}.schedules import (
     OPTION_LEASE_MS,
     OPTION_SCHEDULE,
 )
+from {{ cookiecutter.package }}.settlement import SKIPPED_OPTION
 
 from stub_brokers import RedisStubBroker, work_off
 

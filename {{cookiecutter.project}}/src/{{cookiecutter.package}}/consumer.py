@@ -18,7 +18,7 @@ down at that moment. :class:`SettlingRedisBroker` and :class:`SettlingConsumer` 
   *together with* its removal from the acks set, or not at all. While Redis does not
   answer the settlement is retried (Dramatiq retries ``post_process_message`` every
   5 s) and the message stays held: if the process dies meanwhile, it is redelivered.
-  Middleware asks for a settlement with :func:`settle_with`.
+  Middleware asks for a settlement with :func:`.settlement.settle_with`.
 * A handler's freed slot is refilled by its settlement: the same Lua call that stores
   the outcome takes the next message, so with prefetch equal to the concurrency (no
   message waits behind a long job in a busy process while another replica idles) a
@@ -41,13 +41,12 @@ down at that moment. :class:`SettlingRedisBroker` and :class:`SettlingConsumer` 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Container, Iterable, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 import redis
@@ -59,6 +58,15 @@ from dramatiq.errors import ConnectionClosed
 from dramatiq.middleware import Middleware, MiddlewareError
 
 from . import layout
+from .settlement import (
+    ACK,
+    REJECT_SIGNAL,
+    REQUEUE,
+    UNKNOWN_ACTOR,
+    Settlement,
+    SettlingBroker,
+    ending,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -67,71 +75,6 @@ logger = logging.getLogger(__name__)
 #: settlement can be on its way (the client's socket timeout is 10 s), so a take whose
 #: reply is still coming is never mistaken for an orphan.
 ORPHAN_AFTER_S = 60.0
-
-#: The ``actor`` label of a malformed message whose actor is not declared here (bounded).
-UNKNOWN_ACTOR = "unknown"
-
-
-@dataclasses.dataclass(frozen=True)
-class Settlement:
-    """How a delivery ends, stored atomically with its ack.
-
-    Parameters:
-      kind: ``ack`` (done), ``retry`` (store ``body`` as ``target_id`` on
-        ``target_queue``, the delay queue), ``requeue`` (back to the tail of its
-        queue) or ``dead_letter`` (``body``, or the stored body when empty).
-      body: the body to store (retry, dead letter).
-      target_queue: the queue of the retry copy.
-      target_id: the Redis id of the retry copy.
-      sent: the retry copy, for the ``after_enqueue`` hooks once it is stored.
-      delay: the retry's delay in ms, for the same hooks.
-    """
-
-    kind: Literal["ack", "retry", "requeue", "dead_letter"]
-    body: bytes = b""
-    target_queue: str = ""
-    target_id: str = ""
-    sent: Message[Any] | None = None
-    delay: int | None = None
-
-
-ACK = Settlement("ack")
-_ATTRIBUTE = "_settlement"
-
-
-def settle_with(message: MessageProxy, settlement: Settlement) -> None:
-    """Make ``settlement`` the end of ``message``'s delivery (stored when it is acked)."""
-    setattr(message, _ATTRIBUTE, settlement)
-
-
-def settlement_of(message: MessageProxy) -> Settlement | None:
-    """The settlement middleware asked for, if any."""
-    found: Settlement | None = getattr(message, _ATTRIBUTE, None)
-    return found
-
-
-def ending(message: MessageProxy, *, failed: bool) -> Settlement:
-    """The settlement that ends ``message``'s delivery: the one middleware asked for, else an
-    ack (a dead letter when ``failed``: Dramatiq nacks it)."""
-    return settlement_of(message) or (Settlement("dead_letter") if failed else ACK)
-
-
-class SettlingBroker:
-    """A broker whose consumers end each delivery with one :class:`Settlement`, stored with
-    its ack (:meth:`settle`, called from the consumer's ``ack`` and ``nack``). Middleware on
-    such a broker ask for a settlement (:func:`settle_with`) instead of enqueueing a retry
-    or requeueing themselves. :class:`SettlingRedisBroker` is the one the worker runs; the
-    middleware's unit tests settle on a StubBroker that records the settlements."""
-
-    def settle(self, queue: str, redis_id: str, settlement: Settlement) -> bool:
-        """Store ``settlement`` of the delivery ``redis_id`` held on ``queue``; False when
-        this worker no longer held it (someone else recovered it)."""
-        raise NotImplementedError
-
-
-def settles(broker: Any) -> bool:
-    """True when ``broker`` stores settlements (else middleware falls back to Dramatiq's way)."""
-    return isinstance(broker, SettlingBroker)
 
 
 def inspect(
@@ -365,7 +308,7 @@ class SettlingConsumer(_RedisConsumer):
         if self.delayed and self.held:
             orphans = list(self.held)
             for redis_id in orphans:
-                self.broker.settle(self.queue_name, redis_id, Settlement("requeue"))
+                self.broker.settle(self.queue_name, redis_id, REQUEUE)
                 self._release(redis_id)
             logger.warning(
                 "handed back delayed messages after a consumer restart",
@@ -389,7 +332,7 @@ class SettlingConsumer(_RedisConsumer):
         }
         due = [i for i, since in self._unknown_since.items() if now - since >= ORPHAN_AFTER_S]
         for redis_id in due:
-            self.broker.settle(self.queue_name, redis_id, Settlement("requeue"))
+            self.broker.settle(self.queue_name, redis_id, REQUEUE)
             del self._unknown_since[redis_id]
         if due:
             logger.warning(
@@ -429,7 +372,7 @@ class SettlingConsumer(_RedisConsumer):
         redis_ids = [message.options[layout.REDIS_MESSAGE_ID] for message in messages]
         try:
             for redis_id in redis_ids:
-                self.broker.settle(self.queue_name, redis_id, Settlement("requeue"))
+                self.broker.settle(self.queue_name, redis_id, REQUEUE)
                 self._release(redis_id)
         except redis.RedisError as error:
             raise ConnectionClosed(error) from None
@@ -660,13 +603,10 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
         actor: str | None,
         reason: str,
     ) -> None:
-        """Count and log a malformed message that was dead-lettered without running."""
-        from .middleware.metrics import Metrics
-
+        """Signal (:data:`.settlement.REJECT_SIGNAL`, for the middleware that count it) and
+        log a malformed message that was dead-lettered without running."""
         label = actor if actor is not None and actor in self.actors else UNKNOWN_ACTOR
-        for middleware in self.middleware:
-            if isinstance(middleware, Metrics):
-                middleware.count(layout.canonical(queue), label, "dead_letter")
+        self.emit_after(REJECT_SIGNAL, layout.canonical(queue), label, reason=reason)
         logger.warning(
             "job dead_letter",
             extra={

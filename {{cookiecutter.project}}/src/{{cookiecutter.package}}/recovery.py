@@ -22,12 +22,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import Any, cast
+from typing import Any
 
 import redis
-from dramatiq import Broker
-from dramatiq.broker import MessageProxy
-from dramatiq.brokers.redis import RedisBroker
 from dramatiq.message import Message
 
 from . import layout
@@ -64,27 +61,6 @@ def dead_letter(
             },
         )
     return moved
-
-
-def dead_letter_delivery(broker: Broker, message: MessageProxy, reason: str) -> bool:
-    """Dead-letter the message this worker is processing (it is held in this worker's acks).
-
-    With our broker the dead letter is the delivery's settlement, stored with its
-    nack (so it is not lost while Redis is down); with another RedisBroker it is
-    stored now.
-    """
-    from .consumer import Settlement, settle_with, settles
-
-    message.options[layout.DEAD_LETTER_REASON] = reason  # for the middleware that reports it
-    if settles(broker):
-        message.fail()
-        body = message._message.copy(options={layout.DEAD_LETTER_REASON: reason}).encode()
-        settle_with(message, Settlement("dead_letter", body))
-        return True
-    redis_broker = cast(RedisBroker, broker)
-    return dead_letter(
-        redis_broker.client, redis_broker.broker_id, message.queue_name, message._message, reason
-    )
 
 
 def requeue(

@@ -12,8 +12,8 @@ from dramatiq.broker import MessageProxy
 from dramatiq.middleware import SkipMessage
 
 from .. import lifecycle
-from ..layout import crashes
-from ..recovery import dead_letter_delivery, deliveries
+from ..layout import crashes, deliveries
+from ..settlement import dead_letter_delivery
 
 
 class SuspectGate:
@@ -109,7 +109,7 @@ class Attempts(Middleware):
         self._entered = threading.local()
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
-        used = deliveries(message._message)
+        used = deliveries(message.options)
         if used >= self.max_attempts:
             reason = f"{used} deliveries used up WORKER_MAX_ATTEMPTS={self.max_attempts}"
             dead_letter_delivery(broker, message, reason)

@@ -5,8 +5,9 @@ what they write to ``PROMETHEUS_MULTIPROC_DIR``. The metric objects are created
 when the worker boots, in the worker process, never at import, so the folder is
 set by then and the supervisor, which imports no actor, creates none.
 
-Outcomes of ``jobs_processed_total{queue,actor,outcome}``, decided after Retries and
-GracefulShutdown (their ``after_*`` hooks run before this one):
+Outcomes of ``jobs_processed_total{queue,actor,outcome}`` (:data:`..settlement.OUTCOMES`,
+decided by :func:`..settlement.job_outcome` after Retries and GracefulShutdown, whose
+``after_*`` hooks run before this one):
 
 ``success``      the handler returned.
 ``retry``        the handler raised; a delayed copy will run again.
@@ -34,7 +35,8 @@ values are published when the worker shuts down, and a process killed outright
 (SIGKILL, OOM) loses at most the last interval's counts, not the job lines.
 
 A malformed message (not a Dramatiq message, an unknown actor, no Redis id) is
-dead-lettered by the consumer before any handler sees it and counted here as
+dead-lettered by the consumer before any handler sees it (the broker signals it to
+``after_reject_message``) and counted here as
 ``dead_letter`` (``actor`` is ``unknown`` when it names no declared actor). A
 message whose worker process crashed and that recovery dead-letters never
 reaches a handler and is not counted here (``queue_dead_letters`` shows it).
@@ -60,9 +62,8 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from .. import logs
 from ..layout import RETRIES, canonical
-from ..lifecycle import Requeue
 from ..settings import DATABASE_ENABLED
-from .schedule_lock import SKIPPED_OPTION
+from ..settlement import job_outcome, skip_outcome
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +88,6 @@ DURATION_BUCKETS = (
     1800.0,
     3600.0,
 )
-OUTCOMES = ("success", "failure", "retry", "dead_letter", "requeued", "skipped")
 #: Outcomes logged at INFO; the others at WARNING.
 _ROUTINE = frozenset({"success", "requeued", "skipped"})
 #: How often a worker process publishes its recorded jobs, the in-flight gauge and
@@ -196,26 +196,6 @@ def observe_all(histogram: Histogram, amounts: list[float]) -> None:
 #: Attribute of a MessageProxy holding (outcome, duration, queue) between the handler's end and
 #: its ack.
 _ENDED = "_metrics_ended"
-
-
-def job_outcome(broker: Broker, message: MessageProxy, exception: BaseException | None) -> str:
-    """The outcome of a delivery that ran, as CrashAwareRetries and GracefulShutdown decided."""
-    if exception is None:
-        return "success"
-    if isinstance(exception, Requeue):
-        return "requeued"
-    if not message.failed:
-        return "retry"
-    actor = broker.get_actor(message.actor_name)
-    throws = message.options.get("throws") or actor.options.get("throws")
-    if throws and isinstance(exception, throws):
-        return "failure"
-    return "dead_letter"
-
-
-def skip_outcome(message: MessageProxy) -> str:
-    """The outcome of a delivery refused before its handler ran."""
-    return "skipped" if message.options.get(SKIPPED_OPTION) else "dead_letter"
 
 
 class Metrics(Middleware):
@@ -369,6 +349,11 @@ class Metrics(Middleware):
         )
 
     after_nack = after_ack
+
+    def after_reject_message(self, broker: Broker, queue: str, actor: str, *, reason: str) -> None:
+        """A malformed message was dead-lettered before any handler saw it (the broker's
+        :data:`..settlement.REJECT_SIGNAL`): count it as ``dead_letter`` (the consumer logs it)."""
+        self.count(queue, actor, "dead_letter")
 
     def count(self, queue: str, actor: str, outcome: str) -> None:
         """Add one to ``jobs_processed_total{queue,actor,outcome}`` at the next publication

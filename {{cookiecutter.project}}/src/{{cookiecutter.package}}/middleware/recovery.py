@@ -6,13 +6,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import cast
 
 import redis
 from dramatiq import Broker, Middleware
 from dramatiq.worker import Worker
 
 from .. import recovery
-from ..consumer import SettlingRedisBroker
+from ..settlement import SettlingBroker
 
 logger = logging.getLogger(__name__)
 
@@ -67,8 +68,7 @@ class Recovery(Middleware):
             client, self.queues, self.heartbeat_timeout_ms, self.max_attempts
         )
         recovery.expire_dead_letters(client, self.queues, self.dead_message_ttl_ms)
-        if isinstance(broker, SettlingRedisBroker):
-            broker.reclaim_orphans(time.monotonic())
+        cast(SettlingBroker, broker).reclaim_orphans(time.monotonic())
 
     def _loop(self, broker: Broker) -> None:
         while not self._stopped.is_set():

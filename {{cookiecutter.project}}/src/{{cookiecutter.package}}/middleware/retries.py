@@ -11,11 +11,9 @@ from dramatiq import Broker, Message
 from dramatiq.broker import MessageProxy
 from dramatiq.common import current_millis, dq_name
 
-from ..consumer import Settlement, settle_with, settles
 from ..layout import REDIS_MESSAGE_ID, crashes
 from ..lifecycle import Requeue
-from ..recovery import dead_letter_delivery
-from .time_limit import TIME_LIMIT_REASON, TimeLimitExceeded
+from ..settlement import Settlement, dead_letter_delivery, failure_reason, settle_with
 
 
 class _Capture:
@@ -41,10 +39,10 @@ class CrashAwareRetries(dramatiq.middleware.Retries):
     * Deliveries lost to crashes (``options["crashes"]``) use up the same budget,
       so ``max_retries + 1`` is the total number of deliveries.
     * An exhausted message is dead-lettered with the exception as its reason
-      (:data:`~.time_limit.TIME_LIMIT_REASON` when the time limit interrupted it).
+      (:data:`~..settlement.TIME_LIMIT_REASON` when the time limit interrupted it).
     * The retry copy is not enqueued from this hook (where Dramatiq swallows a Redis
       error and then acks the original: the retry was lost). It becomes the
-      delivery's settlement (:mod:`..consumer`), stored in one Lua call with the ack;
+      delivery's settlement (:mod:`..settlement`), stored in one Lua call with the ack;
       while Redis is down the message stays held and the settlement is retried.
 
     Parameters:
@@ -65,18 +63,12 @@ class CrashAwareRetries(dramatiq.middleware.Retries):
         actor = broker.get_actor(message.actor_name)
         budget = min(actor.options.get("max_retries", self.max_retries), self.max_retries)
         message.options["max_retries"] = max(0, budget - crashes(message.options))
-        if not settles(broker):
-            super().after_process_message(broker, message, result=result, exception=exception)  # type: ignore[no-untyped-call]
-        else:
-            capture = _Capture(broker)
-            super().after_process_message(capture, message, result=result, exception=exception)  # type: ignore[no-untyped-call]
-            if capture.sent is not None:
-                settle_with(message, self._retry(broker, *capture.sent))
+        capture = _Capture(broker)
+        super().after_process_message(capture, message, result=result, exception=exception)  # type: ignore[no-untyped-call]
+        if capture.sent is not None:
+            settle_with(message, self._retry(broker, *capture.sent))
         if message.failed:
-            reason = f"{type(exception).__name__}: {exception}"[:500]
-            if isinstance(exception, TimeLimitExceeded):
-                reason = TIME_LIMIT_REASON
-            dead_letter_delivery(broker, message, reason)
+            dead_letter_delivery(broker, message, failure_reason(exception))
 
     @staticmethod
     def _retry(broker: Broker, message: Message[Any], delay: int | None) -> Settlement:

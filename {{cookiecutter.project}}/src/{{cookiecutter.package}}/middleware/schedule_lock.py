@@ -29,10 +29,9 @@ from dramatiq.middleware import SkipMessage
 
 from ..layout import acquire_run, end_run, renew_lock, schedule_lock_key, text
 from ..schedules import OPTION_LEASE_MS, OPTION_SCHEDULE, OPTION_TICK
+from ..settlement import SKIPPED_OPTION
 
 logger = logging.getLogger(__name__)
-#: Marks a message this middleware skipped (read by Metrics for its outcome).
-SKIPPED_OPTION = "skipped_overlap"
 
 
 class ScheduleLock(Middleware):

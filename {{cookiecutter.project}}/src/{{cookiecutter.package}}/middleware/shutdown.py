@@ -9,9 +9,8 @@ from dramatiq import Broker, Middleware
 from dramatiq.broker import MessageProxy
 from dramatiq.middleware.threading import raise_thread_exception
 
-from ..consumer import Settlement, settle_with, settles
-from ..layout import REDIS_MESSAGE_ID
 from ..lifecycle import Requeue
+from ..settlement import REQUEUE, settle_with
 
 
 class GracefulShutdown(Middleware):
@@ -59,10 +58,7 @@ class GracefulShutdown(Middleware):
         self._in_flight.pop(me, None)
         counts = self._ended.setdefault(me, [0, 0])
         if isinstance(exception, Requeue):
-            if settles(broker):  # requeued with its ack, even if Redis is down now
-                settle_with(message, Settlement("requeue"))
-            else:
-                broker.do_requeue(message.queue_name, message.options[REDIS_MESSAGE_ID])  # type: ignore[attr-defined]
+            settle_with(message, REQUEUE)  # requeued with its ack, even if Redis is down now
             counts[1] += 1
         else:
             counts[0] += 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Final
+from typing import Any
 
 from dramatiq import Broker
 from dramatiq.broker import MessageProxy
@@ -12,13 +12,7 @@ from dramatiq.middleware import TimeLimit
 from dramatiq.middleware.time_limit import TimeLimitExceeded
 from dramatiq.worker import Worker, WorkerThread
 
-__all__ = ["TIME_LIMIT_REASON", "CappedTimeLimit", "TimeLimitExceeded"]
-
-#: The dead-letter reason of a job that used up its attempts running past its time limit.
-TIME_LIMIT_REASON: Final = (
-    "time limit: the job ran past WORKER_JOB_TIMEOUT_MS (or its actor's lower time_limit) "
-    "and was interrupted on each attempt"
-)
+__all__ = ["CappedTimeLimit", "TimeLimitExceeded"]
 
 
 class CappedTimeLimit(TimeLimit):
@@ -32,7 +26,7 @@ class CappedTimeLimit(TimeLimit):
 
     The interrupted handler ends with :class:`TimeLimitExceeded`, a failed attempt:
     :class:`.CrashAwareRetries` retries it within ``WORKER_MAX_ATTEMPTS`` and then
-    dead-letters it with :data:`TIME_LIMIT_REASON`.
+    dead-letters it with :data:`..settlement.TIME_LIMIT_REASON`.
 
     The watchdog thread starts at ``after_process_boot`` (which the worker runtime
     emits, as Dramatiq's CLI does) or, at the latest, at ``before_worker_boot``.

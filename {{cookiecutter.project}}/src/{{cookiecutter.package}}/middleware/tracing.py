@@ -50,7 +50,7 @@ from opentelemetry import context, propagate, trace
 
 from ..layout import DEAD_LETTER_REASON, canonical, deliveries
 from ..settings import VERSION
-from .metrics import job_outcome, skip_outcome
+from ..settlement import job_outcome, skip_outcome
 
 if TYPE_CHECKING:
     from dramatiq import Message
