@@ -262,6 +262,8 @@ def test_a_job_that_fails_once_is_one_trace_from_the_api_through_both_deliveries
     assert producer.name == "send notifications"
     assert producer.attributes["messaging.destination.name"] == "notifications"
     assert producer.attributes["messaging.message.id"] == sent["message_id"]
+    assert (producer.attributes["messaging.operation.type"],
+            producer.attributes["messaging.operation"]) == ("send", "publish")
 
     first, second = consumer_spans(spans)
     for attempt, span in enumerate((first, second), start=1):

@@ -49,6 +49,8 @@ def test_once_in_transaction_commits_the_key_with_the_writes_or_neither(
     monkeypatch.setenv("WORKER_POOL", "interactive")
     monkeypatch.setenv("DATABASE_URL", DATABASE_URL)
     db.open_pool(Settings())  # type: ignore[call-arg]
+    with db.connection() as conn:
+        idempotency.create_table(conn)  # as the DatabasePool middleware does at boot
     table, key = f"effects_{uuid.uuid4().hex[:8]}", f"k-{uuid.uuid4()}"
     try:
         with db.connection() as conn:

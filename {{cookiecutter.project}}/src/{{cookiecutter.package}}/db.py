@@ -1,9 +1,10 @@
 """The database option: one psycopg connection pool per worker process.
 
 ``DB_POOL_SIZE`` connections (at least ``WORKER_CONCURRENCY``, so no handler waits
-for another's connection); the pool opens when the worker process starts (and
-creates the ``idempotency_keys`` table of :func:`.idempotency.once_in_transaction`
-if it is missing) and closes after it drains. Use it in handlers::
+for another's connection); the pool opens when the worker process starts and closes
+after it drains (the ``DatabasePool`` middleware; it then creates the
+``idempotency_keys`` table of :func:`.idempotency.once_in_transaction` if it is
+missing). Use it in handlers::
 
     with db.connection() as conn:
         conn.execute("insert into ...")
@@ -17,7 +18,6 @@ from contextlib import contextmanager
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from . import idempotency
 from .settings import Settings
 
 _pool: ConnectionPool | None = None
@@ -42,8 +42,6 @@ def open_pool(settings: Settings, timeout_s: float = 10.0) -> ConnectionPool:
             open=False,
         )
         _pool.open(wait=True, timeout=timeout_s)
-        with _pool.connection() as conn:
-            idempotency.create_table(conn)
     return _pool
 
 

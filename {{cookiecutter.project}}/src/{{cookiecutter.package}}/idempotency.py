@@ -50,8 +50,9 @@ from typing import Any
 {% endif %}import redis
 import redis.client
 
-from . import layout
-
+{% if cookiecutter.database == "postgres" %}from . import db, layout
+{% else %}from . import layout
+{% endif %}
 #: How long a lease outlives a silent holder (a worker that died while holding it).
 LEASE_S = 10.0
 #: How long a done key is kept, so a late redelivery still finds it (7 days).
@@ -225,8 +226,6 @@ def once_in_transaction(key: str, effect: Callable[[psycopg.Connection[Any]], An
     Returns:
       True when ``effect`` ran and committed now, False when ``key`` was already done.
     """
-    from . import db
-
     with db.connection() as conn, conn.transaction():
         inserted = conn.execute(
             "insert into idempotency_keys (key) values (%s) on conflict (key) do nothing "

@@ -28,6 +28,7 @@ import redis
 from dramatiq.message import Message
 
 from . import layout
+from .consumer import dead_letter_body, inspect
 from .telemetry import record_lost_delivery
 
 logger = logging.getLogger(__name__)
@@ -127,8 +128,6 @@ def _recover_crashed(
 ) -> tuple[int, int]:
     """Count a crash against one held message: requeue it, or dead-letter it when its
     attempts are used up or it is not a Dramatiq message. Returns (requeued, dead)."""
-    from .consumer import dead_letter_body, inspect
-
     problem, message, fields = inspect(body, queue, redis_id, None)
     if message is None or (problem is not None and layout.REDIS_MESSAGE_ID not in problem):
         reason = f"malformed message: {problem}"

@@ -33,7 +33,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from opentelemetry import trace
+from opentelemetry import propagate, trace
 
 from . import layout
 from .settings import PROJECT, VERSION, refuse
@@ -44,6 +44,34 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.sampling import Sampler
     from opentelemetry.util.types import Attributes
+
+#: The message option that carries the trace context (a dict of propagation headers).
+CONTEXT_OPTION = "trace_context"
+SYSTEM = "dramatiq"
+
+
+def message_context(message: Message[Any]) -> Context:
+    """The trace context a message carries (an empty context when it carries none)."""
+    carrier = message.options.get(CONTEXT_OPTION)
+    return propagate.extract(carrier if isinstance(carrier, dict) else {})
+
+
+def delivery_attributes(
+    message: Message[Any], queue: str, operation: str = "process"
+) -> dict[str, Any]:
+    """The messaging attributes of a span about ``message`` on ``queue``: a delivery
+    (``operation`` ``process``, the default) or its enqueue (``send``; the former name of
+    the operation, ``messaging.operation``, is then ``publish``)."""
+    return {
+        "messaging.system": SYSTEM,
+        "messaging.destination.name": layout.canonical(queue),
+        "messaging.message.id": message.message_id,
+        "messaging.operation.type": operation,
+        "messaging.operation.name": operation,
+        "messaging.operation": "publish" if operation == "send" else operation,
+        "dramatiq.actor": message.actor_name,
+    }
+
 
 #: The values of OTEL_TRACES_SAMPLER that the SDK knows (the specification's list).
 SAMPLERS = (
@@ -239,8 +267,6 @@ def record_lost_delivery(message: Message[Any], queue: str, dead_letter_reason: 
     provider = tracer_provider()
     if provider is None:
         return
-    from .middleware.tracing import delivery_attributes, message_context
-
     attributes = delivery_attributes(message, queue)
     attributes["dramatiq.attempt"] = layout.deliveries(message.options)
     attributes["dramatiq.outcome"] = "dead_letter" if dead_letter_reason else "crash"

@@ -1,11 +1,12 @@
-"""DatabasePool: opens this process's connection pool at boot and closes it after the drain."""
+"""DatabasePool: opens this process's connection pool at boot (creating the idempotency table
+if it is missing) and closes it after the drain."""
 
 from __future__ import annotations
 
 from dramatiq import Broker, Middleware
 from dramatiq.worker import Worker
 
-from .. import db
+from .. import db, idempotency
 from ..settings import Settings
 
 
@@ -25,6 +26,8 @@ class DatabasePool(Middleware):
 
     def before_worker_boot(self, broker: Broker, worker: Worker) -> None:
         db.open_pool(self.settings)
+        with db.connection() as conn:
+            idempotency.create_table(conn)
 
     def after_worker_shutdown(self, broker: Broker, worker: Worker) -> None:
         db.close_pool()

@@ -28,7 +28,8 @@ Lua call is not one of them: it goes on the handler thread's own connection
 ``dramatiq.dead_letter_reason``   why it went to the dead letters, when it did
 
 A delivery lost with its worker process gets its span from recovery instead
-(:func:`..telemetry.record_lost_delivery`, outcome ``crash``).
+(:func:`..telemetry.record_lost_delivery`, outcome ``crash``). The attributes and the
+context option are :mod:`..telemetry`'s (:func:`..telemetry.delivery_attributes`).
 
 With tracing off (no ``OTEL_*`` destination, see :mod:`..telemetry`) every hook returns
 at once. Place it first in the stack: its ``before_*`` hooks then run first and its
@@ -51,46 +52,20 @@ from opentelemetry import context, propagate, trace
 from ..layout import DEAD_LETTER_REASON, canonical, deliveries
 from ..settings import VERSION
 from ..settlement import job_outcome, skip_outcome
+from ..telemetry import CONTEXT_OPTION, delivery_attributes, message_context
+from ..telemetry import tracer_provider as configured_provider
 
 if TYPE_CHECKING:
     from dramatiq import Message
-
-#: The message option that carries the trace context (a dict of propagation headers).
-CONTEXT_OPTION = "trace_context"
-SYSTEM = "dramatiq"
-
-
-def message_context(message: Message[Any]) -> context.Context:
-    """The trace context a message carries (an empty context when it carries none)."""
-    carrier = message.options.get(CONTEXT_OPTION)
-    return propagate.extract(carrier if isinstance(carrier, dict) else {})
-
-
-def delivery_attributes(message: Message[Any], queue: str) -> dict[str, Any]:
-    """The messaging attributes of a span about ``message`` on ``queue``."""
-    return {
-        "messaging.system": SYSTEM,
-        "messaging.destination.name": canonical(queue),
-        "messaging.message.id": message.message_id,
-        "messaging.operation.type": "process",
-        "messaging.operation.name": "process",
-        "messaging.operation": "process",
-        "dramatiq.actor": message.actor_name,
-    }
 
 
 class Tracing(Middleware):
     __doc__ = __doc__
 
     def __init__(self, tracer_provider: trace.TracerProvider | None = None) -> None:
-        if tracer_provider is None:
-            from ..telemetry import tracer_provider as configured
-
-            tracer_provider = configured()
+        provider = configured_provider() if tracer_provider is None else tracer_provider
         self.tracer = (
-            None
-            if tracer_provider is None
-            else tracer_provider.get_tracer(__name__.rpartition(".")[0], VERSION)
+            None if provider is None else provider.get_tracer(__name__.rpartition(".")[0], VERSION)
         )
         self._local = threading.local()
 
@@ -100,19 +75,10 @@ class Tracing(Middleware):
         if self.tracer is None or CONTEXT_OPTION in message.options:
             return
         self._end_pending("the enqueue did not complete")
-        queue = canonical(message.queue_name)
         span = self.tracer.start_span(
-            f"send {queue}",
+            f"send {canonical(message.queue_name)}",
             kind=trace.SpanKind.PRODUCER,
-            attributes={
-                "messaging.system": SYSTEM,
-                "messaging.destination.name": queue,
-                "messaging.message.id": message.message_id,
-                "messaging.operation.type": "send",
-                "messaging.operation.name": "send",
-                "messaging.operation": "publish",
-                "dramatiq.actor": message.actor_name,
-            },
+            attributes=delivery_attributes(message, message.queue_name, "send"),
         )
         carrier: dict[str, str] = {}
         propagate.inject(carrier, context=trace.set_span_in_context(span))
