@@ -78,7 +78,7 @@ def test_api_process_with_a_bad_redis_url_gets_one_line(default_project: Path) -
     done = run_api(default_project, clean_env(default_project, REDIS_URL="http://redis:6379"))
     assert done.returncode == 78
     assert done.stderr.strip() == ("config error: REDIS_URL='http://redis:6379': must start "
-                                   "with redis://, rediss:// or unix://")
+                                   "with redis://, rediss://, unix:// or redis+sentinel://")
 
 
 def test_producer_broker_declares_every_option_the_worker_accepts(default_project: Path) -> None:

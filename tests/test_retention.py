@@ -72,4 +72,4 @@ def test_dlq_commands_need_only_redis_url(lc_project: Path, redis_url: str) -> N
     bad = run_cli(lc_project, "dlq", "list", env={**env, "REDIS_URL": "http://nope"})
     assert bad.returncode == 78
     assert bad.stderr.strip() == ("config error: REDIS_URL='http://nope': must start with "
-                                  "redis://, rediss:// or unix://")
+                                  "redis://, rediss://, unix:// or redis+sentinel://")

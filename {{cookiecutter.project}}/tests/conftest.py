@@ -1,4 +1,5 @@
-"""Fixtures shared by the service's tests: a real redis-server of their own."""
+"""Fixtures shared by the service's tests: a real redis-server of their own, and a real
+primary, replica and three Sentinels (:class:`Sentinels`) for the failover tests."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -32,13 +33,18 @@ class RedisServer:
       appendonly: keep every write in an append-only file in ``directory``, synced on each
         write, so that a restart (``stop()`` then ``start()``) loses nothing; default
         False: nothing on disk, a restart starts empty.
+      replica_of: the port of a redis-server on 127.0.0.1 this one replicates (default
+        None: a primary).
     """
 
-    def __init__(self, directory: Path, appendonly: bool = False) -> None:
+    def __init__(
+        self, directory: Path, appendonly: bool = False, replica_of: int | None = None
+    ) -> None:
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.directory = directory
         self.appendonly = appendonly
+        self.replica_of = replica_of
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -58,6 +64,7 @@ class RedisServer:
                 "--dir",
                 str(self.directory),
                 *self._persistence(),
+                *self._replication(),
             ],
             stdout=subprocess.DEVNULL,
         )
@@ -77,12 +84,128 @@ class RedisServer:
             return ["--appendonly", "yes", "--appendfsync", "always"]
         return ["--appendonly", "no"]
 
+    def _replication(self) -> list[str]:
+        """``--replicaof`` the primary's port, or nothing for a primary."""
+        if self.replica_of is None:
+            return []
+        return ["--replicaof", "127.0.0.1", str(self.replica_of)]
+
     def stop(self) -> None:
         """Stop the server (tests may stop it to simulate an outage)."""
         if self.process is not None:
             self.process.terminate()
             self.process.wait(timeout=10)
             self.process = None
+
+    def kill(self) -> None:
+        """SIGKILL the server: it dies at once, as a crashed or partitioned node does."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+            self.process = None
+
+
+class Sentinels:
+    """A primary redis-server, one replica of it and ``count`` redis-sentinel processes that
+    monitor it as :attr:`SERVICE`, on free ports of 127.0.0.1, with short failover timings
+    (``down-after-milliseconds``, ``failover-timeout``) so a test's failover takes seconds.
+
+    :attr:`url` is the ``REDIS_URL`` that follows the primary through the Sentinels.
+
+    Parameters:
+      directory: working directory (must exist): the servers' and Sentinels' files.
+      count: Sentinels (default 3, quorum 2).
+      down_after_ms: how long the primary must not answer before it is judged down.
+      failover_timeout_ms: Sentinel's ``failover-timeout``.
+    """
+
+    SERVICE = "primary"
+
+    def __init__(
+        self,
+        directory: Path,
+        count: int = 3,
+        down_after_ms: int = 1000,
+        failover_timeout_ms: int = 2000,
+    ) -> None:
+        (directory / "primary").mkdir()
+        (directory / "replica").mkdir()
+        self.directory = directory
+        self.primary = RedisServer(directory / "primary")
+        self.replica = RedisServer(directory / "replica", replica_of=self.primary.port)
+        self.ports = [free_port() for _ in range(count)]
+        self.down_after_ms = down_after_ms
+        self.failover_timeout_ms = failover_timeout_ms
+        self.processes: list[subprocess.Popen[bytes]] = []
+        hosts = ",".join(f"127.0.0.1:{port}" for port in self.ports)
+        self.url = f"redis+sentinel://{hosts}/{self.SERVICE}/0"
+
+    def start(self) -> None:
+        """Start the primary, its replica (synced) and the Sentinels, and wait until every
+        Sentinel knows the replica and the other Sentinels (a failover can then happen)."""
+        executable = shutil.which("redis-sentinel")
+        if executable is None:
+            pytest.skip("redis-sentinel is not installed (Debian package redis-sentinel)")
+        self.primary.start()
+        self.replica.start()
+        with redis.Redis(port=self.replica.port) as replica:
+            _wait(lambda: replica.info("replication")["master_link_status"] == "up", "sync")
+        quorum = len(self.ports) // 2 + 1
+        for index, port in enumerate(self.ports):
+            config = self.directory / f"sentinel-{index}.conf"
+            config.write_text(
+                f"port {port}\nbind 127.0.0.1\ndir {self.directory}\n"
+                f"sentinel monitor {self.SERVICE} 127.0.0.1 {self.primary.port} {quorum}\n"
+                f"sentinel down-after-milliseconds {self.SERVICE} {self.down_after_ms}\n"
+                f"sentinel failover-timeout {self.SERVICE} {self.failover_timeout_ms}\n"
+                f"sentinel parallel-syncs {self.SERVICE} 1\n"
+            )
+            log = (self.directory / f"sentinel-{index}.log").open("ab")
+            self.processes.append(
+                subprocess.Popen([executable, str(config)], stdout=log, stderr=subprocess.STDOUT)
+            )
+        for port in self.ports:
+            with redis.Redis(port=port) as sentinel:
+                _wait(lambda s=sentinel: self._knows_everyone(s), f"sentinel {port}")
+
+    def _knows_everyone(self, sentinel: redis.Redis) -> bool:
+        try:
+            state = sentinel.sentinel_master(self.SERVICE)
+        except redis.RedisError:
+            return False
+        return bool(
+            state["num-slaves"] >= 1 and state["num-other-sentinels"] >= len(self.ports) - 1
+        )
+
+    def primary_port(self) -> int | None:
+        """The port of the primary as the first Sentinel that answers names it (None: none)."""
+        for port in self.ports:
+            try:
+                with redis.Redis(port=port, socket_timeout=1) as sentinel:
+                    address = sentinel.sentinel_get_master_addr_by_name(self.SERVICE)
+            except redis.RedisError:
+                continue
+            if address:
+                return int(address[1])
+        return None
+
+    def stop(self) -> None:
+        """Stop the Sentinels and both servers."""
+        for process in self.processes:
+            process.terminate()
+        for process in self.processes:
+            process.wait(timeout=10)
+        self.processes = []
+        self.replica.stop()
+        self.primary.stop()
+
+
+def _wait(predicate: Callable[[], object], what: str) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S * 3
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(0.05)
 
 
 @pytest.fixture(scope="session")

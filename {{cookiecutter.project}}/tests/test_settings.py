@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from {{ cookiecutter.package }}.pools import load_pools
+from {{ cookiecutter.package }}.pools import SPARE_REDIS_CONNECTIONS, load_pools, redis_connections
+from {{ cookiecutter.package }}.redisclient import SentinelAddress, parse_sentinel_url
 from {{ cookiecutter.package }}.settings import (
     EX_CONFIG,
     Settings,
@@ -87,6 +88,23 @@ def test_environment_overrides_the_pool(monkeypatch: pytest.MonkeyPatch) -> None
         ),
         ({"REDIS_URL": "redis://:pw@host:notaport/0"}, "REDIS_URL='redis://:***@host"),
         ({"REDIS_URL": "unix://"}, "REDIS_URL='unix://': unix:// URL needs a socket path"),
+        (
+            {"REDIS_URL": "redis+sentinel://s1:26379,s2:26379"},
+            "REDIS_URL='redis+sentinel://s1:26379,s2:26379': needs the service name",
+        ),
+        (
+            {"REDIS_URL": "redis+sentinel://:pw@s1:x/primary"},
+            "REDIS_URL='redis+sentinel://:***@s1:x/primary': has a malformed port in 's1:x'",
+        ),
+        (
+            {"REDIS_URL": "redis+sentinel://s1,,s2/primary"},
+            "REDIS_URL='redis+sentinel://s1,,s2/primary': needs host:port of each Sentinel",
+        ),
+        (
+            {"REDIS_URL": "redis+sentinel://s1/primary/zero"},
+            "database must be a number, got 'zero'",
+        ),
+        ({"MAX_MESSAGE_BYTES": "10"}, "MAX_MESSAGE_BYTES='10': Input should be greater than"),
         ({"HEALTH_STALLED_AFTER_S": "-1"}, "HEALTH_STALLED_AFTER_S='-1'"),
         ({"WORKER_PREFETCH": "4"}, "WORKER_PREFETCH='4': must be at least WORKER_CONCURRENCY (8)"),
 {%- if cookiecutter.database == "postgres" %}
@@ -117,6 +135,31 @@ def test_database_url_is_required_only_by_pools_that_use_it(
 def test_missing_pool_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("WORKER_POOL", raising=False)
     assert errors_of(monkeypatch) == ["WORKER_POOL=unset: Field required"]
+
+
+def test_a_sentinel_url_names_the_sentinels_the_service_and_the_database(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    url = "redis+sentinel://app:s%40cret@10.0.0.1:26379,[::1]:26380,sentinel-c/orders/2"
+    settings = settings_with(monkeypatch, WORKER_POOL="interactive", REDIS_URL=url)
+    assert settings.masked()["REDIS_URL"] == (
+        "redis+sentinel://app:***@10.0.0.1:26379,[::1]:26380,sentinel-c/orders/2"
+    )
+    assert parse_sentinel_url(url) == SentinelAddress(
+        sentinels=(("10.0.0.1", 26379), ("::1", 26380), ("sentinel-c", 26379)),
+        service="orders",
+        db=2,
+        username="app",
+        password="s@cret",  # noqa: S106  (a test value)
+    )
+    assert parse_sentinel_url("redis+sentinel://s:1/orders").db == 0
+
+
+def test_the_client_pool_is_sized_for_queues_and_threads() -> None:
+    """redis-py caps a pool at 100 by default: 100 queues or 256 threads need more."""
+    assert redis_connections(1, 8) == 2 + 16 + SPARE_REDIS_CONNECTIONS
+    assert redis_connections(100, 4) > 200
+    assert redis_connections(1, 256) > 2 * 256
 
 
 def test_secrets_are_masked(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,7 +13,6 @@ import os
 from typing import TypeVar
 
 import dramatiq
-import redis
 from dramatiq import Middleware
 from dramatiq.middleware import (
     AgeLimit,
@@ -23,7 +22,7 @@ from dramatiq.middleware import (
     TimeLimit,
 )
 
-from . import layout
+from . import layout, redisclient
 from .consumer import SettlingRedisBroker
 from .middleware import (
     Attempts,
@@ -40,6 +39,7 @@ from .middleware import (
 from .middleware.database import DatabasePool
 {%- endif %}
 from .middleware.schedule_lock import ScheduleLock
+from .pools import redis_connections
 from .settings import RedisSettings, Settings, load_redis_settings, load_settings
 
 #: The variable that tells a worker process (it runs a pool) from a producer.
@@ -82,11 +82,19 @@ def middleware_stack(settings: Settings) -> list[Middleware]:
 
 
 def _redis_broker(
-    redis_url: str, middleware: list[Middleware], **options: int
+    redis_url: str,
+    middleware: list[Middleware],
+    max_connections: int | None = None,
+    **options: int,
 ) -> SettlingRedisBroker:
-    """A broker on ``redis_url`` with our key namespace and Dramatiq's maintenance off."""
-    client = redis.Redis.from_url(
-        redis_url, socket_timeout=10, socket_connect_timeout=5, health_check_interval=30
+    """A broker on ``redis_url`` with our key namespace and Dramatiq's maintenance off; its
+    client's pool makes up to ``max_connections`` (None: redis-py's default)."""
+    client = redisclient.connect(
+        redis_url,
+        socket_timeout=10,
+        socket_connect_timeout=5,
+        health_check_interval=30,
+        max_connections=max_connections,
     )
     return SettlingRedisBroker(
         client=client,
@@ -98,7 +106,9 @@ def _redis_broker(
 
 
 def build_broker(settings: Settings) -> SettlingRedisBroker:
-    """A RedisBroker for ``REDIS_URL`` (``redis://``, ``rediss://`` for TLS, ``unix://``).
+    """A RedisBroker for ``REDIS_URL`` (``redis://``, ``rediss://`` for TLS, ``unix://``,
+    ``redis+sentinel://``: :mod:`.redisclient`), its client's pool sized for the process's
+    queues and threads (:func:`.pools.redis_connections`).
 
     Its consumers dead-letter malformed messages and store each delivery's outcome with
     its ack (:mod:`.consumer`). Dramatiq's random maintenance is off
@@ -108,6 +118,7 @@ def build_broker(settings: Settings) -> SettlingRedisBroker:
     return _redis_broker(
         settings.redis_url.get_secret_value(),
         middleware_stack(settings),
+        max_connections=redis_connections(len(settings.worker_queues), settings.worker_concurrency),
         heartbeat_timeout=settings.worker_heartbeat_timeout_ms,
     )
 

@@ -402,7 +402,8 @@ class SettleLanes:
     8 threads on a 2-core machine (``bench/`` in the template). A lane is used by its
     thread alone, one command and its reply at a time, so no stray reply can wait on it:
     any failure between the command and its reply disconnects it. What fails on a lane
-    (a lost connection, a script cache flushed by a restarted Redis) is sent again
+    (a lost connection, a script cache flushed by a restarted Redis, a primary demoted by a
+    failover) is sent again
     through the client, whose pool and retries handle it as for any other command; when
     Redis had run it, the outcome is not stored twice (its removal from the acks set guards it)
     and the first call's refill is requeued by :meth:`SettlingConsumer.reclaim_orphans`.
@@ -431,7 +432,9 @@ class SettleLanes:
             return connection.read_response()
         except redis.exceptions.NoScriptError:
             pass  # a restarted Redis lost its script cache: the client's call loads it
-        except (redis.ConnectionError, redis.TimeoutError):
+        except (redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError):
+            # READONLY: the node was demoted and wrote nothing; the client's call finds the
+            # primary (:mod:`.redisclient`).
             connection.disconnect()
         except BaseException:
             # Anything else: a Redis error reply, or an exception raised in this thread

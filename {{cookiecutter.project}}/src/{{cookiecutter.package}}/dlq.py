@@ -248,12 +248,11 @@ def purge(client: redis.Redis, letter: DeadLetter) -> bool:
 
 def _connect() -> tuple[redis.Redis, str]:
     """A Redis client for ``REDIS_URL`` and the URL with its password masked."""
-    import redis
-
+    from .redisclient import connect
     from .settings import load_redis_settings, mask_url
 
     url = load_redis_settings().redis_url.get_secret_value()
-    client = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5)
+    client = connect(url, socket_timeout=10, socket_connect_timeout=5)
     return client, mask_url(url)
 
 

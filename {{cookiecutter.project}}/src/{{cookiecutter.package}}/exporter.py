@@ -11,7 +11,8 @@ which serves from a daemon thread:
   Redis at scrape time (:class:`BacklogCollector`);
 * ``/livez``: 200 when :func:`.probe.liveness_problems` finds none, else 503
   with the problems, one a line (the same rule as ``healthcheck live``);
-* ``/readyz``: 200 when Redis (and the database) answer, else 503.
+* ``/readyz``: 200 when Redis (and the database) answer and the Redis node is a primary,
+  else 503 with the reasons (the same rule as ``healthcheck ready``).
 
 Backlog, per queue ``q`` of the pool, with one Lua call per scrape
 (:data:`.layout.BACKLOG`: constant work per queue, however many messages wait):
@@ -47,7 +48,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-from . import layout
+from . import layout, redisclient
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -255,7 +256,7 @@ def start_exporter(settings: Settings) -> Exporter:
     ``PROMETHEUS_MULTIPROC_DIR`` (files of a previous run are stale). A port that
     cannot be bound (already in use) refuses to boot: one line, exit 78.
     """
-    client = redis.Redis.from_url(
+    client = redisclient.connect(
         settings.redis_url.get_secret_value(), socket_timeout=2, socket_connect_timeout=2
     )
     try:

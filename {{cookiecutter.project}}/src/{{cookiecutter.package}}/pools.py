@@ -88,6 +88,20 @@ def prefetch_or_concurrency(prefetch: int | None, concurrency: int) -> int:
     return prefetch or concurrency
 
 
+#: Redis connections a worker process may use beyond its consumers' and handlers' own: the
+#: Recovery pass, the schedule lock's renewals, the drain's sweep, a middleware's call.
+SPARE_REDIS_CONNECTIONS = 8
+
+
+def redis_connections(queues: int, concurrency: int) -> int:
+    """The Redis connections one worker process may hold at once, its client pool's size:
+    a fetch of each queue's and each delay queue's consumer thread, two per handler thread
+    (its settlement lane, and a call through the client: an enqueue from the handler, the
+    lane's fallback), and :data:`SPARE_REDIS_CONNECTIONS`. redis-py's default pool stops at
+    100 ("Too many connections"), which 100 queues or 50 threads would reach."""
+    return 2 * queues + 2 * concurrency + SPARE_REDIS_CONNECTIONS
+
+
 def pool_holds_every_handler(db_pool_size: int, concurrency: int) -> bool:
     """``DB_POOL_SIZE >= WORKER_CONCURRENCY``: every handler thread may hold a connection."""
     return db_pool_size >= concurrency

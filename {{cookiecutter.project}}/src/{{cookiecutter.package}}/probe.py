@@ -13,8 +13,10 @@ An idle worker, or one whose Redis or database is down, stays live:
 restarting it would not help.
 
 Readiness: every worker process of the container is up (no grace period: a pod
-whose processes cannot start must not count as available during a rollout), and
-Redis (and the database) answer within a short timeout.
+whose processes cannot start must not count as available during a rollout), Redis
+(and the database) answer within a short timeout, and the Redis node ``REDIS_URL``
+leads to is a primary (a replica refuses every write: a plain URL that still names a
+demoted primary; through Sentinel the probe asks for the primary again each time).
 """
 
 from __future__ import annotations
@@ -121,19 +123,23 @@ def liveness_problems(
 
 
 def readiness_problems(settings: Settings, timeout_s: float = READY_TIMEOUT_S) -> list[str]:
-    """Why this container cannot take work now (Redis or the database not answering)."""
+    """Why this container cannot take work now: Redis or the database not answering, or the
+    Redis node a replica (:func:`.redisclient.role_problem`)."""
     import redis
+
+    from .redisclient import connect, role_problem
 
     problems = []
     if missing := missing_processes(settings.worker_state_dir, time.monotonic(), 0.0):
         problems.append(missing)
-    client = redis.Redis.from_url(
+    client = connect(
         settings.redis_url.get_secret_value(),
         socket_timeout=timeout_s,
         socket_connect_timeout=timeout_s,
     )
     try:
-        client.ping()
+        if replica := role_problem(client):
+            problems.append(f"redis: {replica}")
     except redis.RedisError as error:
         problems.append(f"redis: {error}")
     finally:

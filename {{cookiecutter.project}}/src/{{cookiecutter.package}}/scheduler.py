@@ -48,6 +48,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from pydantic import Field, ValidationError
 
+from . import redisclient
 from . import schedules as sched
 from .boards import DEFAULT_STALLED_AFTER_S, DEFAULT_STATE_DIR, ProgressBoard, progress_dir
 from .exitcodes import EX_FAILURE, EX_OK
@@ -175,7 +176,7 @@ class Scheduler:
         self.schedules = dict(schedules)
         self.targets = dict(targets)
         self.broker = broker
-        self.client = client or redis.Redis.from_url(
+        self.client = client or redisclient.connect(
             settings.redis_url.get_secret_value(), socket_timeout=5, socket_connect_timeout=2
         )
         self.me = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -470,7 +471,7 @@ def list_schedules(as_json: bool = False, count: int = 3) -> int:
     settings = load_scheduler_settings()
     schedules = load_schedules()
     now = time.time()
-    client = redis.Redis.from_url(
+    client = redisclient.connect(
         settings.redis_url.get_secret_value(), socket_timeout=2, socket_connect_timeout=2
     )
     problem = None

@@ -48,6 +48,7 @@ from .pools import (
     prefetch_feeds_every_thread,
     prefetch_or_concurrency,
 )
+from .redisclient import url_problem
 
 PROJECT = "{{ cookiecutter.project }}"
 VERSION = "0.1.0"
@@ -72,6 +73,9 @@ MetricsPort = Annotated[int, Field(ge=1024, le=65535)]
 StalledAfterS = Annotated[float, Field(gt=0, le=86_400)]
 ServiceName = Annotated[str, Field(min_length=1, max_length=100)]
 LogLevel = Annotated[str, Field(pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")]
+#: ``MAX_MESSAGE_BYTES`` when unset: 10 MiB (a message is a job's arguments, not its data).
+DEFAULT_MAX_MESSAGE_BYTES = 10 * 1024 * 1024
+MaxMessageBytes = Annotated[int, Field(ge=1024, le=512 * 1024 * 1024)]
 #: Port of /metrics, /livez and /readyz when ``METRICS_PORT`` is unset.
 DEFAULT_METRICS_PORT = 9191
 #: ``LOG_LEVEL`` when unset.
@@ -121,7 +125,10 @@ class Settings(BaseSettings):
     metrics_port: MetricsPort = DEFAULT_METRICS_PORT
     """Port of /metrics, /livez and /readyz."""
     redis_url: SecretStr = SecretStr("redis://localhost:6379/0")
-    """The broker: redis://, rediss:// (TLS) or unix://; the password is masked."""
+    """The broker: redis://, rediss:// (TLS), unix:// or
+    redis+sentinel://host:port[,host:port...]/<service>[/<db>]; the password is masked."""
+    max_message_bytes: MaxMessageBytes = DEFAULT_MAX_MESSAGE_BYTES
+    """Largest message accepted: bigger sends are refused, bigger fetches dead-lettered."""
     dlq_retention_days: Annotated[int, Field(ge=1, le=3650)] = DLQ_RETENTION_DAYS
     """Days a dead letter is kept before the worker deletes it."""
 {%- if cookiecutter.database == "postgres" %}
@@ -218,17 +225,9 @@ class Settings(BaseSettings):
     @field_validator("redis_url")
     @classmethod
     def _redis_url(cls, value: SecretStr) -> SecretStr:
-        parts = urlsplit(value.get_secret_value())
-        if parts.scheme not in {"redis", "rediss", "unix"}:
-            raise ValueError("must start with redis://, rediss:// or unix://")
-        if parts.scheme == "unix" and not parts.path:
-            raise ValueError("unix:// URL needs a socket path")
-        if parts.scheme != "unix" and not parts.hostname:
-            raise ValueError("needs a host, e.g. redis://redis:6379/0")
-        try:
-            parts.port  # noqa: B018  (raises on a malformed port)
-        except ValueError:
-            raise ValueError("has a malformed port") from None
+        problem = url_problem(value.get_secret_value())
+        if problem is not None:
+            raise ValueError(problem)
         return value
 {%- if cookiecutter.database == "postgres" %}
 
@@ -319,12 +318,14 @@ def config_errors(error: ValidationError | PoolsFileError) -> list[str]:
 
 
 class RedisSettings(BaseSettings):
-    """Only ``REDIS_URL``: all that producers (an API enqueuing jobs) and the ``dlq``
-    commands need; they never require worker settings such as ``WORKER_POOL``."""
+    """Only ``REDIS_URL`` and ``MAX_MESSAGE_BYTES``: all that producers (an API enqueuing
+    jobs) and the ``dlq`` commands need; they never require worker settings such as
+    ``WORKER_POOL``."""
 
     model_config = SettingsConfigDict(case_sensitive=False, extra="ignore", frozen=True)
 
     redis_url: SecretStr = SecretStr("redis://localhost:6379/0")
+    max_message_bytes: MaxMessageBytes = DEFAULT_MAX_MESSAGE_BYTES
 
     @field_validator("redis_url")
     @classmethod

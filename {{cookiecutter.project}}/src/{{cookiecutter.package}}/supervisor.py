@@ -39,7 +39,7 @@ from types import FrameType
 
 import redis
 
-from . import probe, recovery
+from . import probe, recovery, redisclient
 from .boards import progress_dir, read_board
 from .exitcodes import EX_CONFIG, EX_FAILURE, EX_OK
 from .settings import PROJECT, VERSION, Settings
@@ -128,7 +128,7 @@ class Supervisor:
         self._live = -1
         self.metrics_dir = settings.worker_state_dir / "metrics"
         self.reports_dir = settings.worker_state_dir / "boot"
-        self.redis = redis.Redis.from_url(
+        self.redis = redisclient.connect(
             settings.redis_url.get_secret_value(), socket_timeout=5, socket_connect_timeout=2
         )
 
