@@ -22,9 +22,10 @@ import pytest
 import redis
 
 from {{ cookiecutter.package }} import layout, recovery
-from {{ cookiecutter.package }}.consumer import SettlingRedisBroker, inspect
+from {{ cookiecutter.package }}.consumer import SettlingRedisBroker
 from {{ cookiecutter.package }}.exporter import Exporter, _Handler, build_registry
 from {{ cookiecutter.package }}.logs import JsonFormatter
+from {{ cookiecutter.package }}.messages import inspect
 from {{ cookiecutter.package }}.middleware.recovery import Recovery
 
 

@@ -28,7 +28,7 @@ import redis
 from dramatiq.message import Message
 
 from . import layout
-from .consumer import dead_letter_body, inspect
+from .messages import dead_letter_body, inspect
 from .telemetry import record_lost_delivery
 
 logger = logging.getLogger(__name__)
