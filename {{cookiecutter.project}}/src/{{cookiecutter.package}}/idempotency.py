@@ -59,10 +59,10 @@ LEASE_S = 10.0
 KEEP_S = 7 * 86_400
 #: Pause between two looks at a lease another delivery holds.
 POLL_S = 0.05
-DONE = b"done"
+DONE = layout.IDEMPOTENCY_DONE
 {%- if cookiecutter.database == "postgres" %}
-#: The table of done keys. The worker creates it when it opens its pool; own it in your
-#: migrations if your database role may not create tables.
+#: The table of done keys. The worker creates it when it opens its pool (DatabasePool); own
+#: it in your migrations if your database role may not create tables.
 TABLE_SQL = """
 create table if not exists idempotency_keys (
     key text primary key,
@@ -70,26 +70,6 @@ create table if not exists idempotency_keys (
 )
 """
 {%- endif %}
-
-# KEYS: state, lease.  ARGV: token, lease ms, keep s.  1 acquired, 0 done, -1 held elsewhere.
-_ACQUIRE = """
-if redis.call('get', KEYS[1]) == 'done' then return 0 end
-if redis.call('set', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  redis.call('set', KEYS[1], ARGV[1], 'EX', ARGV[3])
-  return 1
-end
-return -1
-"""
-# KEYS: lease.  ARGV: token, lease ms.  Renews the lease if this token still holds it.
-_RENEW = """
-if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
-return 0
-"""
-# KEYS: lease.  ARGV: token.  Gives the lease up if this token still holds it.
-_RELEASE = """
-if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
-return 0
-"""
 
 
 class LeaseBusyError(RuntimeError):
@@ -125,7 +105,7 @@ class _Renewer(threading.Thread):
         while not self.stopped.wait(self.lease_ms / 3000):
             # A failed renewal is tried again next time; the done mark checks the lease.
             with contextlib.suppress(redis.RedisError):
-                self.client.eval(_RENEW, 1, self.key, self.token, self.lease_ms)
+                layout.renew_lock(self.client, self.key, self.token, self.lease_ms)
 
     def stop(self) -> None:
         self.stopped.set()
@@ -162,7 +142,7 @@ def once_with_lease(
     state, lease = done_key(key), lease_key(key)
     token, lease_ms = uuid.uuid4().hex, max(1, int(lease_s * 1000))
     deadline = time.monotonic() + lease_s + 1
-    while (got := client.eval(_ACQUIRE, 2, state, lease, token, lease_ms, keep_s)) == -1:
+    while (got := layout.acquire_idempotency(client, key, token, lease_ms, keep_s)) == -1:
         if time.monotonic() > deadline:
             raise LeaseBusyError(f"{key!r} is being done by another delivery")
         time.sleep(POLL_S)
@@ -186,7 +166,7 @@ def once_with_lease(
     except BaseException:
         renewer.stop()
         with contextlib.suppress(redis.RedisError):  # else the lease expires by itself
-            client.eval(_RELEASE, 1, lease, token)
+            layout.release_lock(client, lease, token)
         raise
     return True
 

@@ -614,6 +614,32 @@ def release_lock(client: redis.Redis, key: str, holder: str) -> bool:
     return bool(client.eval(RELEASE_LOCK, 1, key, holder))
 
 
+#: The value of an idempotency done key (:func:`idempotency_key`) once its side effect is done.
+IDEMPOTENCY_DONE: Final = b"done"
+
+#: Take the lease on an idempotent side effect unless it is done (:data:`IDEMPOTENCY_DONE`).
+#: KEYS: its done key (:func:`idempotency_key`), its lease (:func:`idempotency_lease_key`).
+#: ARGV: token, lease ms, keep s.  The done key then holds the token (a takeover rewrites
+#: it); renew and release the lease with :func:`renew_lock` and :func:`release_lock`.
+#: Returns 1 (taken), 0 (already done) or -1 (another delivery holds the lease).
+ACQUIRE_IDEMPOTENCY: Final = """
+if redis.call('get', KEYS[1]) == 'done' then return 0 end
+if redis.call('set', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  redis.call('set', KEYS[1], ARGV[1], 'EX', ARGV[3])
+  return 1
+end
+return -1
+"""
+
+
+def acquire_idempotency(
+    client: redis.Redis, key: str, token: str, lease_ms: int, keep_s: int
+) -> int:
+    """:data:`ACQUIRE_IDEMPOTENCY` for the side effect ``key``: 1 taken, 0 done, -1 held."""
+    keys = (idempotency_key(key), idempotency_lease_key(key))
+    return int(client.eval(ACQUIRE_IDEMPOTENCY, len(keys), *keys, token, lease_ms, keep_s))
+
+
 def fire_tick(
     client: redis.Redis,
     leader: str,
