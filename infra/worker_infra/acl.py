@@ -15,8 +15,9 @@ its queue, delay queue, dead letters, acknowledgement sets and heartbeat set are
 
 Commands: reading, writing and scripting on those keys (a script's ``redis.call`` is
 checked against the same rule), ``SCAN`` (crash recovery looks for acknowledgement
-sets), connection commands; not ``@dangerous`` (``FLUSHALL``, ``KEYS``, ``CONFIG``,
-``DEBUG``, ...), not ``SCRIPT FLUSH``/``KILL``, no ``FUNCTION``, no Pub/Sub channels.
+sets), ``TIME`` (heartbeats and recovery judge time by Redis's clock), connection
+commands; not ``@dangerous`` (``FLUSHALL``, ``KEYS``, ``CONFIG``, ``INFO``, ``DEBUG``,
+...), not ``SCRIPT FLUSH``/``KILL``, no ``FUNCTION``, no Pub/Sub channels.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ __all__ = ["ACL_COMMANDS", "acl_broker_url", "acl_key_patterns", "acl_rule", "pa
 
 #: Command rules of the sandbox user, applied left to right.
 ACL_COMMANDS: tuple[str, ...] = (
-    "-@all", "+@read", "+@write", "+@scripting", "+@connection", "+@keyspace", "+scan",
+    "-@all", "+@read", "+@write", "+@scripting", "+@connection", "+@keyspace", "+scan", "+time",
     "-@dangerous", "-@admin", "-script|flush", "-script|kill", "-function",
     "-move", "-copy", "-migrate", "-swapdb", "-publish", "-spublish",
 )  # fmt: skip

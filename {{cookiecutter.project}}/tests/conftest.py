@@ -7,7 +7,7 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -35,16 +35,22 @@ class RedisServer:
         False: nothing on disk, a restart starts empty.
       replica_of: the port of a redis-server on 127.0.0.1 this one replicates (default
         None: a primary).
+      options: more ``redis-server`` options, e.g. ``("--maxmemory", "20mb")``.
     """
 
     def __init__(
-        self, directory: Path, appendonly: bool = False, replica_of: int | None = None
+        self,
+        directory: Path,
+        appendonly: bool = False,
+        replica_of: int | None = None,
+        options: Sequence[str] = (),
     ) -> None:
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.directory = directory
         self.appendonly = appendonly
         self.replica_of = replica_of
+        self.options = list(options)
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -65,6 +71,7 @@ class RedisServer:
                 str(self.directory),
                 *self._persistence(),
                 *self._replication(),
+                *self.options,
             ],
             stdout=subprocess.DEVNULL,
         )

@@ -82,6 +82,10 @@ class RedisStubBroker(StubBroker):
         the worker's broker)."""
         return 0
 
+    def keep_time(self, redis_ms: int) -> None:
+        """The worker's broker keeps Redis's clock for Dramatiq's dispatch script; this one
+        dispatches nothing."""
+
 
 def work_off(broker: StubBroker, queue: str) -> None:
     """Run a Worker with one thread on ``broker`` until ``queue`` is empty and settled;

@@ -55,7 +55,7 @@ from dramatiq.common import compute_backoff, current_millis
 from dramatiq.errors import ConnectionClosed
 from dramatiq.middleware import Middleware, MiddlewareError
 
-from . import layout
+from . import brokerstate, layout
 from .messages import dead_letter_body, inspect
 from .settlement import (
     ACK,
@@ -205,9 +205,7 @@ class SettlingConsumer(_RedisConsumer):
             raise ConnectionClosed(error) from None
 
     def _fetch(self, count: int) -> list[tuple[str, bytes | None]]:
-        raw = self.broker.fetch_script(
-            keys=self._fetch_keys, args=[count, self.broker.broker_id, layout.now_ms()]
-        )
+        raw = self.broker.fetch_script(keys=self._fetch_keys, args=[count, self.broker.broker_id])
         return _pairs(raw)
 
     def _admit(self, redis_id: str, body: bytes | None) -> MessageProxy | None:
@@ -419,6 +417,8 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
         self._hooked_size = 0
         self._consumers: dict[str, SettlingConsumer] = {}
         self._consumers_lock = threading.Lock()
+        #: Redis's clock minus this host's, ms, as of the last heartbeat (:meth:`keep_time`).
+        self.clock_offset_ms = 0
 
     def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 5000) -> SettlingConsumer:
         with self._consumers_lock:
@@ -484,6 +484,25 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
         for consumer in list(self._consumers.values()):
             consumer.wake()
 
+    def enqueue(self, message: Message[Any], *, delay: int | None = None) -> Message[Any]:
+        """Dramatiq's enqueue; a Redis that refuses it for being full raises
+        :class:`.brokerstate.BrokerFull`, one line naming the actor and the fix."""
+        try:
+            sent: Message[Any] = super().enqueue(message, delay=delay)
+        except redis.ResponseError as error:
+            if brokerstate.is_oom(error):
+                what = f"message for actor {message.actor_name!r}"
+                raise brokerstate.full_error(what, error) from None
+            raise
+        return sent
+
+    def keep_time(self, redis_ms: int) -> None:
+        """Redis's clock read just now (a heartbeat's reply): Dramatiq's dispatch script, which
+        writes this worker's heartbeat with the timestamp it is given (an enqueue from a
+        handler, a delayed message moved to its queue), is given Redis's time, not a skewed
+        host's, which would make this worker look dead (or alive for ever) to the others."""
+        self.clock_offset_ms = redis_ms - layout.now_ms()
+
     def _dispatch(self, command: str) -> Callable[..., Any]:
         """Dramatiq's dispatch script (enqueue, qsize, purge), run on the namespace of the
         queue it is called for (:func:`.layout.namespace_of`) instead of the broker's one:
@@ -495,7 +514,7 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
         def do_dispatch(queue_name: str, *args: Any) -> Any:
             arguments = [
                 command,
-                current_millis(),
+                current_millis() + self.clock_offset_ms,
                 queue_name,
                 self.broker_id,
                 self.heartbeat_timeout,
@@ -533,7 +552,6 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
                 redis_id,
                 settlement.body,
                 settlement.target_id,
-                layout.now_ms(),
                 self.broker_id,
                 take,
             ],

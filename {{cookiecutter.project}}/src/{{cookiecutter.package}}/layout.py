@@ -15,6 +15,19 @@ for a queue ``q`` and a worker (broker) id ``w``:
   (one per queue and delay queue);
 * ``dramatiq:__heartbeats__``: zset worker id -> last heartbeat, ms.
 
+Ours beside them: ``dramatiq:__epoch__``, the namespace's epoch token (a reset is seen
+when it is gone or replaced, :mod:`.brokerstate`), and ``dramatiq:__probe__``, the
+short-lived key readiness writes to learn that Redis takes writes.
+
+One clock: every time our scripts write or compare (heartbeats, dead letters' times,
+the cutoffs of recovery and retention, the scheduler's ticks) is Redis's ``TIME``, read
+inside the Lua or by :func:`redis_now_ms`, never the host's: a worker whose clock is
+minutes off neither judges live workers dead nor is judged dead. Scripts that may run
+while Redis is full (``maxmemory`` reached, ``noeviction``) free before they write: a
+heartbeat removes its old entry first, a fetch pops before it adds, a settlement removes
+its id from the acks set first (Redis refuses a script's growing write only when the
+script has written nothing yet).
+
 The sandbox pool's queue (:data:`SANDBOX_QUEUE`, customer code) has the same layout under
 a namespace of its own, :data:`SANDBOX_NAMESPACE` (``dramatiq-sandbox:untrusted``, its
 acks sets, its own ``dramatiq-sandbox:__heartbeats__``, ...): :func:`namespace_of` picks
@@ -64,6 +77,8 @@ HEARTBEATS: Final = f"{NAMESPACE}:__heartbeats__"
 IDEMPOTENCY_PREFIX: Final = "idempotency:"
 #: Prefix of the idempotency leases (ours): the token of the delivery running the side effect.
 IDEMPOTENCY_LEASE_PREFIX: Final = "idempotency-lease:"
+#: How long readiness's write probe (:func:`probe_key`) lives, ms.
+PROBE_TTL_MS: Final = 10_000
 
 
 # -- names ------------------------------------------------------------------------------
@@ -98,6 +113,17 @@ def namespaces_of(queues: Iterable[str]) -> list[str]:
 def heartbeats_key(namespace: str = NAMESPACE) -> str:
     """The heartbeats zset of the workers of ``namespace`` (default: :data:`NAMESPACE`)."""
     return f"{namespace}:__heartbeats__"
+
+
+def epoch_key(namespace: str = NAMESPACE) -> str:
+    """The epoch token of ``namespace`` (ours): written once (``SET NX``), read with every
+    heartbeat; gone or replaced means Redis lost its data (:mod:`.brokerstate`)."""
+    return f"{namespace}:__epoch__"
+
+
+def probe_key(namespace: str = NAMESPACE) -> str:
+    """The key readiness writes (short-lived) to learn whether Redis takes writes."""
+    return f"{namespace}:__probe__"
 
 
 def queue_key(queue: str) -> str:
@@ -283,8 +309,21 @@ def _shown(value: Any) -> str:
 
 
 def now_ms() -> int:
-    """Milliseconds since the epoch: Dramatiq's clock for heartbeats and dead letters."""
+    """Milliseconds since the epoch by this host's clock (Dramatiq's); what workers compare
+    uses :func:`redis_now_ms` instead."""
     return int(time.time() * 1000)
+
+
+def redis_now_ms(client: redis.Redis) -> int:
+    """Redis's clock (``TIME``), ms since the epoch: the one clock of every worker."""
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def redis_now(client: redis.Redis) -> float:
+    """Redis's clock (``TIME``), seconds since the epoch."""
+    seconds, micros = client.time()
+    return int(seconds) + int(micros) / 1_000_000
 
 
 # -- scripts ----------------------------------------------------------------------------
@@ -302,17 +341,33 @@ end
 return 0
 """
 
+#: Lua: Redis's clock in ms (``TIME``), and a heartbeat that frees its old entry before it
+#: writes the new one (so a full Redis takes it: see the module docstring).
+_CLOCK: Final = """
+local function now_ms()
+  local t = redis.call('time')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function beat(heartbeats, id, now)
+  redis.call('zrem', heartbeats, id)
+  redis.call('zadd', heartbeats, now, id)
+end
+"""
+
 #: Dead-letter a held message: the same guard, then the zset and bodies, as Dramatiq's nack.
-#: KEYS: acks set, bodies of the queue, dead zset, dead bodies.  ARGV: id, body, ms.
-DEAD_LETTER: Final = """
+#: KEYS: acks set, bodies of the queue, dead zset, dead bodies.  ARGV: id, body.
+DEAD_LETTER: Final = (
+    _CLOCK
+    + """
 if redis.call('srem', KEYS[1], ARGV[1]) == 1 then
-  redis.call('zadd', KEYS[3], ARGV[3], ARGV[1])
+  redis.call('zadd', KEYS[3], now_ms(), ARGV[1])
   redis.call('hset', KEYS[4], ARGV[1], ARGV[2])
   redis.call('hdel', KEYS[2], ARGV[1])
   return 1
 end
 return 0
 """
+)
 
 #: Replay a dead letter; the removal from the dead zset is the guard (exactly once).
 #: KEYS: dead zset, dead bodies, bodies of the queue, the queue.
@@ -352,14 +407,38 @@ end
 """
 
 #: Fetch up to ARGV[1] messages with their ids (Dramatiq's fetch returns bodies only, so a
-#: body that does not decode could not be dead-lettered by id), and heartbeat.
+#: body that does not decode could not be dead-lettered by id), then heartbeat (after the
+#: pops, which free: a full Redis still lets a worker fetch and beat).
 #: KEYS: the queue, its bodies, this worker's acks set, heartbeats.
-#: ARGV: how many, broker id, ms.  Returns [id1, body1, id2, body2, ...] (false: no body).
+#: ARGV: how many, broker id.  Returns [id1, body1, id2, body2, ...] (false: no body).
 FETCH: Final = (
     _TAKE
+    + _CLOCK
     + """
-redis.call('zadd', KEYS[4], ARGV[3], ARGV[2])
-return take(KEYS[1], KEYS[2], KEYS[3], tonumber(ARGV[1]), {})
+local out = take(KEYS[1], KEYS[2], KEYS[3], tonumber(ARGV[1]), {})
+beat(KEYS[4], ARGV[2], now_ms())
+return out
+"""
+)
+
+#: This worker is alive: its heartbeat at Redis's time; returns that time and the
+#: namespace's epoch token (false: none), so one call also notices a reset.
+#: KEYS: heartbeats, the epoch key.  ARGV: broker id.  Returns [ms, epoch].
+HEARTBEAT: Final = (
+    _CLOCK
+    + """
+local now = now_ms()
+beat(KEYS[1], ARGV[1], now)
+return {now, redis.call('get', KEYS[2])}
+"""
+)
+
+#: Workers whose heartbeat is older than ARGV[1] ms by Redis's clock.
+#: KEYS: heartbeats.  ARGV: timeout ms.  Returns their ids.
+STALE_WORKERS: Final = (
+    _CLOCK
+    + """
+return redis.call('zrangebyscore', KEYS[1], 0, now_ms() - tonumber(ARGV[1]))
 """
 )
 
@@ -367,14 +446,17 @@ return take(KEYS[1], KEYS[2], KEYS[3], tonumber(ARGV[1]), {})
 #: letter) in one step, or nothing (the removal from the acks set is the guard); then
 #: heartbeat and refill the freed slot: take up to ARGV[7] messages as FETCH does, so a
 #: handler's next job costs no round trip of its own.
+#: The removal from the acks set comes first (it frees: a full Redis still takes the rest).
 #: KEYS: acks set, bodies of the queue, target list, target bodies, dead zset, dead bodies,
 #: heartbeats, the queue.  ARGV: kind (ack, retry, requeue, dead_letter), redis id, body
-#: (retry copy, dead letter; '' keeps the stored one), target id (retry copy), ms, broker
-#: id, how many to take.  Returns [settled (1 or 0), id1, body1, id2, body2, ...].
+#: (retry copy, dead letter; '' keeps the stored one), target id (retry copy), broker id,
+#: how many to take.  Returns [settled (1 or 0), id1, body1, id2, body2, ...].
 SETTLE: Final = (
     _TAKE
+    + _CLOCK
     + """
 local settled = redis.call('srem', KEYS[1], ARGV[2])
+local now = now_ms()
 if settled == 1 then
   local kind = ARGV[1]
   if kind == 'ack' then
@@ -391,14 +473,14 @@ if settled == 1 then
     local body = ARGV[3]
     if body == '' then body = redis.call('hget', KEYS[2], ARGV[2]) end
     if body then
-      redis.call('zadd', KEYS[5], ARGV[5], ARGV[2])
+      redis.call('zadd', KEYS[5], now, ARGV[2])
       redis.call('hset', KEYS[6], ARGV[2], body)
     end
     redis.call('hdel', KEYS[2], ARGV[2])
   end
 end
-redis.call('zadd', KEYS[7], ARGV[5], ARGV[6])
-return take(KEYS[8], KEYS[2], KEYS[1], tonumber(ARGV[7]), {settled})
+beat(KEYS[7], ARGV[5], now)
+return take(KEYS[8], KEYS[2], KEYS[1], tonumber(ARGV[6]), {settled})
 """
 )
 
@@ -481,7 +563,20 @@ def dead_letter_held(
     """Move a message held by ``broker_id`` to the dead letters of ``queue``, stored as
     ``body``. False when it was no longer held."""
     keys = (acks_key(broker_id, queue), bodies_key(queue), *dead_letter_keys(queue))
-    return bool(client.eval(DEAD_LETTER, len(keys), *keys, redis_id, body, now_ms()))
+    return bool(client.eval(DEAD_LETTER, len(keys), *keys, redis_id, body))
+
+
+def heartbeat(client: redis.Redis, broker_id: str, namespace: str) -> tuple[int, Any]:
+    """:data:`HEARTBEAT` for ``broker_id`` in ``namespace``: (Redis's ms, epoch or None)."""
+    keys = (heartbeats_key(namespace), epoch_key(namespace))
+    now, epoch = client.eval(HEARTBEAT, len(keys), *keys, broker_id)
+    return int(now), epoch
+
+
+def stale_workers(client: redis.Redis, namespace: str, timeout_ms: int) -> list[str]:
+    """:data:`STALE_WORKERS`: ids of ``namespace``'s workers silent for ``timeout_ms``."""
+    raw: list[Any] = client.eval(STALE_WORKERS, 1, heartbeats_key(namespace), timeout_ms)
+    return [text(worker) for worker in raw]
 
 
 def replay_dead_letter(
@@ -595,10 +690,13 @@ redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return 1
 """
 
-#: End a run: record its success time (unless ARGV[2] is empty), release the lock if held.
-#: KEYS: run lock, state hash.  ARGV: message id, success time (s) or ''.
+#: End a run: record its success time (Redis's clock, s) when ARGV[2] is '1', release the lock
+#: if held.  KEYS: run lock, state hash.  ARGV: message id, '1' (succeeded) or ''.
 END_RUN: Final = """
-if ARGV[2] ~= '' then redis.call('hset', KEYS[2], 'success_at', ARGV[2]) end
+if ARGV[2] == '1' then
+  local t = redis.call('time')
+  redis.call('hset', KEYS[2], 'success_at', tonumber(t[1]) + tonumber(t[2]) / 1000000)
+end
 if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
 return 0
 """
@@ -649,8 +747,10 @@ def fire_tick(
     outcome: str,
     redis_id: str,
     body: bytes,
+    now: float,
 ) -> str:
-    """:data:`FIRE_TICK` for ``schedule``'s ``tick`` onto ``queue``; returns its verdict."""
+    """:data:`FIRE_TICK` for ``schedule``'s ``tick`` onto ``queue`` at ``now`` (Redis's clock,
+    s: the ``fired_at`` it records); returns its verdict."""
     keys = (
         scheduler_leader_key(),
         schedule_state_key(schedule),
@@ -658,7 +758,7 @@ def fire_tick(
         queue_key(queue),
         bodies_key(queue),
     )
-    args = (leader, tick, outcome, redis_id, body, time.time())
+    args = (leader, tick, outcome, redis_id, body, now)
     return text(client.eval(FIRE_TICK, len(keys), *keys, *args))
 
 
@@ -677,4 +777,4 @@ def acquire_run(client: redis.Redis, schedule: str, message_id: str, lease_ms: i
 def end_run(client: redis.Redis, schedule: str, message_id: str, succeeded: bool) -> None:
     """:data:`END_RUN`: record a success, release the run lock."""
     keys = (schedule_lock_key(schedule), schedule_state_key(schedule))
-    client.eval(END_RUN, len(keys), *keys, message_id, repr(time.time()) if succeeded else "")
+    client.eval(END_RUN, len(keys), *keys, message_id, "1" if succeeded else "")

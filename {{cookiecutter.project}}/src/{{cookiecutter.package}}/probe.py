@@ -16,7 +16,9 @@ Readiness: every worker process of the container is up (no grace period: a pod
 whose processes cannot start must not count as available during a rollout), Redis
 (and the database) answer within a short timeout, and the Redis node ``REDIS_URL``
 leads to is a primary (a replica refuses every write: a plain URL that still names a
-demoted primary; through Sentinel the probe asks for the primary again each time).
+demoted primary; through Sentinel the probe asks for the primary again each time), and
+Redis takes writes (not full: ``maxmemory`` reached under ``noeviction``,
+:mod:`.brokerstate`); each reason is one line of the body.
 """
 
 from __future__ import annotations
@@ -127,9 +129,11 @@ def readiness_problems(settings: Settings, timeout_s: float = READY_TIMEOUT_S) -
     Redis node a replica (:func:`.redisclient.role_problem`)."""
     import redis
 
+    from . import brokerstate, layout
     from .redisclient import connect, role_problem
 
     problems = []
+    namespace = layout.namespace_of(settings.worker_queues[0])
     if missing := missing_processes(settings.worker_state_dir, time.monotonic(), 0.0):
         problems.append(missing)
     client = connect(
@@ -140,6 +144,8 @@ def readiness_problems(settings: Settings, timeout_s: float = READY_TIMEOUT_S) -
     try:
         if replica := role_problem(client):
             problems.append(f"redis: {replica}")
+        elif full := brokerstate.full_problem(client, namespace):
+            problems.append(full)
     except redis.RedisError as error:
         problems.append(f"redis: {error}")
     finally:

@@ -15,7 +15,9 @@ or, by actor name, without importing the actor's module yourself::
     enqueue("capture_payment", "pay-1", 1000, delay_ms=60_000)   # in a minute
 
 A bad ``REDIS_URL`` refuses with one line (exit 78); an unreachable Redis raises
-``redis.ConnectionError`` from ``enqueue``/``send``, for the caller to handle.
+``redis.ConnectionError`` from ``enqueue``/``send``, a full one (``maxmemory`` reached)
+:class:`.brokerstate.BrokerFull` (a ``redis.ResponseError``, one line naming the actor),
+for the caller to handle.
 """
 
 from __future__ import annotations

@@ -175,19 +175,19 @@ def _dead_letter_raw(
 def recover_dead_workers(
     client: redis.Redis, queues: list[str], heartbeat_timeout_ms: int, max_attempts: int
 ) -> tuple[int, int]:
-    """Recover the messages of every worker whose heartbeat is older than the timeout.
+    """Recover the messages of every worker whose heartbeat is older than the timeout, by
+    Redis's clock (:data:`.layout.STALE_WORKERS`): a host whose clock is off judges no
+    live worker dead.
 
     Looks only at the heartbeats of the namespaces of ``queues``
     (:func:`.layout.namespace_of`): the sandbox pool's workers and the others never see,
     nor touch, each other's heartbeats.
     """
-    cutoff = layout.now_ms() - heartbeat_timeout_ms
     requeued = dead = 0
     for namespace in layout.namespaces_of(queues):
         heartbeats = layout.heartbeats_key(namespace)
         own = [queue for queue in queues if layout.namespace_of(queue) == namespace]
-        for raw in client.zrangebyscore(heartbeats, 0, cutoff):
-            broker_id = layout.text(raw)
+        for broker_id in layout.stale_workers(client, namespace, heartbeat_timeout_ms):
             moved, died = recover_worker(client, broker_id, own, max_attempts)
             requeued, dead = requeued + moved, dead + died
             pattern = layout.acks_pattern(broker_id, namespace)
@@ -196,12 +196,16 @@ def recover_dead_workers(
     return requeued, dead
 
 
-def heartbeat(client: redis.Redis, broker_id: str, queues: Iterable[str]) -> None:
+def heartbeat(
+    client: redis.Redis, broker_id: str, queues: Iterable[str]
+) -> dict[str, tuple[int, Any]]:
     """Tell the other workers of ``queues``' namespaces that ``broker_id`` is alive (the
-    fetches do the same)."""
-    now = layout.now_ms()
-    for namespace in layout.namespaces_of(queues):
-        client.zadd(layout.heartbeats_key(namespace), {broker_id: now})
+    fetches do the same), at Redis's time; return, per namespace, that time (ms) and its
+    epoch token as read in the same call (None: none; see :mod:`.brokerstate`)."""
+    return {
+        namespace: layout.heartbeat(client, broker_id, namespace)
+        for namespace in layout.namespaces_of(queues)
+    }
 
 
 def forget_worker(client: redis.Redis, broker_id: str, queues: Iterable[str]) -> None:
@@ -211,8 +215,9 @@ def forget_worker(client: redis.Redis, broker_id: str, queues: Iterable[str]) ->
 
 
 def expire_dead_letters(client: redis.Redis, queues: Iterable[str], ttl_ms: int) -> None:
-    """Drop dead letters older than ``ttl_ms`` (Dramatiq's maintenance, which we turn off)."""
-    cutoff = layout.now_ms() - ttl_ms
+    """Drop dead letters older than ``ttl_ms`` by Redis's clock (Dramatiq's maintenance, which
+    we turn off)."""
+    cutoff = layout.redis_now_ms(client) - ttl_ms
     for queue in queues:
         zset, bodies = layout.dead_letter_keys(queue)
         old = client.zrangebyscore(zset, 0, cutoff)

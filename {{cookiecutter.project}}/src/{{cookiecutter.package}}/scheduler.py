@@ -22,6 +22,11 @@ time (outcome ``fired``):
   ``skipped_overlap`` (the worker's :class:`.middleware.ScheduleLock` checks again when a
   run starts, for runs that were queued behind one another).
 
+Time is Redis's (``TIME`` at the start of each round), never the host's: a replica whose
+clock is minutes off neither fires ticks early nor counts ticks ``missed`` that were not,
+and a handover between replicas with different clocks loses no tick. The leader lease is
+Redis's ``PX`` expiry, renewed on this host's monotonic clock.
+
 Counts, last fired tick and last success live in Redis (one hash per schedule); the
 exporter publishes them on ``METRICS_PORT`` (:class:`ScheduleCollector`) beside /livez
 and /readyz, like the worker's. Liveness: the main loop ticks a progress board.
@@ -56,6 +61,7 @@ from .layout import (
     REDIS_MESSAGE_ID,
     fire_tick,
     miss_ticks,
+    redis_now,
     release_lock,
     renew_lock,
     schedule_lock_key,
@@ -219,7 +225,7 @@ class Scheduler:
         while not self.signals.requested:
             board.tick()
             try:
-                wait = self.step(time.time())
+                wait = self.step(redis_now(self.client))
             except redis.RedisError as error:
                 logger.warning("redis error: %s", error, extra={"event": "redis_error"})
                 wait = min(1.0, self.settings.ttl_s / 4)
@@ -240,7 +246,10 @@ class Scheduler:
     # -- leadership ----------------------------------------------------------------------------
 
     def step(self, now: float) -> float:
-        """One round: keep or seek the lead, fire what is due; return seconds to wait."""
+        """One round at ``now`` (Redis's clock, s: every replica judges ticks by the same
+        clock, whatever its host's says): keep or seek the lead, fire what is due; return
+        seconds to wait."""
+        began = time.monotonic()
         ttl_ms = self.settings.scheduler_leader_ttl_ms
         renew_every = self.settings.ttl_s / 3
         if self.leading:
@@ -260,7 +269,8 @@ class Scheduler:
             (next(s.ticks_after(now)) for s in self.schedules.values()), default=math.inf
         )
         until_renew = self._renewed + renew_every - time.monotonic()
-        return max(0.005, min(until_next - time.time(), until_renew))
+        elapsed = time.monotonic() - began
+        return max(0.005, min(until_next - now - elapsed, until_renew))
 
     def _step_down(self, why: str) -> None:
         self.leading = False
@@ -305,7 +315,7 @@ class Scheduler:
         done = []
         for tick in fire:
             kind = "fired" if tick >= on_time else "caught_up"
-            outcome = self._enqueue(name, schedule, tick, kind)
+            outcome = self._enqueue(name, schedule, tick, kind, now)
             if outcome == "not_leader":
                 self._step_down("the leader lock was lost while firing")
                 break
@@ -313,7 +323,7 @@ class Scheduler:
                 done.append((tick, outcome))
         return done
 
-    def _enqueue(self, name: str, schedule: Schedule, tick: int, outcome: str) -> str:
+    def _enqueue(self, name: str, schedule: Schedule, tick: int, outcome: str, now: float) -> str:
         import dramatiq
 
         target = self.targets[name]
@@ -330,12 +340,20 @@ class Scheduler:
                 REDIS_MESSAGE_ID: message_id,
             },
             message_id=message_id,
-            message_timestamp=int(time.time() * 1000),
+            message_timestamp=int(now * 1000),
         )
         if self.broker is not None:
             self.broker.emit_before("enqueue", message, None)
         result = fire_tick(
-            self.client, self.me, name, target.queue, tick, outcome, message_id, message.encode()
+            self.client,
+            self.me,
+            name,
+            target.queue,
+            tick,
+            outcome,
+            message_id,
+            message.encode(),
+            now,
         )
         if result in ("fired", "caught_up") and self.broker is not None:
             self.broker.emit_after("enqueue", message, None)
@@ -424,6 +442,7 @@ class ScheduleCollector(Collector):
         leader.add_metric([], 1.0 if self.scheduler.leading else 0.0)
         try:
             states = read_states(self.scheduler.client, self.scheduler.schedules)
+            now = redis_now(self.scheduler.client)
         except redis.RedisError:
             return [leader]
         runs = CounterMetricFamily(
@@ -439,7 +458,6 @@ class ScheduleCollector(Collector):
             "The latest tick whose run should have succeeded by now (max_runtime_s ago).",
             labels=["schedule"],
         )
-        now = time.time()
         for name, state in states.items():
             for outcome in OUTCOMES:
                 runs.add_metric([name, outcome], state.runs[outcome])

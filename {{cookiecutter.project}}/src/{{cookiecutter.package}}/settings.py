@@ -129,6 +129,9 @@ class Settings(BaseSettings):
     redis+sentinel://host:port[,host:port...]/<service>[/<db>]; the password is masked."""
     max_message_bytes: MaxMessageBytes = DEFAULT_MAX_MESSAGE_BYTES
     """Largest message accepted: bigger sends are refused, bigger fetches dead-lettered."""
+    redis_allow_eviction: bool = False
+    """Boot on a Redis whose maxmemory-policy is not noeviction (it then drops queued
+    messages when full); false: refuse to boot (exit 78)."""
     dlq_retention_days: Annotated[int, Field(ge=1, le=3650)] = DLQ_RETENTION_DAYS
     """Days a dead letter is kept before the worker deletes it."""
 {%- if cookiecutter.database == "postgres" %}

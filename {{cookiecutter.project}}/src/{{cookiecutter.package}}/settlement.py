@@ -133,6 +133,9 @@ class SettlingBroker:
         (``now``: ``time.monotonic()``). None here."""
         return 0
 
+    def keep_time(self, redis_ms: int) -> None:
+        """Redis's clock (``TIME``, ms) as a heartbeat just read it; ignored here."""
+
 
 def job_outcome(broker: Broker, message: MessageProxy, exception: BaseException | None) -> str:
     """The outcome of a delivery that ran, as CrashAwareRetries and GracefulShutdown decided."""

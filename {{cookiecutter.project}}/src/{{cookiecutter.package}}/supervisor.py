@@ -16,6 +16,10 @@ Each worker process slot is in one :class:`ChildState`:
   reason, drains the other processes and exits 78 itself;
 * during a shutdown nothing is replaced.
 
+Before anything starts, the supervisor checks Redis's ``maxmemory-policy``
+(:func:`.brokerstate.check_eviction_policy`): a Redis that evicts keys refuses to boot,
+exit 78, unless ``REDIS_ALLOW_EVICTION=true``.
+
 The supervisor also records, in ``<WORKER_STATE_DIR>/supervisor.json``, how many
 worker processes run and since when fewer than ``WORKER_PROCESSES`` do: liveness
 fails when that lasts longer than ``HEALTH_STALLED_AFTER_S``, readiness at once
@@ -39,10 +43,10 @@ from types import FrameType
 
 import redis
 
-from . import probe, recovery, redisclient
+from . import brokerstate, probe, recovery, redisclient
 from .boards import progress_dir, read_board
 from .exitcodes import EX_CONFIG, EX_FAILURE, EX_OK
-from .settings import PROJECT, VERSION, Settings
+from .settings import PROJECT, VERSION, Settings, refuse
 from .stopsignals import SIGNAL_DEBOUNCE_S
 
 logger = logging.getLogger(__name__)
@@ -133,6 +137,9 @@ class Supervisor:
         )
 
     def run(self) -> int:
+        refusal = brokerstate.check_eviction_policy(self.redis, self.settings.redis_allow_eviction)
+        if refusal is not None:
+            refuse([refusal])
         self._prepare_state_dir()
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(self.metrics_dir)
         from . import exporter

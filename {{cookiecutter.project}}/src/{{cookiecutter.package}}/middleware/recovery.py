@@ -63,12 +63,14 @@ class Recovery(Middleware):
 
     def run_once(self, broker: Broker) -> None:
         client: redis.Redis = broker.client  # type: ignore[attr-defined]
-        recovery.heartbeat(client, broker.broker_id, self.queues)  # type: ignore[attr-defined]
+        beats = recovery.heartbeat(client, broker.broker_id, self.queues)  # type: ignore[attr-defined]
+        settling = cast(SettlingBroker, broker)
+        settling.keep_time(min(now for now, _ in beats.values()))
         recovery.recover_dead_workers(
             client, self.queues, self.heartbeat_timeout_ms, self.max_attempts
         )
         recovery.expire_dead_letters(client, self.queues, self.dead_message_ttl_ms)
-        cast(SettlingBroker, broker).reclaim_orphans(time.monotonic())
+        settling.reclaim_orphans(time.monotonic())
 
     def _loop(self, broker: Broker) -> None:
         while not self._stopped.is_set():

@@ -1,0 +1,99 @@
+"""Redis's configuration is checked at boot: a Redis that evicts keys refuses to boot.
+
+A real redis-server per case. ``maxmemory-policy allkeys-lru`` (one eviction drops a whole
+queue's bodies hash): the worker exits 78 with one line naming the policy and the fix,
+before any process starts; ``REDIS_ALLOW_EVICTION=true`` accepts it (one warning) and the
+worker runs. Where ``CONFIG GET`` is refused, by an ACL or a renamed command as managed
+Redis services do, the worker says so once and runs its jobs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from _lifecycle import Jobs, Worker, lc_project, wait_for  # noqa: F401  (fixture)
+from bakery import RedisServer, run_cli
+
+pytestmark = pytest.mark.slow
+
+
+def server(tmp_path: Path, name: str, *options: str) -> Iterator[RedisServer]:
+    directory = tmp_path / name
+    directory.mkdir()
+    redis_server = RedisServer(directory, options=options)
+    redis_server.start()
+    try:
+        yield redis_server
+    finally:
+        redis_server.stop()
+
+
+@pytest.fixture
+def evicting_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    yield from server(tmp_path, "lru", "--maxmemory", "20mb", "--maxmemory-policy", "allkeys-lru")
+
+
+def test_an_evicting_redis_refuses_to_boot_in_one_line_naming_policy_and_fix(
+        lc_project: Path, evicting_redis: RedisServer, tmp_path: Path) -> None:
+    worker = Worker(lc_project, evicting_redis.url, tmp_path / "w")
+    done = run_cli(lc_project, "worker", env=worker.env, timeout=60)
+    assert done.returncode == 78, done.stdout[-2000:] + done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "maxmemory-policy is allkeys-lru" in lines[0], lines
+    assert "noeviction" in lines[0] and "REDIS_ALLOW_EVICTION=true" in lines[0], lines
+    assert "Traceback" not in done.stdout + done.stderr
+    assert not (worker.state_dir / "progress").exists(), "no worker process was started"
+
+
+def test_redis_allow_eviction_accepts_it_with_one_warning(
+        lc_project: Path, evicting_redis: RedisServer, tmp_path: Path) -> None:
+    jobs = Jobs(evicting_redis.url)
+    worker = Worker(lc_project, evicting_redis.url, tmp_path / "w",
+                    REDIS_ALLOW_EVICTION="true").start()
+    try:
+        jobs.enqueue("lc_quick", "e1")
+        wait_for(lambda: jobs.dones("e1"), 30, "the job to run")
+        warnings = worker.records("redis_eviction_allowed")
+        assert len(warnings) == 1 and warnings[0]["policy"] == "allkeys-lru", worker.log()[-2000:]
+        assert worker.stop(timeout=30) == 0
+    finally:
+        worker.kill()
+        jobs.client.close()
+
+
+@pytest.fixture(params=["acl", "renamed"])
+def config_refused(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A Redis whose CONFIG GET the worker may not run: an ACL user without ``config``, or
+    CONFIG renamed away; yields the worker's REDIS_URL."""
+    if request.param == "renamed":
+        for found in server(tmp_path, "renamed", "--rename-command", "CONFIG", ""):
+            yield found.url
+        return
+    for found in server(tmp_path, "acl"):
+        with redis.Redis.from_url(found.url) as admin:
+            admin.acl_setuser("worker", enabled=True, passwords=["+secret"], keys=["*"],
+                              channels=["*"], commands=["+@all", "-config"])
+        yield found.url.replace("redis://", "redis://worker:secret@")
+
+
+def test_a_refused_config_get_is_said_once_and_the_worker_runs(
+        lc_project: Path, config_refused: str, tmp_path: Path) -> None:
+    with redis.Redis.from_url(config_refused) as client, pytest.raises(redis.ResponseError):
+        client.config_get("maxmemory-policy")  # the premise: CONFIG GET is refused
+    jobs = Jobs(config_refused)
+    worker = Worker(lc_project, config_refused, tmp_path / "w", WORKER_PROCESSES="2").start()
+    try:
+        for index in range(4):
+            jobs.enqueue("lc_quick", f"c{index}")
+        wait_for(lambda: all(jobs.dones(f"c{index}") for index in range(4)), 30, "the jobs")
+        unchecked = worker.records("redis_config_unchecked")
+        assert len(unchecked) == 1, worker.log()[-3000:]
+        assert "CONFIG GET is refused" in unchecked[0]["msg"]
+        assert worker.stop(timeout=30) == 0
+    finally:
+        worker.kill()
+        jobs.client.close()
