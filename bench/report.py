@@ -89,6 +89,17 @@ def bake(results: dict[str, Any]) -> Iterator[Row]:
            results["suite_summary"], "")
 
 
+def capacity(results: dict[str, Any]) -> Iterator[Row]:
+    def gain(report: dict[str, Any]) -> float:
+        levels = report["levels"]
+        return float(levels[-1]["jobs_per_s"] / levels[0]["jobs_per_s"])
+
+    cpu, io = results["cpu_bound"], results["io_bound"]
+    yield ("`capacity` verdict: CPU-bound handler stops rising at (I/O-bound beside it)",
+           f"{cpu['stops_rising_at']}", f"I/O-bound: {io['stops_rising_at'] or 'still rising'}",
+           f"4 vs 1 thread: {_f(gain(cpu))} x / {_f(gain(io))} x")
+
+
 SUMMARIES: dict[str, Callable[[dict[str, Any]], Iterator[Row]]] = {
     "throughput_bench": throughput,
     "call_count": calls,
@@ -96,6 +107,7 @@ SUMMARIES: dict[str, Callable[[dict[str, Any]], Iterator[Row]]] = {
     "metrics_bench": metrics,
     "sandbox_overhead": sandbox,
     "bake_bench": bake,
+    "capacity_bench": capacity,
 }
 
 

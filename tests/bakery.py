@@ -119,6 +119,20 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str, step: floa
         time.sleep(step)
 
 
+def require_postgres(url: str = TEST_DATABASE_URL) -> str:
+    """``url`` (default :data:`TEST_DATABASE_URL`) when a PostgreSQL answers there; else the
+    test is skipped on a desk and fails in CI (``CI`` set), where ``.ci/run`` starts one: a
+    database test never passes there by being skipped."""
+    import pytest
+
+    if not postgres_answers(url):
+        reason = f"no PostgreSQL answers at {url} (TEST_DATABASE_URL)"
+        if os.environ.get("CI"):
+            pytest.fail(reason + "; .ci/run starts one", pytrace=False)
+        pytest.skip(reason)
+    return url
+
+
 def postgres_answers(url: str = TEST_DATABASE_URL) -> bool:
     """Whether a PostgreSQL answers ``select 1`` at ``url`` (default
     :data:`TEST_DATABASE_URL`) within 2 s."""

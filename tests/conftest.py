@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from bakery import BAKED_FIXTURES, bake_project
+from bakery import BAKED_FIXTURES, bake_project, require_postgres
 
 
 @pytest.fixture(scope="session")
@@ -28,6 +28,13 @@ def bake(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
 def default_project(bake: Callable[..., Path]) -> Path:
     """The template baked with its defaults (orders-worker, postgres, sandbox pool)."""
     return bake()
+
+
+@pytest.fixture(scope="session")
+def database_url() -> str:
+    """The one PostgreSQL the suite is given (``TEST_DATABASE_URL``; the local socket by
+    default): skipped on a desk without one, a failure in CI."""
+    return require_postgres()
 
 
 # A real redis-server per test session on a free port, emptied for each test: the very

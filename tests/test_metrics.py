@@ -19,7 +19,7 @@ from dramatiq.message import Message
 from prometheus_client.parser import text_string_to_metric_families
 
 from _lifecycle import Worker, free_port, get, wait_for
-from bakery import PYTHON, copy_project, package_of, postgres_answers, project_env
+from bakery import PYTHON, copy_project, package_of, project_env
 
 pytestmark = pytest.mark.slow
 
@@ -403,16 +403,11 @@ def test_livez_and_readyz(metrics_project: Path, redis_url: str, redis_server: A
             redis_server.start()
 
 
-DATABASE_URL = (os.environ.get("TEST_DATABASE_URL") or os.environ.get("DATABASE_URL")
-                or "postgresql://localhost:5432/postgres")
-
-
-@pytest.mark.skipif(not postgres_answers(DATABASE_URL), reason=f"no PostgreSQL at {DATABASE_URL}")
 def test_db_pool_in_use_reaches_db_pool_size(
         pool: Callable[..., Pool], bake: Callable[..., Path], redis_url: str,
-        tmp_path_factory: pytest.TempPathFactory) -> None:
+        database_url: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     project = copy_with_actors(bake(sandbox_pool="no"), tmp_path_factory.mktemp("metrics_db"))
-    worker = pool(project, DATABASE_URL=DATABASE_URL, DB_POOL_SIZE=str(CONCURRENCY))
+    worker = pool(project, DATABASE_URL=database_url, DB_POOL_SIZE=str(CONCURRENCY))
     client = redis.Redis.from_url(redis_url)
     size = PROCESSES * CONCURRENCY
 

@@ -22,7 +22,8 @@ lowest first, it:
    jobs already under way as done in the window and favour higher levels (by
    25 % at ``c`` = 4 with 16 jobs). So ``--jobs`` must be a few times the
    highest level (its help says how many);
-4. stops the worker with SIGTERM, its normal drain.
+4. stops the worker with SIGTERM, its normal drain. The worker is also sent SIGTERM
+   when the probe itself dies (killed, even with SIGKILL): it never outlives the probe.
 
 A level's throughput is its best round: other load on the machine only slows a
 round, and alternating the levels spreads a burst of it over all of them. It
@@ -50,6 +51,7 @@ Exit codes: 0 measured, 1 refused or aborted (one line says why), 2 usage.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import signal
@@ -58,6 +60,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -83,6 +86,8 @@ TIMED_SHARE = 4
 NOISY_SPREAD = 0.25
 #: Lines of the worker's log shown when it fails.
 LOG_TAIL = 5
+#: prctl(2): the signal a process gets when its parent dies.
+PR_SET_PDEATHSIG = 1
 
 
 class CapacityError(Exception):
@@ -229,7 +234,11 @@ def worker_environment(
 
 
 def start_worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    """Run this service's ``worker`` command with ``env``, its output going to ``log``."""
+    """Run this service's ``worker`` command with ``env``, its output going to ``log``.
+
+    The worker is told to drain (SIGTERM) when the probe dies, however it dies: a probe
+    killed mid-measurement never leaves a worker behind taking jobs from the queue.
+    """
     package = __name__.rpartition(".")[0]
     with log.open("wb") as output:
         return subprocess.Popen(
@@ -237,7 +246,22 @@ def start_worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
             env=env,
             stdout=output,
             stderr=subprocess.STDOUT,
+            preexec_fn=_stop_with_parent(os.getpid()),
         )
+
+
+def _stop_with_parent(parent: int) -> Callable[[], None]:
+    """A ``preexec_fn`` that has the child sent SIGTERM when ``parent`` dies (Linux's
+    ``PR_SET_PDEATHSIG``, kept across exec), and exit at once if it died already. The
+    libc call is looked up here, before the fork: the child only calls it."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def arm() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:
+            os._exit(EX_FAILURE)
+
+    return arm
 
 
 def stop_worker(process: subprocess.Popen[bytes], timeout_s: float) -> None:
@@ -277,7 +301,7 @@ def time_jobs(
     """
     keys = QueueKeys.of(probe.queue)
     deadline = time.monotonic() + probe.timeout_s
-    start = stop = None  # (time, jobs done) at the clock's start and stop
+    samples: list[tuple[float, int]] = []  # (time, jobs done) at each look
     while True:
         pipe = client.pipeline(transaction=False)
         pipe.hlen(keys.ready_bodies)
@@ -291,11 +315,7 @@ def time_jobs(
                 f"{failed} probe job(s) failed ({failure_reason(client, probe.queue)}); "
                 "capacity is measured with jobs that succeed"
             )
-        done = probe.jobs - pending
-        if start is None and done >= concurrency:
-            start = (now, done)
-        if stop is None and done >= probe.jobs - concurrency:
-            stop = (now, done)
+        samples.append((now, probe.jobs - pending))
         if pending == 0:
             break
         if worker.poll() is not None:
@@ -306,11 +326,27 @@ def time_jobs(
                 f"{probe.timeout_s:g} s (--timeout)"
             )
         time.sleep(POLL_INTERVAL_S)
-    assert start is not None and stop is not None  # pending == 0: every job is done
+    return steady_rate(samples, probe.jobs, concurrency)
+
+
+def steady_rate(samples: list[tuple[float, int]], jobs: int, concurrency: int) -> float:
+    """Jobs per second in the steady state of one level, from ``samples`` of
+    ``(time, jobs done)`` taken while ``jobs`` jobs ran at ``concurrency``.
+
+    The clock starts at the first sample with ``concurrency`` jobs done and stops at the
+    first with all but ``concurrency`` done; the rate is the jobs done in between over
+    that time. The first wave (``concurrency`` jobs begun together at the worker's boot)
+    and the last (fewer jobs left than threads) are not timed.
+
+    Raises:
+      CapacityError: when the timed jobs took less than ``MIN_WINDOW_S``.
+    """
+    start = next(sample for sample in samples if sample[1] >= concurrency)
+    stop = next(sample for sample in samples if sample[1] >= jobs - concurrency)
     window, counted = stop[0] - start[0], stop[1] - start[1]
     if not counted or window < MIN_WINDOW_S:
         raise CapacityError(
-            f"the {counted} timed jobs of {probe.jobs} were done in {window:.3f} s, too fast "
+            f"the {counted} timed jobs of {jobs} were done in {window:.3f} s, too fast "
             "to time; give more --jobs"
         )
     return counted / window
