@@ -10,8 +10,15 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from {{ cookiecutter.package }}.pools import SPARE_REDIS_CONNECTIONS, load_pools, redis_connections
-from {{ cookiecutter.package }}.redisclient import SentinelAddress, parse_sentinel_url
+from {{ cookiecutter.package }}.pools import (
+    SPARE_REDIS_CONNECTIONS,
+    load_pools,
+    redis_connections,
+)
+from {{ cookiecutter.package }}.redisclient import (
+    SentinelAddress,
+    parse_sentinel_url,
+)
 from {{ cookiecutter.package }}.settings import (
     EX_CONFIG,
     Settings,

@@ -29,6 +29,7 @@ from .middleware import (
     CappedTimeLimit,
     CrashAwareRetries,
     GracefulShutdown,
+    MessageSize,
     Metrics,
     Pipelines,
     Progress,
@@ -53,7 +54,8 @@ def middleware_stack(settings: Settings) -> list[Middleware]:
     CrashAwareRetries and GracefulShutdown decided, and CappedTimeLimit times the handler
     alone (its watchdog is disarmed first, before any ``after_*`` hook of the others runs);
     Tracing, first, holds the delivery's span around all of them (off unless ``OTEL_*``
-    names a destination)."""
+    names a destination); MessageSize, last, measures a message a handler sends as the
+    others left it."""
     stack: list[Middleware] = [
         Tracing(),
         Attempts(settings.worker_max_attempts),
@@ -78,6 +80,7 @@ def middleware_stack(settings: Settings) -> list[Middleware]:
     if settings.uses_database:
         stack.append(DatabasePool(settings))
 {%- endif %}
+    stack.append(MessageSize(settings.max_message_bytes))
     return stack
 
 
@@ -120,14 +123,16 @@ def build_broker(settings: Settings) -> SettlingRedisBroker:
         middleware_stack(settings),
         max_connections=redis_connections(len(settings.worker_queues), settings.worker_concurrency),
         heartbeat_timeout=settings.worker_heartbeat_timeout_ms,
+        max_message_bytes=settings.max_message_bytes,
     )
 
 
-def producer_middleware() -> list[Middleware]:
+def producer_middleware(max_message_bytes: int) -> list[Middleware]:
     """The middleware of a producer's broker: the Dramatiq classes of the worker's stack,
     so every actor option the worker accepts (``max_retries``, ``time_limit``, ...) is
     declared; none of the worker's middleware acts when a message is enqueued, except
-    Tracing, which puts the trace context in the message (when ``OTEL_*`` turns it on)."""
+    Tracing, which puts the trace context in the message (when ``OTEL_*`` turns it on), and
+    MessageSize, last, which refuses a message over ``max_message_bytes``."""
     return [
         Tracing(),
         AgeLimit(),
@@ -136,12 +141,16 @@ def producer_middleware() -> list[Middleware]:
         Pipelines(),
         Retries(),
         CurrentMessage(),
+        MessageSize(max_message_bytes),
     ]
 
 
 def build_producer_broker(settings: RedisSettings) -> SettlingRedisBroker:
     """A broker that only enqueues, for ``REDIS_URL``: no worker setting is read."""
-    return _redis_broker(settings.redis_url.get_secret_value(), producer_middleware())
+    return _redis_broker(
+        settings.redis_url.get_secret_value(),
+        producer_middleware(settings.max_message_bytes),
+    )
 
 
 def _build() -> SettlingRedisBroker:

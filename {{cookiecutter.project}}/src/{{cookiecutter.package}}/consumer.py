@@ -42,6 +42,7 @@ down at that moment. :class:`SettlingRedisBroker` and :class:`SettlingConsumer` 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -227,6 +228,14 @@ class SettlingConsumer(_RedisConsumer):
                 extra={"queue": layout.canonical(self.queue_name), "redis_id": redis_id},
             )
             return None
+        limit = self.broker.max_message_bytes
+        if limit is not None and len(body) > limit:
+            # Sent past the producers' check (bare Dramatiq, raw Redis): not parsed (a copy
+            # as big again), dead-lettered as it is stored.
+            reason = f"message of {len(body):,} bytes is over MAX_MESSAGE_BYTES ({limit:,})"
+            self.broker.settle(self.queue_name, redis_id, Settlement("dead_letter"))
+            self.broker.rejected(self.queue_name, redis_id, None, _actor_in(body), reason)
+            return None
         problem, message, fields = inspect(body, self.queue_name, redis_id, self.broker.actors)
         if problem is None:
             return message
@@ -401,12 +410,16 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
     """A :class:`~dramatiq.brokers.redis.RedisBroker` whose consumers settle deliveries
     atomically and never strand a malformed message (see the module docstring).
 
-    Takes RedisBroker's parameters. ``consume`` returns one consumer per queue for the
-    life of the broker, so a consumer thread that restarts keeps its count of held messages.
+    Takes RedisBroker's parameters, and ``max_message_bytes`` (``MAX_MESSAGE_BYTES``: a
+    bigger body is dead-lettered without being parsed; None: no limit). ``consume``
+    returns one consumer per queue for the life of the broker, so a consumer thread that
+    restarts keeps its count of held messages.
     """
 
-    def __init__(self, **parameters: Any) -> None:
+    def __init__(self, max_message_bytes: int | None = None, **parameters: Any) -> None:
         super().__init__(**parameters)  # type: ignore[no-untyped-call]
+        #: A fetched body bigger than this is dead-lettered unread (None: no limit).
+        self.max_message_bytes = max_message_bytes
         self.fetch_script = self.client.register_script(layout.FETCH)
         self.settle_script = self.client.register_script(layout.SETTLE)
         self.lanes = SettleLanes(self.client)
@@ -592,6 +605,17 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
 def _pairs(raw: list[Any]) -> list[tuple[str, bytes | None]]:
     """``[id1, body1, id2, body2, ...]`` from FETCH or SETTLE as (redis id, body) pairs."""
     return [(layout.text(raw[i]), raw[i + 1]) for i in range(0, len(raw), 2)]
+
+
+#: Dramatiq writes ``actor_name`` near the start of a body: where :func:`_actor_in` looks.
+_HEAD_BYTES = 4096
+_ACTOR_NAME = re.compile(rb'"actor_name"\s*:\s*"([^"\\]{1,200})"')
+
+
+def _actor_in(body: bytes) -> str | None:
+    """The ``actor_name`` in the first bytes of a body too big to parse, if it is there."""
+    found = _ACTOR_NAME.search(body[:_HEAD_BYTES])
+    return found.group(1).decode("utf-8", "replace") if found else None
 
 
 def _str_or_none(value: Any) -> str | None:

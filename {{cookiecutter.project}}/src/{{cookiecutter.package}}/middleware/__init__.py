@@ -1,6 +1,7 @@
 """The service's Dramatiq middleware, one per module (see ``broker.middleware_stack``)."""
 
 from .attempts import Attempts
+from .message_size import MessageSize, MessageTooLargeError
 from .metrics import Metrics
 from .pipelines import Pipelines
 from .progress import Progress
@@ -15,6 +16,8 @@ __all__ = [
     "CappedTimeLimit",
     "CrashAwareRetries",
     "GracefulShutdown",
+    "MessageSize",
+    "MessageTooLargeError",
     "Metrics",
     "Pipelines",
     "Progress",
