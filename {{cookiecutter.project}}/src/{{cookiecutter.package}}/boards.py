@@ -5,6 +5,12 @@ into memory, so recording progress costs a few bytes written and no system call.
 ``healthcheck live`` and the supervisor read the files; nothing here touches the
 network, and this module imports neither Dramatiq nor the actors.
 
+Each board's space is reserved when it is created (``posix_fallocate``): a write to a
+mapped page the file system cannot back kills the process with SIGBUS, so a
+``WORKER_STATE_DIR`` that is full or read-only fails the board's creation instead, with
+one line (:class:`StateDirError`). :func:`space_problem` is the check the supervisor
+runs at boot and liveness runs all along.
+
 Layout: a header ``(started, tick, broker id)`` then one slot per handler thread
 ``(job started, last progress, redis message id, queue)``; times are
 ``time.monotonic()`` seconds (one clock for every process of the host), 0 = idle.
@@ -12,6 +18,8 @@ Layout: a header ``(started, tick, broker id)`` then one slot per handler thread
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import mmap
 import os
 import struct
@@ -27,6 +35,47 @@ ENV_STALLED_AFTER = "HEALTH_STALLED_AFTER_S"
 #: The state dir is an emptyDir in Kubernetes.
 DEFAULT_STATE_DIR = Path("/tmp/{{ cookiecutter.project }}")  # noqa: S108
 DEFAULT_STALLED_AFTER_S = 60.0
+#: Bytes a worker process needs in the state dir: its board (at most 256 handler threads:
+#: 32 KiB) and its metric files (prometheus-client maps 64 KiB per file: counters,
+#: histograms, gauges), rounded up. The supervisor refuses to boot with less free than its
+#: processes need; liveness fails with less than one process needs.
+PROCESS_BYTES = 256 * 1024
+
+
+class StateDirError(Exception):
+    """``WORKER_STATE_DIR`` cannot hold a file a process needs (full, read-only, not a
+    folder); ``str()`` is the one line that says so."""
+
+
+def unwritable(state_dir: Path, error: OSError) -> StateDirError:
+    """The :class:`StateDirError` of ``error``, raised writing into ``state_dir``."""
+    reason = error.strerror or str(error)
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        fix = "free space or give it a bigger volume (the pod's emptyDir sizeLimit)"
+    elif error.errno == errno.EROFS:
+        fix = "point it at a writable folder (an emptyDir in Kubernetes)"
+    else:
+        fix = "point it at a folder this user can write"
+    where = f" ({error.filename})" if error.filename else ""
+    return StateDirError(f"{ENV_STATE_DIR}={state_dir}: {reason}{where}; {fix}")
+
+
+def space_problem(state_dir: Path, need_bytes: int) -> str | None:
+    """Why ``state_dir`` cannot take ``need_bytes`` more (read-only, or less free than
+    that), or None; None too when it does not exist yet (the supervisor creates it)."""
+    try:
+        stat = os.statvfs(state_dir)
+    except OSError:
+        return None
+    if stat.f_flag & os.ST_RDONLY:
+        return f"{ENV_STATE_DIR}={state_dir} is read-only: no worker process can start"
+    free = stat.f_bavail * stat.f_frsize
+    if free < need_bytes:
+        return (
+            f"{ENV_STATE_DIR}={state_dir} is full: {free} bytes free, {need_bytes} needed "
+            "(progress boards and metric files); free space or give it a bigger volume"
+        )
+    return None
 
 
 def progress_dir(state_dir: Path) -> Path:
@@ -61,17 +110,23 @@ class ProgressBoard:
       state_dir: ``WORKER_STATE_DIR``; the board lives in its ``progress/`` folder.
       slots: one per handler thread (``WORKER_CONCURRENCY``).
       broker_id: this process's Dramatiq broker id (its acks set in Redis).
+
+    Raises :class:`StateDirError` when the board's space cannot be reserved.
     """
 
     def __init__(self, state_dir: Path, slots: int, broker_id: str) -> None:
         folder = progress_dir(state_dir)
-        folder.mkdir(parents=True, exist_ok=True)
         self.path = folder / f"{os.getpid()}.bin"
         size = HEADER.size + SLOT.size * slots
-        with self.path.open("wb") as file:
-            file.truncate(size)
-        with self.path.open("r+b") as file:
-            self._map = mmap.mmap(file.fileno(), size)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with self.path.open("w+b") as file:
+                os.posix_fallocate(file.fileno(), 0, size)
+                self._map = mmap.mmap(file.fileno(), size)
+        except OSError as error:
+            with contextlib.suppress(OSError):  # read-only: there is nothing to remove
+                self.path.unlink(missing_ok=True)
+            raise unwritable(state_dir, error) from None
         self.slots = slots
         now = time.monotonic()
         HEADER.pack_into(self._map, 0, now, now, broker_id.encode())

@@ -8,7 +8,9 @@ longer than ``HEALTH_STALLED_AFTER_S``, or when fewer worker processes than
 ``WORKER_PROCESSES`` have been live for longer than that (they crash at boot, or
 keep dying; counted from the supervisor's first look that found one missing, so a
 container whole only between two looks, ``supervisor.WATCH_INTERVAL_S`` apart, counts
-as short all along).
+as short all along), or when ``WORKER_STATE_DIR`` is read-only or has less free than a
+worker process needs (``boards.PROCESS_BYTES``: no process could be replaced, and new
+metrics are dropped).
 An idle worker, or one whose Redis or database is down, stays live:
 restarting it would not help.
 
@@ -31,7 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .boards import read_boards
+from .boards import PROCESS_BYTES, read_boards, space_problem
 
 if TYPE_CHECKING:
     from .settings import Settings
@@ -50,20 +52,26 @@ class SupervisorStatus:
       live: worker processes running with their progress board written (booted).
       short_since: ``time.monotonic()`` of the first look that found fewer than
         ``expected`` live since the last look that found all of them; None when all are.
+      pool: ``WORKER_POOL`` (named when another supervisor finds the folder in use).
     """
 
     pid: int
     expected: int
     live: int
     short_since: float | None
+    pool: str = ""
 
 
 def write_supervisor_status(state_dir: Path, status: SupervisorStatus) -> None:
     """Replace the status file atomically (a probe never reads half of it)."""
     path = state_dir / SUPERVISOR_STATUS
     partial = path.with_suffix(f".{os.getpid()}.tmp")
-    partial.write_text(json.dumps(asdict(status)))
-    partial.replace(path)
+    try:
+        partial.write_text(json.dumps(asdict(status)))
+        partial.replace(path)
+    except OSError:
+        partial.unlink(missing_ok=True)  # a full disk: leave no empty file behind
+        raise
 
 
 def read_supervisor_status(state_dir: Path) -> SupervisorStatus | None:
@@ -73,6 +81,21 @@ def read_supervisor_status(state_dir: Path) -> SupervisorStatus | None:
     except (OSError, ValueError, TypeError):
         return None
     return status if process_alive(status.pid) else None
+
+
+def other_supervisor(state_dir: Path, package: str) -> SupervisorStatus | None:
+    """The status of another running supervisor of this service that uses ``state_dir``
+    (its pid alive and running ``-m <package> worker``, not a worker process), or None."""
+    status = read_supervisor_status(state_dir)
+    if status is None or status.pid == os.getpid():
+        return None
+    try:
+        argv = Path(f"/proc/{status.pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    words = [word.decode(errors="replace") for word in argv]
+    supervises = package in words and "worker" in words and "--process" not in words
+    return status if supervises else None
 
 
 def missing_processes(state_dir: Path, now: float, grace_s: float) -> str | None:
@@ -105,6 +128,8 @@ def liveness_problems(
     problems = []
     if missing := missing_processes(state_dir, now, stalled_after_s):
         problems.append(missing)
+    if space := space_problem(state_dir, PROCESS_BYTES):
+        problems.append(space)
     for board in read_boards(state_dir):
         if not process_alive(board.pid):
             problems.append(f"worker process {board.pid} has died")

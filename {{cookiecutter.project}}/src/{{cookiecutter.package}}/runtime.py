@@ -25,12 +25,12 @@ from dramatiq.common import iter_queue
 from dramatiq.errors import BrokerConnectionError
 
 from . import layout, recovery
-from .boards import ProgressBoard
+from .boards import ProgressBoard, StateDirError
 from .consumer import SettlingRedisBroker
 from .exitcodes import EX_OK
 from .lifecycle import LIFECYCLE, Lifecycle
 from .middleware import GracefulShutdown
-from .settings import Settings
+from .settings import Settings, refuse
 from .stopsignals import StopSignals
 
 logger = logging.getLogger(__name__)
@@ -125,9 +125,12 @@ class WorkerProcess:
         broker.emit_after("process_boot")  # as Dramatiq's CLI: starts the time-limit watchdog
         self.load_actors()
 
-        board = ProgressBoard(
-            self.settings.worker_state_dir, self.settings.worker_concurrency, broker.broker_id
-        )
+        try:
+            board = ProgressBoard(
+                self.settings.worker_state_dir, self.settings.worker_concurrency, broker.broker_id
+            )
+        except StateDirError as error:  # full or read-only: a restart would fail the same way
+            refuse([str(error)])
         self.lifecycle.attach(board)
         worker = dramatiq.Worker(
             broker,

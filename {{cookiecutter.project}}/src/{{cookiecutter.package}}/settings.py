@@ -119,7 +119,7 @@ class Settings(BaseSettings):
     worker_heartbeat_timeout_ms: Annotated[int, Field(ge=2_000, le=600_000)] = 30_000
     """How long a silent worker keeps its messages before others recover them."""
     worker_state_dir: Path = DEFAULT_STATE_DIR
-    """Local state: progress boards and multiprocess metrics."""
+    """Local state (boards, metrics), one per pool; full or read-only: exit 78."""
     health_stalled_after_s: StalledAfterS = DEFAULT_STALLED_AFTER_S
     """Liveness fails when a handler makes no progress for this long."""
     metrics_port: MetricsPort = DEFAULT_METRICS_PORT

@@ -23,7 +23,15 @@ exit 78, unless ``REDIS_ALLOW_EVICTION=true``.
 The supervisor also records, in ``<WORKER_STATE_DIR>/supervisor.json``, how many
 worker processes run and since when fewer than ``WORKER_PROCESSES`` do: liveness
 fails when that lasts longer than ``HEALTH_STALLED_AFTER_S``, readiness at once
-(:mod:`.probe`). Exit code 0 after a clean drain of every process, 1 when a
+(:mod:`.probe`).
+
+``WORKER_STATE_DIR`` faults: a folder that is read-only, not writable, or has less free
+than the processes need (``boards.PROCESS_BYTES`` each) refuses to boot (one line, 78),
+and so does one in use by another running supervisor (a second pool started beside the
+first with the same folder would wipe the first one's boards and metrics). Filled while
+running, the supervisor goes on (the processes reserved their files' space at boot):
+a status it cannot write is logged once and retried, and liveness names the full folder.
+Exit code 0 after a clean drain of every process, 1 when a
 process did not drain, 78 when one could not boot.
 """
 
@@ -44,7 +52,7 @@ from types import FrameType
 import redis
 
 from . import brokerstate, probe, recovery, redisclient
-from .boards import progress_dir, read_board
+from .boards import PROCESS_BYTES, progress_dir, read_board, space_problem, unwritable
 from .exitcodes import EX_CONFIG, EX_FAILURE, EX_OK
 from .settings import PROJECT, VERSION, Settings, refuse
 from .stopsignals import SIGNAL_DEBOUNCE_S
@@ -130,6 +138,8 @@ class Supervisor:
         self._last_signal = 0.0
         self._short_since: float | None = time.monotonic()
         self._live = -1
+        #: Why the state dir last refused a write (logged once), None while it takes them.
+        self._unwritable: str | None = None
         self.metrics_dir = settings.worker_state_dir / "metrics"
         self.reports_dir = settings.worker_state_dir / "boot"
         self.redis = redisclient.connect(
@@ -182,15 +192,29 @@ class Supervisor:
 
     def _prepare_state_dir(self) -> None:
         """Start from empty progress, metrics and boot folders (files of a previous run are
-        stale), and say at once that no worker process runs yet."""
-        for folder in (
-            progress_dir(self.settings.worker_state_dir),
-            self.metrics_dir,
-            self.reports_dir,
-        ):
-            shutil.rmtree(folder, ignore_errors=True)
-            folder.mkdir(parents=True)
-        self._record_live()
+        stale), and say at once that no worker process runs yet; refuse to boot (78, one
+        line) on a folder that cannot hold them or that another supervisor uses."""
+        state_dir = self.settings.worker_state_dir
+        package = __name__.rpartition(".")[0]
+        if other := probe.other_supervisor(state_dir, package):
+            refuse(
+                [
+                    f"WORKER_STATE_DIR={state_dir} is in use by the supervisor of pool "
+                    f"{other.pool or '?'} (pid {other.pid}); give each pool its own "
+                    "WORKER_STATE_DIR"
+                ]
+            )
+        try:
+            for folder in (progress_dir(state_dir), self.metrics_dir, self.reports_dir):
+                shutil.rmtree(folder, ignore_errors=True)
+                folder.mkdir(parents=True)
+            need = PROCESS_BYTES * self.settings.worker_processes
+            if problem := space_problem(state_dir, need):
+                refuse([problem])
+            self._write_status(0)
+        except OSError as error:
+            refuse([str(unwritable(state_dir, error))])
+        self._live = 0
 
     def _start(self, index: int) -> Child:
         report = self.reports_dir / f"{index}.txt"
@@ -293,11 +317,33 @@ class Supervisor:
         elif self._short_since is None:
             self._short_since = time.monotonic()
         if live != self._live:
+            try:
+                self._write_status(live)
+            except OSError as error:  # full: keep running, say it once, write it next look
+                reason = str(unwritable(self.settings.worker_state_dir, error))
+                if reason != self._unwritable:
+                    logger.error(
+                        "cannot write the supervisor status; liveness may be stale",
+                        extra={"event": "state_dir_unwritable", "reason": reason},
+                    )
+                self._unwritable = reason
+                return
+            if self._unwritable is not None:
+                logger.info("the state dir takes writes again", extra={"event": "state_dir_ok"})
+                self._unwritable = None
             self._live = live
-            probe.write_supervisor_status(
-                self.settings.worker_state_dir,
-                probe.SupervisorStatus(os.getpid(), expected, live, self._short_since),
-            )
+
+    def _write_status(self, live: int) -> None:
+        probe.write_supervisor_status(
+            self.settings.worker_state_dir,
+            probe.SupervisorStatus(
+                os.getpid(),
+                self.settings.worker_processes,
+                live,
+                self._short_since,
+                self.settings.worker_pool,
+            ),
+        )
 
     def _bury(self, child: Child, code: int, restart_in_s: float | None = None) -> None:
         """Recover a dead child's messages and forget its progress board and metrics.

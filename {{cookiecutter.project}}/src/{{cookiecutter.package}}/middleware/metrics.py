@@ -41,15 +41,22 @@ dead-lettered by the consumer before any handler sees it (the broker signals it 
 message whose worker process crashed and that recovery dead-letters never
 reaches a handler and is not counted here (``queue_dead_letters`` shows it).
 ``job_duration_seconds`` observes every run of a handler (not refused messages).
+
+The metric files are prometheus-client's, mapped into memory; their space is reserved
+before a page is used (:class:`ReservedMmapedDict`), so a ``WORKER_STATE_DIR`` filled
+while the worker runs drops the samples it has no room for (one log line per file)
+instead of killing the process with SIGBUS.
 """
 
 from __future__ import annotations
 
 import bisect
 import collections
+import contextlib
 import importlib
 import logging
 import math
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -58,7 +65,8 @@ from typing import Any
 from dramatiq import Broker, Middleware
 from dramatiq.broker import MessageProxy
 from dramatiq.worker import Worker
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Gauge, Histogram, values
+from prometheus_client.mmap_dict import MmapedDict
 
 from .. import logs
 from ..layout import RETRIES, canonical
@@ -113,6 +121,72 @@ class DbPoolInstruments:
     size: Gauge
 
 
+class _NoRoomError(Exception):
+    """The metric file has no room for a new sample (its space could not be reserved)."""
+
+
+class ReservedMmapedDict(MmapedDict):
+    """prometheus-client's metric file with its space reserved (``posix_fallocate``) before
+    it is mapped and each time it grows. Without it the file is sparse: on a full disk the
+    first write to a new page kills the process with SIGBUS. A sample that finds no room
+    is dropped (reads 0), logged once per file; the samples already mapped go on, and a
+    new one is tried again once the file system has room.
+    """
+
+    def __init__(self, filename: str, read_mode: bool = False) -> None:
+        self._told = False
+        self._mapped = False
+        if not read_mode:
+            try:
+                with open(filename, "ab") as file:  # as prometheus-client opens it
+                    size = os.fstat(file.fileno()).st_size
+                    os.posix_fallocate(file.fileno(), 0, max(size, FIRST_MAP_BYTES))
+            except OSError as error:  # no file mapped: every sample of it is dropped
+                self._no_room(filename, error)
+                self._f, self._fname, self._positions = None, filename, {}  # type: ignore[assignment]
+                return
+        super().__init__(filename, read_mode)  # type: ignore[no-untyped-call]
+        self._mapped = True
+
+    def _init_value(self, key: str) -> None:
+        if not self._mapped:
+            raise _NoRoomError
+        needed = self._used + len(key.encode()) + 32  # length, padding, value, timestamp
+        capacity = self._capacity
+        while needed > capacity:
+            capacity *= 2  # as prometheus-client grows it
+        if capacity > self._capacity:
+            try:
+                os.posix_fallocate(self._f.fileno(), 0, capacity)
+            except OSError as error:
+                self._no_room(self._fname, error)
+                raise _NoRoomError from None
+        super()._init_value(key)  # type: ignore[no-untyped-call]
+
+    def read_value(self, key: str) -> tuple[float, float]:
+        try:
+            value: tuple[float, float] = super().read_value(key)  # type: ignore[no-untyped-call]
+        except _NoRoomError:
+            return 0.0, 0.0
+        return value
+
+    def write_value(self, key: str, value: float, timestamp: float) -> None:
+        with contextlib.suppress(_NoRoomError):
+            super().write_value(key, value, timestamp)  # type: ignore[no-untyped-call]
+
+    def _no_room(self, filename: str, error: OSError) -> None:
+        if not self._told:
+            self._told = True
+            logger.error(
+                "no room for a metric file; its new samples are dropped",
+                extra={"event": "state_dir_unwritable", "path": filename, "error": str(error)},
+            )
+
+
+#: Bytes prometheus-client maps when it creates a metric file.
+FIRST_MAP_BYTES = 1 << 16
+#: The class prometheus-client's multiprocess values open their files with.
+values.MmapedDict = ReservedMmapedDict  # type: ignore[attr-defined]
 _instruments: Instruments | None = None
 _instruments_lock = threading.Lock()
 
