@@ -3,10 +3,12 @@ against the test session's real Redis (the real-process tests live in the templa
 
 from __future__ import annotations
 
+import itertools
 import tomllib
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import pytest
 import redis
@@ -188,3 +190,86 @@ def test_example_toml_in_the_module_docstring_is_valid() -> None:
         for line in doc.split("[schedules.nightly_report]")[1].split("\n\n")[0].splitlines()
     )
     Schedule.model_validate(tomllib.loads(block))
+
+
+BERLIN = "Europe/Berlin"
+#: Europe/Berlin 2026: clocks go back at 01:00 UTC on October 25 (03:00 CEST -> 02:00 CET),
+#: forward at 01:00 UTC on March 29 (02:00 CET -> 03:00 CEST).
+CEST_2AM_OCT_25 = int(datetime(2026, 10, 25, 0, 0, tzinfo=UTC).timestamp())
+CET_2AM_OCT_25 = CEST_2AM_OCT_25 + 3600
+CEST_3AM_MAR_29 = int(datetime(2026, 3, 29, 1, 0, tzinfo=UTC).timestamp())
+
+
+def local(ticks: list[int]) -> list[str]:
+    return [datetime.fromtimestamp(t, ZoneInfo(BERLIN)).strftime("%d %H:%M %Z") for t in ticks]
+
+
+def test_a_repeated_local_time_fires_once_by_default_and_twice_with_every() -> None:
+    start = datetime(2026, 10, 24, 12, tzinfo=UTC).timestamp()
+    nightly = schedule(cron="0 2 * * *", timezone=BERLIN)
+    assert nightly.dst == "once"
+    assert local(nightly.ticks_before(start + 3 * 86_400, start, 10)) == [
+        "25 02:00 CEST",
+        "26 02:00 CET",
+        "27 02:00 CET",
+    ]
+    every = schedule(cron="0 2 * * *", timezone=BERLIN, dst="every")
+    assert local(every.ticks_before(start + 3 * 86_400, start, 10)) == [
+        "25 02:00 CEST",
+        "25 02:00 CET",
+        "26 02:00 CET",
+        "27 02:00 CET",
+    ]
+    assert nightly.latest_tick(CET_2AM_OCT_25 + 60) == CEST_2AM_OCT_25
+    assert every.latest_tick(CET_2AM_OCT_25 + 60) == CET_2AM_OCT_25
+    assert nightly.count_ticks(CEST_2AM_OCT_25, CET_2AM_OCT_25 + 1) == 0
+    hourly = schedule(cron="0 * * * *", timezone=BERLIN)
+    around = list(itertools.islice(hourly.ticks_after(CEST_2AM_OCT_25 - 1), 3))
+    assert local(around) == ["25 02:00 CEST", "25 03:00 CET", "25 04:00 CET"]  # two hours
+
+
+@pytest.mark.parametrize("dst", ["once", "every"])
+def test_a_skipped_local_time_fires_once_at_the_end_of_the_gap(dst: str) -> None:
+    start = datetime(2026, 3, 28, 12, tzinfo=UTC).timestamp()
+    for cron in ("0 2 * * *", "30 2 * * *"):
+        item = schedule(cron=cron, timezone=BERLIN, dst=dst)
+        minute = cron.split()[0].zfill(2)
+        assert local(item.ticks_before(start + 3 * 86_400, start, 10)) == [
+            "29 03:00 CEST",
+            f"30 02:{minute} CEST",
+            f"31 02:{minute} CEST",
+        ]
+    half_hourly = schedule(cron="*/30 * * * *", timezone=BERLIN, dst=dst)
+    around = list(itertools.islice(half_hourly.ticks_after(CEST_3AM_MAR_29 - 1801), 3))
+    assert local(around) == [
+        "29 01:30 CET",
+        "29 03:00 CEST",
+        "29 03:30 CEST",
+    ]
+
+
+def test_a_bad_dst_value_is_refused() -> None:
+    with pytest.raises(ValueError, match="dst"):
+        schedule(dst="twice")
+
+
+@pytest.mark.parametrize(("dst", "fired"), [("once", 1), ("every", 2)])
+def test_the_scheduler_fires_the_fall_back_night_by_its_dst_setting(
+    client: redis.Redis, dst: str, fired: int
+) -> None:
+    nightly = schedule(cron="0 2 * * *", timezone=BERLIN, dst=dst)
+    times = [CEST_2AM_OCT_25 - 30, CEST_2AM_OCT_25 + 0.5, CET_2AM_OCT_25 + 0.5, CET_2AM_OCT_25 + 60]
+    rounds, _ = round_at(client, nightly, times)
+    expected = [[], [(CEST_2AM_OCT_25, "fired")], [(CET_2AM_OCT_25, "fired")], []]
+    assert rounds == (expected if dst == "every" else [[], expected[1], [], []])
+    runs = read_states(client, ["s"])["s"].runs
+    assert runs["fired"] == fired and runs["missed"] == 0
+    assert client.llen("dramatiq:q") == fired
+
+
+def test_the_scheduler_fires_the_skipped_spring_hour_once_at_three(client: redis.Redis) -> None:
+    nightly = schedule(cron="30 2 * * *", timezone=BERLIN)
+    times = [CEST_3AM_MAR_29 - 30, CEST_3AM_MAR_29 + 0.5, CEST_3AM_MAR_29 + 1800.5]
+    rounds, _ = round_at(client, nightly, times)
+    assert rounds == [[], [(CEST_3AM_MAR_29, "fired")], []]
+    assert client.llen("dramatiq:q") == 1

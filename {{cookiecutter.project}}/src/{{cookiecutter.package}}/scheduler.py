@@ -55,7 +55,13 @@ from pydantic import Field, ValidationError
 
 from . import redisclient
 from . import schedules as sched
-from .boards import DEFAULT_STALLED_AFTER_S, DEFAULT_STATE_DIR, ProgressBoard, progress_dir
+from .boards import (
+    DEFAULT_STALLED_AFTER_S,
+    DEFAULT_STATE_DIR,
+    ProgressBoard,
+    StateDirError,
+    progress_dir,
+)
 from .exitcodes import EX_FAILURE, EX_OK
 from .layout import (
     REDIS_MESSAGE_ID,
@@ -197,7 +203,10 @@ class Scheduler:
         self.signals.install()
         folder = progress_dir(self.settings.worker_state_dir)
         shutil.rmtree(folder, ignore_errors=True)  # boards of a previous run are stale
-        board = ProgressBoard(self.settings.worker_state_dir, 1, self.me)
+        try:
+            board = ProgressBoard(self.settings.worker_state_dir, 1, self.me)
+        except StateDirError as error:
+            refuse([str(error)])
         from .exporter import Exporter
 
         registry = CollectorRegistry()
@@ -514,6 +523,7 @@ def list_schedules(as_json: bool = False, count: int = 3) -> int:
                 "cron": schedule.cron,
                 "timezone": schedule.timezone,
                 "missed": schedule.missed,
+                "dst": schedule.dst,
                 "next": upcoming,
                 "last_fired": fired,
                 "last_success": success,
@@ -523,7 +533,7 @@ def list_schedules(as_json: bool = False, count: int = 3) -> int:
         )
         lines += [
             f"{name}: {schedule.actor} at {schedule.cron!r} {schedule.timezone}, "
-            f"missed={schedule.missed}",
+            f"missed={schedule.missed} dst={schedule.dst}",
             f"  next:         {', '.join(upcoming)}",
             f"  last fired:   {fired or 'never'}{' (running)' if running else ''}",
             f"  last success: {success or 'never'}",

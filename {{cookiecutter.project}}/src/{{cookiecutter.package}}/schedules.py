@@ -5,13 +5,25 @@
     cron = "0 6 * * *"         # 5 fields, or 6 with a leading seconds field
     timezone = "UTC"           # IANA name (default UTC); ticks follow its daylight saving
     missed = "skip"            # or "catch_up": required, no default
+    dst = "once"               # or "every": a repeated local time (fall-back) fires once
     catch_up_limit = 10        # catch_up: at most this many missed ticks are enqueued
     max_runtime_s = 3600       # lease of the run lock, renewed while the run lasts
     args = ["nightly", 1000]   # optional, like kwargs = {}
 
 A tick is an instant (whole epoch seconds) at which the cron expression matches in
-the schedule's time zone. :mod:`.scheduler` enqueues one message per tick; the
-worker's :class:`.middleware.ScheduleLock` keeps two runs of a schedule apart.
+the schedule's time zone.
+
+Daylight saving time, ticks by croniter: when clocks go back, a local time occurs
+twice (``0 2 * * *`` in Europe/Berlin on the last Sunday of October: 02:00 CEST, then
+02:00 CET an hour later). ``dst = "once"`` (the default) fires the first of the two
+only: a wall-clock time fires once (an hourly schedule then waits two hours across the
+change); ``dst = "every"`` fires at both instants (every real hour). When clocks go
+forward, the skipped local times (02:00 to 02:59 in Europe/Berlin on the last Sunday
+of March) fire once, at the first instant after the gap (03:00 CEST), with either
+setting: a daily job still runs that day. UTC has neither.
+
+:mod:`.scheduler` enqueues one message per tick; the worker's
+:class:`.middleware.ScheduleLock` keeps two runs of a schedule apart.
 
 The model checks what it can alone (expression, time zone, policy, JSON arguments);
 :func:`actor_problems` checks what needs the actors (the actor exists, its queue is
@@ -56,6 +68,8 @@ class Schedule(BaseModel):
       missed: what happens to ticks that passed while no scheduler ran: ``skip`` (counted
         as missed, only the latest fires if it is still on time) or ``catch_up`` (each is
         enqueued once, oldest first). Required: the choice is explicit per schedule.
+      dst: ``once`` (default) or ``every``: whether a local time that occurs twice when
+        clocks go back fires at its first instant only, or at both (see above).
       catch_up_limit: ``catch_up`` enqueues at most this many missed ticks, the latest ones
         (default 10); older ones are counted as missed.
       max_runtime_s: lease of the run lock in seconds (default 3600). The worker renews it
@@ -70,6 +84,7 @@ class Schedule(BaseModel):
     cron: Annotated[str, Field(min_length=1, max_length=200)]
     timezone: str = "UTC"
     missed: Literal["skip", "catch_up"]
+    dst: Literal["once", "every"] = "once"
     catch_up_limit: Annotated[int, Field(ge=1, le=1000)] = 10
     max_runtime_s: Annotated[int, Field(ge=1, le=7 * 86_400)] = 3600
     args: list[Any] = []
@@ -119,22 +134,33 @@ class Schedule(BaseModel):
         base = datetime.fromtimestamp(start, UTC).astimezone(self.zone)
         return croniter(self.cron, base, second_at_beginning=True)
 
+    def _fires(self, tick: int) -> bool:
+        """Whether croniter's match ``tick`` fires: with ``dst = "once"``, not the second
+        instant of a local time that occurs twice (``fold`` 1, clocks gone back)."""
+        return self.dst == "every" or datetime.fromtimestamp(tick, self.zone).fold == 0
+
+    def _matches(self, start: float, forward: bool) -> Iterator[int]:
+        it = self._iter(start)
+        step = it.get_next if forward else it.get_prev
+        while True:
+            tick = int(step(float))
+            if self._fires(tick):
+                yield tick
+
     def ticks_after(self, after: float) -> Iterator[int]:
         """Ticks strictly after ``after`` (epoch seconds), in order, without end."""
-        it = self._iter(math.floor(after))
-        while True:
-            yield int(it.get_next(float))
+        return self._matches(math.floor(after), forward=True)
 
     def latest_tick(self, now: float) -> int:
         """The latest tick at or before ``now``."""
-        return int(self._iter(math.floor(now) + 1).get_prev(float))
+        return next(self._matches(math.floor(now) + 1, forward=False))
 
     def ticks_before(self, until: float, after: float, limit: int) -> list[int]:
         """Up to ``limit`` ticks in (``after``, ``until``], the latest ones, oldest first."""
         found: list[int] = []
-        it = self._iter(math.floor(until) + 1)
+        ticks = self._matches(math.floor(until) + 1, forward=False)
         while len(found) < limit:
-            tick = int(it.get_prev(float))
+            tick = next(ticks)
             if tick <= after:
                 break
             found.append(tick)
