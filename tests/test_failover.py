@@ -10,7 +10,8 @@ jobs run and the producer sends; the worker follows the promoted replica by itse
 job whose send Redis acknowledged runs; what runs twice is at most what was in flight (the
 worker's prefetch); the old primary restarted empty comes back as a replica (Sentinel) and
 loses nothing. A worker whose plain ``REDIS_URL`` names a replica is not ready, says why,
-and fails no job (READONLY is a failover, not a job's error).
+and fails no job. Redis's FAILOVER under a plain URL whose name then moves: READONLY is a
+reconnect, not a job's error.
 """
 
 from __future__ import annotations
@@ -48,6 +49,15 @@ _effects = redis.Redis.from_url(os.environ["EFFECTS_URL"])
 def fo_work(job_id: str) -> None:
     _effects.rpush(f"start:{job_id}", f"{os.getpid()} {time.time()}")
     time.sleep(0.02)
+    _effects.rpush(f"done:{job_id}", f"{os.getpid()} {time.time()}")
+
+
+@dramatiq.actor(queue_name="notifications", max_retries=4, min_backoff=100, max_backoff=300)
+def fo_write(job_id: str) -> None:
+    """Also writes to the broker's Redis, as handlers do (an enqueue, a lease)."""
+    _effects.rpush(f"start:{job_id}", f"{os.getpid()} {time.time()}")
+    dramatiq.get_broker().client.incr("test:writes")  # type: ignore[attr-defined]
+    time.sleep(0.01)
     _effects.rpush(f"done:{job_id}", f"{os.getpid()} {time.time()}")
 '''
 
@@ -251,3 +261,69 @@ def _readyz(worker: Worker, status: int) -> tuple[int, str] | None:
     except OSError:
         return None
     return answer if answer[0] == status else None
+
+
+class SocketRedis(RedisServer):
+    """A RedisServer also listening on the unix socket ``<directory>/redis.sock``."""
+
+    def __init__(self, directory: Path, replica_of: int | None = None) -> None:
+        super().__init__(directory, replica_of=replica_of)
+        self.socket = directory / "redis.sock"
+
+    def _persistence(self) -> list[str]:
+        return [*super()._persistence(), "--unixsocket", str(self.socket)]
+
+
+def test_readonly_after_a_failover_is_a_reconnect_not_a_job_failure(
+        failover_project: Path, effects: redis.Redis, tmp_path: Path) -> None:
+    """A plain ``REDIS_URL`` whose name moves to the new primary on a failover (a managed
+    Redis's primary endpoint; here a unix socket path, a symlink flipped): the connections
+    still open to the demoted primary get READONLY, reconnect, and land on the new one.
+    Redis's own FAILOVER command swaps the roles without losing a write, while handlers
+    write to the broker's Redis."""
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    first = SocketRedis(tmp_path / "a")
+    first.start()
+    second = SocketRedis(tmp_path / "b", replica_of=first.port)
+    second.start()
+    link = tmp_path / "redis.sock"
+    link.symlink_to(first.socket)
+    jobs = Jobs(first.url)
+    ids = jobs.many("fo_write", 600, prefix="f")
+    worker = Worker(failover_project, f"unix://{link}?db=0", tmp_path / "w",
+                    WORKER_CONCURRENCY=str(CONCURRENCY), EFFECTS_URL=effects_url(effects))
+    old, new = redis.Redis.from_url(first.url), redis.Redis.from_url(second.url)
+    try:
+        wait_for(lambda: new.info("replication")["master_link_status"] == "up", 30, "sync")
+        worker.start()
+        wait_for(lambda: len(stamps(effects, "done")) >= 50, 60, "50 jobs done before")
+        old.execute_command("FAILOVER", "TO", "127.0.0.1", second.port)
+        wait_for(lambda: old.info("replication")["role"] == "slave", 30, "the swap",
+                 step=0.005)
+        flipped = tmp_path / "redis.sock.new"
+        flipped.symlink_to(second.socket)
+        flipped.replace(link)
+        done_before = len(stamps(effects, "done"))
+        wait_for(lambda: set(ids) <= set(stamps(effects, "done")), 90, "every job done")
+        assert done_before < len(ids), "the failover happened while jobs ran"
+        started = stamps(effects, "start")
+        twice = sorted(job for job, times in started.items() if len(times) > 1)
+        assert len(twice) <= CONCURRENCY, twice
+        metrics = worker.metrics()
+        assert counted(metrics, "failure") == 0 and counted(metrics, "retry") == 0, (
+            "READONLY failed a job", [r for r in worker.records() if r.get("outcome")
+                                      not in (None, "success")][:3])
+        assert int(new.get("test:writes") or 0) >= len(ids), "every handler's write landed"
+        ready = worker.healthcheck("ready")
+        assert ready.returncode == 0, ready.stderr
+        assert worker.stop(timeout=40) == 0, worker.log()[-3000:]
+        assert not new.llen(f"{NS}:{QUEUE}") and not new.zcard(f"{NS}:{QUEUE}.XQ")
+        print(f"READONLY failover: {done_before} of {len(ids)} done at the swap, "
+              f"{len(twice)} ran twice, 0 failed")
+    finally:
+        worker.kill()
+        jobs.client.close()
+        jobs.broker.close()
+        second.stop()
+        first.stop()
