@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -617,6 +618,11 @@ def scheduler_leader_key() -> str:
     return f"{NAMESPACE}:scheduler:leader"
 
 
+#: What a schedule's ticks are counted as (its state hash's ``runs:<outcome>`` fields, which
+#: the scripts below and :func:`read_states` spell).
+SCHEDULE_OUTCOMES: Final = ("fired", "caught_up", "missed", "skipped_overlap")
+
+
 def schedule_state_key(schedule: str) -> str:
     """Hash of one schedule: ``tick`` (handled through, epoch s), ``fired``, ``fired_at``,
     ``success_at``, ``since`` (first seen) and the ``runs:<outcome>`` counts."""
@@ -778,3 +784,62 @@ def end_run(client: redis.Redis, schedule: str, message_id: str, succeeded: bool
     """:data:`END_RUN`: record a success, release the run lock."""
     keys = (schedule_lock_key(schedule), schedule_state_key(schedule))
     client.eval(END_RUN, len(keys), *keys, message_id, "1" if succeeded else "")
+
+
+# -- the schedule store: every field of the state hash is read and written here ----------------
+
+
+def handled_tick(client: redis.Redis, schedule: str, now: float) -> int | None:
+    """The tick ``schedule`` is handled through (epoch s); None at its first sight, which
+    records ``now`` as both its ``since`` and its handled tick (ticks from now on, none from
+    the past)."""
+    key = schedule_state_key(schedule)
+    raw = client.hget(key, "tick")
+    if raw is None:
+        client.hsetnx(key, "since", math.floor(now))
+        client.hsetnx(key, "tick", math.floor(now))
+        return None
+    return int(raw)
+
+
+@dataclass(frozen=True)
+class ScheduleState:
+    """What Redis knows of one schedule (its state hash, :func:`schedule_state_key`, and
+    the holder of its run lock)."""
+
+    tick: int | None
+    fired: int | None
+    fired_at: float | None
+    success_at: float | None
+    since: int | None
+    runs: dict[str, int]
+    running: str | None
+
+
+def read_states(client: redis.Redis, names: Iterable[str]) -> dict[str, ScheduleState]:
+    """The Redis state of each schedule, with one round trip."""
+    names = list(names)
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        pipe.hgetall(schedule_state_key(name))
+        pipe.get(schedule_lock_key(name))
+    replies = pipe.execute()
+    states = {}
+    for index, name in enumerate(names):
+        raw = {k.decode(): v.decode() for k, v in replies[2 * index].items()}
+        holder = replies[2 * index + 1]
+
+        def number(field: str, raw: dict[str, str] = raw) -> float | None:
+            return float(raw[field]) if field in raw else None
+
+        tick, fired, since = number("tick"), number("fired"), number("since")
+        states[name] = ScheduleState(
+            tick=None if tick is None else int(tick),
+            fired=None if fired is None else int(fired),
+            fired_at=number("fired_at"),
+            success_at=number("success_at"),
+            since=None if since is None else int(since),
+            runs={o: int(raw.get(f"runs:{o}", 0)) for o in SCHEDULE_OUTCOMES},
+            running=holder.decode() if holder else None,
+        )
+    return states

@@ -65,13 +65,14 @@ from .boards import (
 from .exitcodes import EX_FAILURE, EX_OK
 from .layout import (
     REDIS_MESSAGE_ID,
+    SCHEDULE_OUTCOMES,
     fire_tick,
+    handled_tick,
     miss_ticks,
+    read_states,
     redis_now,
     release_lock,
     renew_lock,
-    schedule_lock_key,
-    schedule_state_key,
     scheduler_leader_key,
 )
 from .schedules import Schedule
@@ -96,7 +97,7 @@ if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
 logger = logging.getLogger(__name__)
-OUTCOMES = ("fired", "caught_up", "missed", "skipped_overlap")
+OUTCOMES = SCHEDULE_OUTCOMES
 
 
 class SchedulerSettings(RedisSettings):
@@ -290,14 +291,9 @@ class Scheduler:
     def fire_due(self, name: str, now: float) -> list[tuple[int, str]]:
         """Handle the due ticks of schedule ``name``; return (tick, outcome) of each fired."""
         schedule = self.schedules[name]
-        key = schedule_state_key(name)
-        raw = self.client.hget(key, "tick")
-        if raw is None:
-            # First sight of this schedule: ticks from now on, none from the past.
-            self.client.hsetnx(key, "since", math.floor(now))
-            self.client.hsetnx(key, "tick", math.floor(now))
+        last = handled_tick(self.client, name, now)
+        if last is None:  # first sight of this schedule: ticks from now on, none from the past
             return []
-        last = int(raw)
         latest = schedule.latest_tick(now)
         if latest <= last:
             return []
@@ -386,48 +382,6 @@ class Scheduler:
 
 def _iso(tick: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(tick))
-
-
-@dataclass(frozen=True)
-class ScheduleState:
-    """What Redis knows of one schedule."""
-
-    tick: int | None
-    fired: int | None
-    fired_at: float | None
-    success_at: float | None
-    since: int | None
-    runs: dict[str, int]
-    running: str | None
-
-
-def read_states(client: redis.Redis, names: Iterable[str]) -> dict[str, ScheduleState]:
-    """The Redis state of each schedule, with one round trip."""
-    names = list(names)
-    pipe = client.pipeline(transaction=False)
-    for name in names:
-        pipe.hgetall(schedule_state_key(name))
-        pipe.get(schedule_lock_key(name))
-    replies = pipe.execute()
-    states = {}
-    for index, name in enumerate(names):
-        raw = {k.decode(): v.decode() for k, v in replies[2 * index].items()}
-        holder = replies[2 * index + 1]
-
-        def number(field: str, raw: dict[str, str] = raw) -> float | None:
-            return float(raw[field]) if field in raw else None
-
-        tick, fired, since = number("tick"), number("fired"), number("since")
-        states[name] = ScheduleState(
-            tick=None if tick is None else int(tick),
-            fired=None if fired is None else int(fired),
-            fired_at=number("fired_at"),
-            success_at=number("success_at"),
-            since=None if since is None else int(since),
-            runs={o: int(raw.get(f"runs:{o}", 0)) for o in OUTCOMES},
-            running=holder.decode() if holder else None,
-        )
-    return states
 
 
 class ScheduleCollector(Collector):
