@@ -1,16 +1,20 @@
 """docs/architecture.md's maintainer tasks, checked against the code.
 
-The doc says how many files "add a pool option", "add a metric" and "change the drain"
-touch and names them. These tests read the code (its syntax trees) and fail when a
-pool field's bound or default is copied outside ``pools.py``, when a metric is defined
-or recorded outside the files named, when the drain reaches outside the files named or
-keeps an unnamed constant, or when the doc's list or count is wrong.
+The doc says how many files "add a pool option", "add a metric", "change how retries back
+off", "add a Redis key" and "change the drain" touch and names them. These tests read the
+code (its syntax trees) and fail when a pool field's bound or default is copied outside
+``pools.py``, when a metric is defined or recorded outside the files named, when the retry
+backoff is stated or the retry copy built outside the files named (or an actor's own
+options), when a Redis key is spelled outside ``layout.py``, when the drain reaches
+outside the files named or keeps an unnamed constant, or when the doc's list or count is
+wrong.
 """
 
 from __future__ import annotations
 
 import ast
 import inspect
+import itertools
 import logging
 import re
 from collections.abc import Iterator
@@ -218,6 +222,145 @@ def test_adding_a_metric_touches_the_one_file_the_doc_names() -> None:
         if other != path and factory in calls(tree)
     ]
     assert recorded_elsewhere == [], "a metric is recorded outside the file that defines it"
+
+
+# -- change how retries back off ---------------------------------------------------------
+
+#: The retry backoff's names: Retries' parameters and attributes, the actor options.
+BACKOFF_NAMES = frozenset({"min_backoff", "max_backoff"})
+#: Dramatiq's backoff function: the consumer also uses it to space its polls of an empty
+#: queue (its ``max_backoff`` keyword there is the poll's, not a retry's).
+BACKOFF_FUNCTION = "compute_backoff"
+#: Where actors are declared, each with its own options.
+ACTORS = "actors/"
+
+
+def _call_name(call: ast.Call) -> str:
+    func = call.func
+    return func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+
+
+def backoff_mentions(tree: ast.Module) -> list[int]:
+    """Lines of ``tree`` that state a retry backoff: a backoff name as a parameter, an
+    attribute, a keyword (but to :data:`BACKOFF_FUNCTION`) or a string (an actor option)."""
+    polls = {
+        id(keyword)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and _call_name(node) == BACKOFF_FUNCTION
+        for keyword in node.keywords
+    }
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if (isinstance(node, ast.arg) and node.arg in BACKOFF_NAMES)
+        or (isinstance(node, ast.Attribute) and node.attr in BACKOFF_NAMES)
+        or (isinstance(node, ast.keyword) and node.arg in BACKOFF_NAMES and id(node) not in polls)
+        or (isinstance(node, ast.Constant) and node.value in BACKOFF_NAMES)
+    ]
+
+
+def retry_copies(tree: ast.Module) -> list[int]:
+    """Lines of ``tree`` that build a retry settlement (``Settlement("retry", ...)``)."""
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and _call_name(node) == "Settlement"
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+        and node.args[0].value == "retry"
+    ]
+
+
+def test_changing_the_backoff_touches_the_files_the_doc_names() -> None:
+    row = task("change how retries back off")
+    parsed = modules()
+    stated = {
+        path
+        for path, tree in parsed.items()
+        if backoff_mentions(tree) and not path.startswith(ACTORS)  # an actor's own options
+    }
+    built = {path for path, tree in parsed.items() if retry_copies(tree)}
+    constructed = {
+        path
+        for path, tree in parsed.items()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and _call_name(node) == "CrashAwareRetries"
+    }
+    assert constructed == {"broker.py"}, f"CrashAwareRetries is built in {sorted(constructed)}"
+    assert built == {"middleware/retries.py"}, f"retry copies are built in {sorted(built)}"
+    assert {"broker.py", "middleware/retries.py"} <= row.files and len(row.files) <= row.most
+    assert stated <= row.files, (
+        f"the retry backoff is stated in {sorted(stated - row.files)}, which "
+        "docs/architecture.md does not name for 'change how retries back off'"
+    )
+
+
+# -- add a Redis key ----------------------------------------------------------------------
+
+#: What a string holding a Redis key starts with (the namespaces) or contains (Dramatiq's
+#: key parts); ``layout.py`` builds every key.
+KEY_STARTS = ("dramatiq:", "dramatiq-sandbox:")
+KEY_PARTS = ("__acks__", "__heartbeats__")
+KEY_SUFFIXES = (".DQ", ".XQ", ".msgs")
+NAMESPACE_NAMES = frozenset({"NAMESPACE", "SANDBOX_NAMESPACE"})
+
+
+def _docstrings(tree: ast.Module) -> set[int]:
+    """Ids of the docstring constants of ``tree`` (prose may name keys)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                found.add(id(body[0].value))
+    return found
+
+
+def _names(node: ast.AST) -> set[str]:
+    """The names and attribute names ``node`` uses (``NAMESPACE``, ``layout.NAMESPACE``)."""
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} | {
+        n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)
+    }
+
+
+def spelled_keys(tree: ast.Module) -> list[str]:
+    """What ``tree`` spells of a Redis key: strings that start with a namespace, hold a
+    Dramatiq key part or are a key suffix, and f-strings ``f"{NAMESPACE}:..."``."""
+    prose = _docstrings(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in prose:
+            text = node.value
+            if (
+                text.startswith(KEY_STARTS)
+                or any(part in text for part in KEY_PARTS)
+                or text in KEY_SUFFIXES
+            ):
+                found.append(f"line {node.lineno}: {text!r}")
+        elif isinstance(node, ast.JoinedStr):
+            for value, after in itertools.pairwise(node.values):
+                if (
+                    isinstance(value, ast.FormattedValue)
+                    and _names(value.value) & NAMESPACE_NAMES
+                    and isinstance(after, ast.Constant)
+                    and str(after.value).startswith(":")
+                ):
+                    found.append(f"line {node.lineno}: an f-string key on the namespace")
+    return found
+
+
+def test_adding_a_redis_key_touches_the_files_the_doc_names() -> None:
+    row = task("add a Redis key")
+    parsed = modules()
+    assert spelled_keys(parsed["layout.py"]), "the scan no longer sees how layout.py spells keys"
+    assert row.files == {"layout.py"} and row.most == 2, "layout.py and the module that uses it"
+    elsewhere = {
+        path: spelled
+        for path, tree in parsed.items()
+        if path != "layout.py" and (spelled := spelled_keys(tree))
+    }
+    assert elsewhere == {}, f"Redis keys spelled outside layout.py: {elsewhere}"
 
 
 # -- change the drain -------------------------------------------------------------------
