@@ -5,8 +5,8 @@ A real producer process sends a 200 MB argument (the issue's case: accepted, the
 peaked at 1.0 GB): it gets ``MessageTooLargeError`` naming the actor and the size, its
 peak RSS grows by far less than the argument, and nothing reaches Redis. A real worker with
 ``MAX_MESSAGE_BYTES=100000`` is sent a 200 kB message by bare Dramatiq: it is
-dead-lettered unread (its body kept as it was sent), logged and counted with the reason,
-while a small message sent with it runs.
+dead-lettered unread (its body kept as it was sent), logged and counted with the reason
+(``dlq list`` says it too), while a small message sent with it runs.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import redis
 from _lifecycle import NS, QUEUE, Jobs, Worker, jobs, lc_project, wait_for
-from bakery import PYTHON, package_of, project_env
+from bakery import PYTHON, package_of, project_env, run_cli
 from test_malformed import counted
 
 pytestmark = pytest.mark.slow
@@ -86,6 +86,10 @@ def test_the_worker_dead_letters_a_message_sent_past_the_limit(
         assert records[0]["reason"].startswith("message of 200,"), records[0]
         assert records[0]["reason"].endswith("bytes is over MAX_MESSAGE_BYTES (100,000)")
         wait_for(lambda: counted(worker.metrics(), "dead_letter") == 1, 10, "one dead letter")
+        listed = run_cli(lc_project, "dlq", "list", "--json", "--queue", QUEUE, env=worker.env)
+        assert listed.returncode == 0, listed.stderr
+        [letter] = json.loads(listed.stdout)
+        assert letter["reason"] == records[0]["reason"], letter
         assert worker.stop(timeout=30) == 0, worker.log()[-3000:]
         assert not jobs.stranded()
     finally:

@@ -73,12 +73,15 @@ class DeadLetter:
       redis_id: its id in the dead-letter zset, the id the commands take.
       died_ms: when it was dead-lettered, ms since the epoch.
       body: the stored bytes; None when the zset entry has no body.
+      max_bytes: ``MAX_MESSAGE_BYTES``: a bigger body was dead-lettered unread by the worker,
+        as it was sent, so its reason is its size (None: not checked).
     """
 
     queue: str
     redis_id: str
     died_ms: int
     body: bytes | None
+    max_bytes: int | None = None
 
     @functools.cached_property
     def fields(self) -> dict[str, Any] | None:
@@ -109,6 +112,11 @@ class DeadLetter:
         """Our dead-letter reason, else the traceback's last line, else a description."""
         if self.body is None:
             return "(body missing)"
+        if self.max_bytes is not None and len(self.body) > self.max_bytes:
+            return (
+                f"message of {len(self.body):,} bytes is over MAX_MESSAGE_BYTES "
+                f"({self.max_bytes:,})"
+            )
         if self.fields is None:
             return "(body is not a Dramatiq message)"
         if reason := self.options.get(layout.DEAD_LETTER_REASON):
@@ -134,11 +142,14 @@ def count(client: redis.Redis, queue: str) -> int:
     return int(client.zcard(dead_letter_keys(queue)[0]))
 
 
-def dead_letters(client: redis.Redis, queue: str, limit: int | None = None) -> list[DeadLetter]:
+def dead_letters(
+    client: redis.Redis, queue: str, limit: int | None = None, max_bytes: int | None = None
+) -> list[DeadLetter]:
     """The dead letters of ``queue``, oldest first.
 
     Parameters:
       limit: at most this many (default: all).
+      max_bytes: ``MAX_MESSAGE_BYTES`` (see :attr:`DeadLetter.max_bytes`).
     """
     zset, bodies = dead_letter_keys(queue)
     stop = -1 if limit is None else limit - 1
@@ -148,7 +159,7 @@ def dead_letters(client: redis.Redis, queue: str, limit: int | None = None) -> l
     ids = [layout.text(raw_id) for raw_id, _ in entries]
     stored = client.hmget(bodies, ids)
     letters = [
-        DeadLetter(queue, redis_id, int(score), layout.raw_bytes(body))
+        DeadLetter(queue, redis_id, int(score), layout.raw_bytes(body), max_bytes)
         for (redis_id, (_, score), body) in zip(ids, entries, stored, strict=True)
     ]
     return _still_dead(client, zset, letters)
@@ -173,8 +184,11 @@ def _still_dead(client: redis.Redis, zset: str, letters: list[DeadLetter]) -> li
     return [letter for letter in letters if letter.redis_id not in gone]
 
 
-def find(client: redis.Redis, queues: Iterable[str], redis_id: str) -> DeadLetter:
-    """The dead letter ``redis_id`` on one of ``queues``.
+def find(
+    client: redis.Redis, queues: Iterable[str], redis_id: str, max_bytes: int | None = None
+) -> DeadLetter:
+    """The dead letter ``redis_id`` on one of ``queues`` (``max_bytes``: see
+    :attr:`DeadLetter.max_bytes`).
 
     Raises:
       DeadLetterError: when none of the queues holds it.
@@ -185,7 +199,7 @@ def find(client: redis.Redis, queues: Iterable[str], redis_id: str) -> DeadLette
         score = client.zscore(zset, redis_id)
         if score is not None:
             body = layout.raw_bytes(client.hget(bodies, redis_id))
-            letter = DeadLetter(queue, redis_id, int(score), body)
+            letter = DeadLetter(queue, redis_id, int(score), body, max_bytes)
             if _still_dead(client, zset, [letter]):
                 return letter
     raise DeadLetterError(f"no dead letter {redis_id!r} on queue(s) {', '.join(queues)}")
@@ -246,14 +260,16 @@ def purge(client: redis.Redis, letter: DeadLetter) -> bool:
 # The command line.
 
 
-def _connect() -> tuple[redis.Redis, str]:
-    """A Redis client for ``REDIS_URL`` and the URL with its password masked."""
+def _connect() -> tuple[redis.Redis, str, int]:
+    """A Redis client for ``REDIS_URL``, the URL with its password masked, and
+    ``MAX_MESSAGE_BYTES``."""
     from .redisclient import connect
     from .settings import load_redis_settings, mask_url
 
-    url = load_redis_settings().redis_url.get_secret_value()
+    settings = load_redis_settings()
+    url = settings.redis_url.get_secret_value()
     client = connect(url, socket_timeout=10, socket_connect_timeout=5)
-    return client, mask_url(url)
+    return client, mask_url(url), settings.max_message_bytes
 
 
 def _queues(client: redis.Redis, queue: str | None) -> list[str]:
@@ -276,8 +292,15 @@ def _selected(client: redis.Redis, args: argparse.Namespace) -> list[DeadLetter]
     """The dead letters that ``--all`` or the ids name; every id must exist."""
     queues = _queues(client, args.queue)
     if args.all:
-        return [letter for queue in queues for letter in dead_letters(client, queue)]
-    return [find(client, queues, redis_id) for redis_id in dict.fromkeys(args.ids)]
+        return [
+            letter
+            for queue in queues
+            for letter in dead_letters(client, queue, max_bytes=args.max_message_bytes)
+        ]
+    return [
+        find(client, queues, redis_id, args.max_message_bytes)
+        for redis_id in dict.fromkeys(args.ids)
+    ]
 
 
 def _plural(number: int, noun: str = "dead letter") -> str:
@@ -288,7 +311,11 @@ def _list(client: redis.Redis, args: argparse.Namespace) -> int:
     queues = _queues(client, args.queue)
     total = sum(count(client, queue) for queue in queues)
     letters = sorted(
-        (letter for queue in queues for letter in dead_letters(client, queue, args.limit)),
+        (
+            letter
+            for queue in queues
+            for letter in dead_letters(client, queue, args.limit, args.max_message_bytes)
+        ),
         key=lambda letter: (letter.died_ms, letter.queue, letter.redis_id),
     )[: args.limit]
     if args.json:
@@ -331,7 +358,7 @@ def _table(rows: list[tuple[str, ...]]) -> str:
 
 
 def _show(client: redis.Redis, args: argparse.Namespace) -> int:
-    letter = find(client, _queues(client, args.queue), args.id)
+    letter = find(client, _queues(client, args.queue), args.id, args.max_message_bytes)
     shown: dict[str, Any] = {
         "queue": letter.queue,
         "redis_id": letter.redis_id,
@@ -388,7 +415,7 @@ def _command(
         if getattr(args, "ids", None) is not None and bool(args.ids) == bool(args.all):
             print(f"dlq {args.action}: give either --all or redis ids", file=sys.stderr)
             return EX_USAGE
-        client, url = _connect()
+        client, url, args.max_message_bytes = _connect()
         try:
             return run(client, args)
         except DeadLetterError as error:
