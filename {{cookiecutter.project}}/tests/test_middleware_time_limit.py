@@ -64,7 +64,7 @@ def test_watchdog_starts_once_whichever_hook_comes_first(broker: StubBroker) -> 
 def test_actor_declaring_a_larger_limit_is_interrupted_at_the_ceiling(
     broker: StubBroker,
 ) -> None:
-    ended: list[str] = []
+    ended: list[float] = []
 
     @dramatiq.actor(broker=broker, time_limit=60_000)
     def slow() -> None:
@@ -73,9 +73,9 @@ def test_actor_declaring_a_larger_limit_is_interrupted_at_the_ceiling(
             while time.monotonic() - started < 5:
                 time.sleep(0.01)
         except TimeLimitExceeded:
-            ended.append(f"cut after {time.monotonic() - started:.1f} s")
+            ended.append(time.monotonic() - started)
             raise
-        ended.append("ran to the end")
+        ended.append(float("inf"))  # ran to the end
 
     slow.send()
     worker = Worker(broker, worker_timeout=50)
@@ -85,4 +85,7 @@ def test_actor_declaring_a_larger_limit_is_interrupted_at_the_ceiling(
         worker.join()
     finally:
         worker.stop()
-    assert ended == [f"cut after {CEILING_MS / 1000:.1f} s"]
+    # Cut at the ceiling, not at the actor's 60 s nor at the loop's end (5 s): a busy
+    # machine may only delay the watchdog's tick, never bring it forward.
+    (cut,) = ended
+    assert CEILING_MS / 1000 <= cut < 5, cut
