@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test bench bench-report venv clean
+.PHONY: demo test e2e-build bench bench-report venv clean
 
 venv: $(VENV)/.installed
 
@@ -18,6 +18,12 @@ demo: venv
 
 test: venv
 	$(BIN)/python -m pytest -n 2
+
+# The real engines of the coming `make e2e` (kube-apiserver & co, kwok, the Pulumi CLI and its
+# Kubernetes provider), built once per machine into $(E2E_CACHE) (default
+# ~/.cache/worker-template-e2e), keyed by their versions (scripts/e2e/build.py).
+e2e-build:
+	$(PYTHON) scripts/e2e/build.py
 
 # Each benchmark writes bench/results/<script>-<UTC>.json; the report prints one table
 # from the latest of each (bench-report alone reprints it).
