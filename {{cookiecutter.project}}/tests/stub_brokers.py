@@ -86,6 +86,9 @@ class RedisStubBroker(StubBroker):
         """The worker's broker keeps Redis's clock for Dramatiq's dispatch script; this one
         dispatches nothing."""
 
+    def observe_epochs(self, epochs: dict[str, Any]) -> None:
+        """The worker's broker notices a reset from the epochs; this one holds nothing."""
+
 
 def work_off(broker: StubBroker, queue: str) -> None:
     """Run a Worker with one thread on ``broker`` until ``queue`` is empty and settled;

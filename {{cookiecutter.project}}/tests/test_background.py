@@ -60,7 +60,11 @@ def test_recovery_thread_logs_an_unexpected_error_and_goes_on(
     monkeypatch.setattr(recovery, "recover_dead_workers", flaky)
     client = redis.Redis.from_url(redis_url)
     broker: Any = types.SimpleNamespace(
-        client=client, broker_id="w-test", reclaim_orphans=lambda now: 0, keep_time=lambda ms: None
+        client=client,
+        broker_id="w-test",
+        reclaim_orphans=lambda now: 0,
+        keep_time=lambda ms: None,
+        observe_epochs=lambda epochs: None,
     )
     middleware = Recovery(["notifications"], 60_000, 3, interval_s=0.05)
     middleware.after_worker_boot(broker, None)  # type: ignore[arg-type]

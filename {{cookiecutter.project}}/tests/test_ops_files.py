@@ -38,6 +38,9 @@ CONTRACT = {
     "schedule_last_success_timestamp_seconds",
     "schedule_due_timestamp_seconds",
     "scheduler_leader",
+    # broker faults (DESIGN 6)
+    "broker_resets_total",
+    "jobs_lost_total",
 }
 DATABASE_ONLY = {"db_pool_in_use", "db_pool_size"}
 #: Read by the OOM-kill alert from kube-state-metrics, not exported by this service.

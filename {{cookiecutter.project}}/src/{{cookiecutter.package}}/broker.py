@@ -10,6 +10,7 @@ producer's broker that needs only ``REDIS_URL`` (see :mod:`.producer`).
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import TypeVar
 
 import dramatiq
@@ -60,7 +61,7 @@ def middleware_stack(settings: Settings) -> list[Middleware]:
         Tracing(),
         Attempts(settings.worker_max_attempts),
         ScheduleLock(),
-        Metrics(settings.worker_concurrency),
+        Metrics(settings.worker_concurrency, queues=settings.worker_queues),
         Progress(),
         GracefulShutdown(),
         AgeLimit(),
@@ -88,10 +89,12 @@ def _redis_broker(
     redis_url: str,
     middleware: list[Middleware],
     max_connections: int | None = None,
+    state_dir: Path | None = None,
     **options: int,
 ) -> SettlingRedisBroker:
     """A broker on ``redis_url`` with our key namespace and Dramatiq's maintenance off; its
-    client's pool makes up to ``max_connections`` (None: redis-py's default)."""
+    client's pool makes up to ``max_connections`` (None: redis-py's default); a worker's
+    notices an unresolved broker reset in ``state_dir`` (None: a producer's, which does not)."""
     client = redisclient.connect(
         redis_url,
         socket_timeout=10,
@@ -104,6 +107,7 @@ def _redis_broker(
         namespace=layout.NAMESPACE,
         middleware=middleware,
         maintenance_chance=0,
+        state_dir=state_dir,
         **options,
     )
 
@@ -122,6 +126,7 @@ def build_broker(settings: Settings) -> SettlingRedisBroker:
         settings.redis_url.get_secret_value(),
         middleware_stack(settings),
         max_connections=redis_connections(len(settings.worker_queues), settings.worker_concurrency),
+        state_dir=settings.worker_state_dir,
         heartbeat_timeout=settings.worker_heartbeat_timeout_ms,
         max_message_bytes=settings.max_message_bytes,
     )

@@ -1,4 +1,4 @@
-"""What the service knows of its Redis's data safety: eviction, a full memory.
+"""What the service knows of its Redis's data safety: eviction, resets, a full memory.
 
 Faults around the worker lose work silently unless someone looks:
 
@@ -7,6 +7,18 @@ Faults around the worker lose work silently unless someone looks:
   refuses to boot on it (exit 78, one line naming the policy and the fix) unless
   ``REDIS_ALLOW_EVICTION=true`` accepts the risk. Where ``CONFIG GET`` is refused (a
   renamed command, an ACL, as managed Redis services do) it says so once and goes on.
+* **A reset.** A Redis restarted without persistence, failed over to an empty replica or
+  flushed has lost every queue, acks set and heartbeat. Each worker process writes an
+  *epoch* key per broker namespace (:func:`.layout.epoch_key`, a random token, ``SET
+  NX``) and reads it back with every heartbeat; :class:`BrokerEpoch` sees the key gone
+  or replaced and says so once (log event ``broker_reset``, with Redis's ``run_id``
+  before and after when ``INFO`` is allowed), counts it (``broker_resets_total``, through
+  the broker signal ``after_broker_reset``) and keeps ``/readyz`` not ready while the
+  reset is *unresolved*: until every delivery this process held when it saw the reset
+  has ended (each settlement finds its message gone and is counted in
+  ``jobs_lost_total{queue}``, never as done), at once when it held none, or when the
+  process stops. Messages that were only queued are gone with the data: the reset's
+  line and counter are all that can be said of them.
 * **A full Redis** (``maxmemory`` reached under ``noeviction``) refuses commands that
   may grow memory. The worker's scripts free before they write (a heartbeat removes its
   old entry first; a fetch pops before it adds; a settlement removes the id from the
@@ -14,12 +26,19 @@ Faults around the worker lose work silently unless someone looks:
   (a producer's enqueue) fails with :class:`BrokerFull`, one line. :func:`full_problem`
   is readiness's check.
 
-This module imports neither Dramatiq nor the actors.
+This module imports neither Dramatiq nor the actors; it writes only the readiness
+notices of :func:`reset_notices_dir`.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import threading
+import uuid
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -126,3 +145,172 @@ def full_problem(client: redis.Redis, namespace: str = layout.NAMESPACE) -> str 
         if is_oom(error):
             return f"redis: full, writes refused: {_oom_text(error)}"
     return None
+
+
+# -- resets ------------------------------------------------------------------------------
+
+
+def reset_notices_dir(state_dir: Path) -> Path:
+    """Where each worker process keeps its readiness notice of an unresolved reset."""
+    return state_dir / "resets"
+
+
+def read_reset_notices(state_dir: Path, alive: Callable[[int], bool]) -> list[str]:
+    """The unresolved resets of this container's live worker processes, one line each."""
+    folder = reset_notices_dir(state_dir)
+    if not folder.is_dir():
+        return []
+    found = []
+    for path in sorted(folder.glob("*.txt")):
+        try:
+            pid, text = int(path.stem), path.read_text().strip()
+        except (OSError, ValueError):
+            continue
+        if text and alive(pid):
+            found.append(f"worker process {pid}: {text}")
+    return found
+
+
+class BrokerEpoch:
+    """Notices that Redis lost its data (see the module docstring).
+
+    Parameters:
+      client: the broker's client.
+      held: the deliveries this process holds now, as (queue, redis id) pairs.
+      on_reset: called once per reset seen, with its reason (the broker emits
+        ``after_broker_reset``, which the Metrics middleware counts).
+      state_dir: ``WORKER_STATE_DIR``, where the readiness notice is written (None: none).
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        held: Callable[[], set[tuple[str, str]]],
+        on_reset: Callable[[str], None],
+        state_dir: Path | None = None,
+    ) -> None:
+        self.client = client
+        self.held = held
+        self.on_reset = on_reset
+        self.notice = None if state_dir is None else reset_notices_dir(state_dir)
+        #: Namespace -> the epoch token this process adopted there.
+        self.epochs: dict[str, str] = {}
+        #: Resets seen by this process.
+        self.resets = 0
+        #: Deliveries held when the last reset was seen that have not ended yet.
+        self.unresolved: set[tuple[str, str]] = set()
+        self._reason = ""
+        self._run_id: str | None = None
+        self._lock = threading.Lock()
+
+    def check(self, namespaces: Iterable[str]) -> None:
+        """Read each namespace's epoch now and :meth:`observe` it."""
+        for namespace in namespaces:
+            self.observe(namespace, self.client.get(layout.epoch_key(namespace)))
+
+    def observe(self, namespace: str, value: Any) -> bool:
+        """``value`` is the epoch key of ``namespace`` as read from Redis (None: missing).
+        True when it tells of a reset (then said, counted, and a new epoch written)."""
+        found = None if value is None else layout.text(value)
+        with self._lock:
+            known = self.epochs.get(namespace)
+            if found is not None and found == known:
+                return False
+            if known is None and self._run_id is None:
+                self._run_id = self._read_run_id()
+            if found is None:
+                found = self._write_epoch(namespace)
+            if found is None:  # not written (Redis full): adopted at a later look
+                self.epochs.pop(namespace, None)
+            else:
+                self.epochs[namespace] = found
+            if known is None:
+                return False
+            self._reset(namespace)
+            return True
+
+    def _write_epoch(self, namespace: str) -> str | None:
+        """Write a new epoch token for ``namespace`` (unless one appeared meanwhile); the
+        token in Redis, or None when it cannot be written now."""
+        key, token = layout.epoch_key(namespace), uuid.uuid4().hex
+        try:
+            if self.client.set(key, token, nx=True):
+                return token
+            found = self.client.get(key)
+        except redis.ResponseError as error:
+            logger.warning("cannot write the broker epoch now: %s", error)
+            return None
+        return None if found is None else layout.text(found)
+
+    def _reset(self, namespace: str) -> None:
+        """Say, count and note a reset (the lock is held)."""
+        self.resets += 1
+        before, after = self._run_id, self._read_run_id()
+        self._run_id = after
+        if before is not None and after is not None and before != after:
+            cause = f"Redis restarted empty (run_id {before} -> {after})"
+        elif before is not None and after is not None:
+            cause = "the data was deleted without a restart (FLUSHALL, FLUSHDB or eviction)"
+        else:
+            cause = "its epoch key is gone"
+        held = self.held()
+        self.unresolved = held
+        self._reason = (
+            f"broker reset: Redis lost its data ({cause}); {len(held)} deliveries held here "
+            "were lost with it and are counted in jobs_lost_total as they end"
+        )
+        logger.error(
+            "Redis lost its data (broker reset): %s; queued messages are gone, %d held "
+            "deliveries will be counted lost",
+            cause,
+            len(held),
+            extra={
+                "event": "broker_reset",
+                "namespace": namespace,
+                "cause": cause,
+                "held": len(held),
+                "run_id_before": before,
+                "run_id_after": after,
+            },
+        )
+        self.on_reset(cause)
+        self._write_notice()
+
+    def ended(self, queue: str, redis_id: str) -> None:
+        """A delivery ended (settled, lost or handed back)."""
+        if self.unresolved:
+            self.unresolved.discard((queue, redis_id))
+            if not self.unresolved:
+                self._write_notice()
+
+    def close(self) -> None:
+        """The process stops: whatever was unresolved is no longer this process's."""
+        self.unresolved = set()
+        self._write_notice()
+
+    @property
+    def problem(self) -> str | None:
+        """Readiness's line while a reset is unresolved, else None."""
+        return self._reason if self.unresolved else None
+
+    def _write_notice(self) -> None:
+        if self.notice is None:
+            return
+        path = self.notice / f"{os.getpid()}.txt"
+        try:
+            if self.unresolved:
+                self.notice.mkdir(parents=True, exist_ok=True)
+                path.write_text(self._reason + "\n")
+            else:
+                path.unlink(missing_ok=True)
+        except OSError as error:
+            logger.warning("cannot write the reset notice for readiness: %s", error)
+
+    def _read_run_id(self) -> str | None:
+        """Redis's ``run_id`` (new at each start), or None where ``INFO`` is refused."""
+        try:
+            info = self.client.info("server")
+        except redis.RedisError:
+            return None
+        run_id = info.get("run_id")
+        return None if run_id is None else str(run_id)

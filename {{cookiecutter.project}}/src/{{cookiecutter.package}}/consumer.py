@@ -46,6 +46,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -62,13 +63,19 @@ from .settlement import (
     ACK,
     REJECT_SIGNAL,
     REQUEUE,
+    RESET_SIGNAL,
     UNKNOWN_ACTOR,
     Settlement,
     SettlingBroker,
     ending,
+    mark_lost,
 )
 
 logger = logging.getLogger(__name__)
+#: Attribute of a MessageProxy: the resets this process had seen when it was fetched.
+_RESETS_AT_FETCH = "_resets_at_fetch"
+#: Attribute of a MessageProxy: a settlement of it was sent and failed (it may have run).
+_SETTLE_TRIED = "_settle_tried"
 
 #: How long a message this worker holds in Redis must stay unknown in memory before
 #: :meth:`SettlingConsumer.reclaim_orphans` requeues it: longer than any fetch or
@@ -216,7 +223,9 @@ class SettlingConsumer(_RedisConsumer):
         if message is None:
             self._release(redis_id)
             return None
-        return MessageProxy(message)
+        proxy = MessageProxy(message)
+        setattr(proxy, _RESETS_AT_FETCH, self.broker.epoch.resets)
+        return proxy
 
     def _check(self, redis_id: str, body: bytes | None) -> Message[Any] | None:
         """The message, or None when it was malformed (then dead-lettered)."""
@@ -308,19 +317,45 @@ class SettlingConsumer(_RedisConsumer):
         redis_id = message.options[layout.REDIS_MESSAGE_ID]
         refill = self._claim(1, releasing=redis_id)
         try:
-            _, fetched = self.broker.settle_and_take(self.queue_name, redis_id, settlement, refill)
+            settled, fetched = self.broker.settle_and_take(
+                self.queue_name, redis_id, settlement, refill
+            )
         except redis.RedisError as error:
             # Still held: Dramatiq retries the settlement until Redis answers.
             with self._slots:
                 self.held.add(redis_id)
             self._fill(refill, [])
+            setattr(message, _SETTLE_TRIED, True)
             raise ConnectionClosed(error) from None
         except BaseException:
             self._fill(refill, [])
             raise
+        resent = self.broker.lanes.resent() or getattr(message, _SETTLE_TRIED, False)
+        self.broker.epoch.ended(self.queue_name, redis_id)
+        if not settled and not self.delayed:
+            self._not_held(message, resent)
         self._hand_on(refill, fetched)
         if settlement.sent is not None:
             self.broker.emit_after("enqueue", settlement.sent, settlement.delay)
+
+    def _not_held(self, message: MessageProxy, resent: bool) -> None:
+        """The settlement found ``message`` no longer held: mark it lost (the Metrics
+        middleware counts ``jobs_lost_total`` and logs it, never as its outcome), unless an
+        earlier attempt whose reply was lost stored it (``resent``, and no reset since).
+        A delay queue's message is not marked: Dramatiq enqueued it again before its ack."""
+        epoch = self.broker.epoch
+        try:  # a reset not seen yet is seen now, before the message is judged
+            epoch.check([layout.namespace_of(self.queue_name)])
+        except redis.RedisError as error:
+            logger.warning("cannot read the broker epoch now: %s", error)
+        if epoch.resets > getattr(message, _RESETS_AT_FETCH, epoch.resets):
+            mark_lost(message, "Redis lost its data (broker reset) while this worker held it")
+        elif not resent:
+            mark_lost(
+                message,
+                "no longer held: another worker recovered it (this worker's heartbeat was "
+                "older than WORKER_HEARTBEAT_TIMEOUT_MS); it runs again there",
+            )
 
     def requeue(self, messages: Iterable[MessageProxy]) -> None:
         redis_ids = [message.options[layout.REDIS_MESSAGE_ID] for message in messages]
@@ -381,8 +416,11 @@ class SettleLanes:
             connection = self._mine.connection = self._pool.make_connection()
             with self._made_lock:
                 self._made.append(connection)
+        self._mine.resent = False
+        sent = False
         try:
             connection.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            sent = True
             return connection.read_response()
         except redis.exceptions.NoScriptError:
             pass  # a restarted Redis lost its script cache: the client's call loads it
@@ -390,6 +428,7 @@ class SettleLanes:
             # READONLY: the node was demoted and wrote nothing; the client's call finds the
             # primary (:mod:`.redisclient`).
             connection.disconnect()
+            self._mine.resent = sent  # sent, no reply: Redis may have run it
         except BaseException:
             # Anything else: a Redis error reply, or an exception raised in this thread
             # (by a signal) between the command and its reply, which must not be read as
@@ -397,6 +436,12 @@ class SettleLanes:
             connection.disconnect()
             raise
         return script(keys=keys, args=args)
+
+    def resent(self) -> bool:
+        """Whether this thread's last :meth:`call` was sent again through the client after
+        its lane sent it and got no reply (then Redis may have run it twice: its guard
+        made the second a no-op)."""
+        return bool(getattr(self._mine, "resent", False))
 
     def close(self) -> None:
         """Disconnect every thread's lane (they reconnect if used again)."""
@@ -416,10 +461,19 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
     restarts keeps its count of held messages.
     """
 
-    def __init__(self, max_message_bytes: int | None = None, **parameters: Any) -> None:
+    def __init__(
+        self,
+        max_message_bytes: int | None = None,
+        state_dir: Path | None = None,
+        **parameters: Any,
+    ) -> None:
         super().__init__(**parameters)  # type: ignore[no-untyped-call]
         #: A fetched body bigger than this is dead-lettered unread (None: no limit).
         self.max_message_bytes = max_message_bytes
+        #: Notices that Redis lost its data (``state_dir``: where readiness reads it).
+        self.epoch = brokerstate.BrokerEpoch(
+            self.client, self.held_deliveries, self._on_reset, state_dir
+        )
         self.fetch_script = self.client.register_script(layout.FETCH)
         self.settle_script = self.client.register_script(layout.SETTLE)
         self.lanes = SettleLanes(self.client)
@@ -509,6 +563,27 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
             raise
         return sent
 
+    def held_deliveries(self) -> set[tuple[str, str]]:
+        """Every delivery this process holds now (fetched, not settled): (queue, redis id)."""
+        with self._consumers_lock:
+            consumers = list(self._consumers.values())
+        held: set[tuple[str, str]] = set()
+        for consumer in consumers:
+            if consumer.delayed:
+                continue  # Dramatiq enqueues a delayed message again before its ack
+            with consumer._slots:
+                ids = consumer.held.union(redis_id for redis_id, _ in consumer.message_cache)
+            held.update((consumer.queue_name, redis_id) for redis_id in ids)
+        return held
+
+    def observe_epochs(self, epochs: dict[str, Any]) -> None:
+        """:meth:`.brokerstate.BrokerEpoch.observe` each namespace's epoch token."""
+        for namespace, value in epochs.items():
+            self.epoch.observe(namespace, value)
+
+    def _on_reset(self, cause: str) -> None:
+        self.emit_after(RESET_SIGNAL, cause)
+
     def keep_time(self, redis_ms: int) -> None:
         """Redis's clock read just now (a heartbeat's reply): Dramatiq's dispatch script, which
         writes this worker's heartbeat with the timestamp it is given (an enqueue from a
@@ -572,7 +647,9 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
         return bool(raw[0]), _pairs(raw[1:])
 
     def close(self) -> None:
-        """Disconnect the settlement lanes (:class:`SettleLanes`)."""
+        """Disconnect the settlement lanes (:class:`SettleLanes`); a reset still unresolved is
+        no longer this process's (its readiness notice goes)."""
+        self.epoch.close()
         self.lanes.close()
         super().close()
 

@@ -18,9 +18,10 @@ Readiness: every worker process of the container is up (no grace period: a pod
 whose processes cannot start must not count as available during a rollout), Redis
 (and the database) answer within a short timeout, and the Redis node ``REDIS_URL``
 leads to is a primary (a replica refuses every write: a plain URL that still names a
-demoted primary; through Sentinel the probe asks for the primary again each time), and
-Redis takes writes (not full: ``maxmemory`` reached under ``noeviction``,
-:mod:`.brokerstate`); each reason is one line of the body.
+demoted primary; through Sentinel the probe asks for the primary again each time),
+Redis takes writes (not full: ``maxmemory`` reached under ``noeviction``), and no worker
+process has an unresolved broker reset (:mod:`.brokerstate`); each reason is one line of
+the body.
 """
 
 from __future__ import annotations
@@ -175,6 +176,7 @@ def readiness_problems(settings: Settings, timeout_s: float = READY_TIMEOUT_S) -
         problems.append(f"redis: {error}")
     finally:
         client.close()
+    problems += brokerstate.read_reset_notices(settings.worker_state_dir, process_alive)
     if settings.uses_database:
         db = importlib.import_module(f"{__package__}.db")  # absent without the database option
         try:

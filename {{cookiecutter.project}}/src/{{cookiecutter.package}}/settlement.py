@@ -55,6 +55,10 @@ TIME_LIMIT_REASON: Final = (
 #: The ``actor`` label of a malformed message whose actor is not declared here (bounded).
 UNKNOWN_ACTOR: Final = "unknown"
 
+#: The broker's signal for a reset it saw (Redis lost its data, :mod:`.brokerstate`): it calls
+#: ``after_broker_reset(broker, cause)`` of the middleware that define it.
+RESET_SIGNAL: Final = "broker_reset"
+
 #: The broker's signal for a message refused before any handler saw it: it calls
 #: ``after_reject_message(broker, queue, actor, reason=...)`` of the middleware that
 #: define it (``queue`` canonical, ``actor`` a declared actor or :data:`UNKNOWN_ACTOR`).
@@ -87,6 +91,20 @@ class Settlement:
 ACK = Settlement("ack")
 REQUEUE = Settlement("requeue")
 _ATTRIBUTE = "_settlement"
+_LOST = "_lost"
+
+
+def mark_lost(message: MessageProxy, reason: str) -> None:
+    """The settlement of ``message`` found it no longer held: nothing was stored; ``reason``
+    says why (a broker reset, another worker recovered it). Counted in
+    ``jobs_lost_total{queue}``, never as its outcome."""
+    setattr(message, _LOST, reason)
+
+
+def lost_reason(message: MessageProxy) -> str | None:
+    """Why ``message``'s settlement found it no longer held; None when it was stored."""
+    found: str | None = getattr(message, _LOST, None)
+    return found
 
 
 def settle_with(message: MessageProxy, settlement: Settlement) -> None:
@@ -136,6 +154,10 @@ class SettlingBroker:
 
     def keep_time(self, redis_ms: int) -> None:
         """Redis's clock (``TIME``, ms) as a heartbeat just read it; ignored here."""
+
+    def observe_epochs(self, epochs: dict[str, Any]) -> None:
+        """Each namespace's epoch token as a heartbeat just read it (:mod:`.brokerstate`);
+        ignored here."""
 
 
 def job_outcome(broker: Broker, message: MessageProxy, exception: BaseException | None) -> str:

@@ -205,7 +205,8 @@ class Supervisor:
                 ]
             )
         try:
-            for folder in (progress_dir(state_dir), self.metrics_dir, self.reports_dir):
+            resets = brokerstate.reset_notices_dir(state_dir)
+            for folder in (progress_dir(state_dir), resets, self.metrics_dir, self.reports_dir):
                 shutil.rmtree(folder, ignore_errors=True)
                 folder.mkdir(parents=True)
             need = PROCESS_BYTES * self.settings.worker_processes

@@ -59,6 +59,7 @@ import math
 import os
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,7 +72,7 @@ from prometheus_client.mmap_dict import MmapedDict
 from .. import logs
 from ..layout import RETRIES, canonical
 from ..settings import DATABASE_ENABLED
-from ..settlement import job_outcome, skip_outcome
+from ..settlement import job_outcome, lost_reason, skip_outcome
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +112,8 @@ class Instruments:
     duration: Histogram
     inflight: Gauge
     concurrency: Gauge
+    lost: Counter
+    resets: Counter
 
 
 @dataclass(frozen=True)
@@ -214,6 +217,12 @@ def instruments() -> Instruments:
                     "Handler threads (processes x WORKER_CONCURRENCY).",
                     multiprocess_mode="livesum",
                 ),
+                lost=Counter(
+                    "jobs_lost",
+                    "Settlements that found their message no longer held (never counted done).",
+                    ["queue"],
+                ),
+                resets=Counter("broker_resets", "Times this process saw Redis lose its data."),
             )
         return _instruments
 
@@ -283,6 +292,7 @@ class Metrics(Middleware):
       concurrency: ``WORKER_CONCURRENCY`` (this process's handler threads).
       database: publish the connection pool's use (default: the database option is on).
       publish_interval_s: seconds between two publications (default ``PUBLISH_INTERVAL_S``).
+      queues: the queues served, whose ``jobs_lost_total`` series start at 0 (default none).
     """
 
     def __init__(
@@ -290,8 +300,10 @@ class Metrics(Middleware):
         concurrency: int,
         database: bool | None = None,
         publish_interval_s: float = PUBLISH_INTERVAL_S,
+        queues: Sequence[str] = (),
     ) -> None:
         self.concurrency = concurrency
+        self.queues = list(queues)
         self.database = DATABASE_ENABLED if database is None else database
         self.publish_interval_s = publish_interval_s
         #: Handler thread id -> ``perf_counter()`` when its job started (the jobs in flight).
@@ -307,7 +319,10 @@ class Metrics(Middleware):
     # -- boot and shutdown -------------------------------------------------------------------
 
     def before_worker_boot(self, broker: Broker, worker: Worker) -> None:
-        instruments().concurrency.set(self.concurrency)
+        metrics = instruments()
+        metrics.concurrency.set(self.concurrency)
+        for queue in self.queues:  # a series from 0, so an alert sees its first increase
+            metrics.lost.labels(canonical(queue))
         self._stop.clear()
         threading.Thread(target=self._publish_loop, name="metrics", daemon=True).start()
 
@@ -405,6 +420,10 @@ class Metrics(Middleware):
         delattr(message, _ENDED)
         outcome, duration, queue = ended
         actor = message.actor_name
+        lost = lost_reason(message)
+        if lost is not None:
+            self._lose(message, queue, outcome, duration, lost)
+            return
         self.count(queue, actor, outcome)
         logs.event(
             logger,
@@ -423,6 +442,34 @@ class Metrics(Middleware):
         )
 
     after_nack = after_ack
+
+    def _lose(
+        self, message: MessageProxy, queue: str, outcome: str, duration: float, reason: str
+    ) -> None:
+        """Its settlement found the message no longer held: count ``jobs_lost_total`` and log
+        it as ``lost`` (with what the handler's outcome would have been), never as done."""
+        instruments().lost.labels(queue).inc()
+        logs.event(
+            logger,
+            logging.ERROR,
+            "job lost: %s",
+            (reason,),
+            {
+                "event": "job_end",
+                "job_id": message.message_id,
+                "queue": queue,
+                "actor": message.actor_name,
+                "outcome": "lost",
+                "handler_outcome": outcome,
+                "reason": reason,
+                "duration_s": round(duration, 6),
+            },
+        )
+
+    def after_broker_reset(self, broker: Broker, cause: str) -> None:
+        """The broker saw Redis lose its data (:data:`..settlement.RESET_SIGNAL`; the broker
+        logs it): count ``broker_resets_total``."""
+        instruments().resets.inc()
 
     def after_reject_message(self, broker: Broker, queue: str, actor: str, *, reason: str) -> None:
         """A malformed message was dead-lettered before any handler saw it (the broker's

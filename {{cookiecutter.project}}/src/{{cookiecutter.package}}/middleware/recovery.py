@@ -66,6 +66,7 @@ class Recovery(Middleware):
         beats = recovery.heartbeat(client, broker.broker_id, self.queues)  # type: ignore[attr-defined]
         settling = cast(SettlingBroker, broker)
         settling.keep_time(min(now for now, _ in beats.values()))
+        settling.observe_epochs({namespace: epoch for namespace, (_, epoch) in beats.items()})
         recovery.recover_dead_workers(
             client, self.queues, self.heartbeat_timeout_ms, self.max_attempts
         )
