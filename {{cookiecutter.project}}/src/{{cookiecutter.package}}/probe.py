@@ -159,7 +159,9 @@ def readiness_problems(settings: Settings, timeout_s: float = READY_TIMEOUT_S) -
     from .redisclient import connect, role_problem
 
     problems = []
-    namespace = layout.namespace_of(settings.worker_queues[0])
+    # The scheduler's settings serve no pool (no WORKER_QUEUES): its namespace is the default.
+    queues: list[str] = getattr(settings, "worker_queues", None) or []
+    namespace = layout.namespace_of(queues[0]) if queues else layout.NAMESPACE
     if missing := missing_processes(settings.worker_state_dir, time.monotonic(), 0.0):
         problems.append(missing)
     client = connect(
