@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test e2e-build bench bench-report venv clean
+.PHONY: demo test lint e2e-build bench bench-report venv clean
 
 venv: $(VENV)/.installed
 
@@ -24,6 +24,13 @@ test: venv
 # ~/.cache/worker-template-e2e), keyed by their versions (scripts/e2e/build.py).
 e2e-build:
 	$(PYTHON) scripts/e2e/build.py
+
+# worker_infra's import contracts (infra/pyproject.toml) and ruff; each bake's own
+# `make lint` (its contracts in its pyproject.toml) runs in tests/test_template.py.
+lint: venv
+	$(BIN)/python -m ruff check infra/worker_infra
+	$(BIN)/python -m ruff format --check infra/worker_infra
+	cd infra && $(abspath $(BIN))/lint-imports --no-cache
 
 # Each benchmark writes bench/results/<script>-<UTC>.json; the report prints one table
 # from the latest of each (bench-report alone reprints it).

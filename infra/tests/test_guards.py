@@ -132,3 +132,30 @@ def test_every_pool_shaping_variable_is_named_by_the_model() -> None:
     } == POOL_ENV
     check_env({"LOG_LEVEL": "DEBUG", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel:4317"}, POOL_ENV)
     assert not secret_like("LOG_LEVEL", "INFO")
+
+
+class _OlderModel:
+    """The model of a service baked from an older template: ``missing`` is not a field yet."""
+
+    def __init__(self, model: object, missing: str) -> None:
+        self._model, self._missing = model, missing
+
+    def __getattr__(self, name: str) -> object:
+        if name == self._missing:
+            raise AttributeError(name)
+        return getattr(self._model, name)
+
+
+def test_a_service_model_older_than_worker_infra_is_refused_in_one_line() -> None:
+    from worker_infra import DownstreamSpec, PoolSpec
+
+    model = pools_module().Pool(queues=["q"])
+    with pytest.raises(GuardError) as refused:
+        PoolSpec.of("bulk", _OlderModel(model, "critical"))
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message.startswith("pool 'bulk': the service's model has no field 'critical'")
+    assert "infra/requirements.txt" in message
+    downstream = pools_module().Downstream(capacity=10)
+    with pytest.raises(GuardError, match="downstream 'pg': .* no field 'reserved'"):
+        DownstreamSpec.of("pg", _OlderModel(downstream, "reserved"))

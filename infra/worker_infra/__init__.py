@@ -24,6 +24,7 @@ from .args import (
     PoolSpec,
     SandboxSpec,
     ScalingSpec,
+    SchedulerSpec,
     ServiceSpec,
 )
 from .capacity import Share, Usage, capacity_report, capped_max_replicas, check_capacity
@@ -33,6 +34,7 @@ from .guards import (
     check_env,
     check_isolation,
     check_memory,
+    check_scheduler,
     check_timing,
     grace_period_s,
     memory_needed,
@@ -41,7 +43,7 @@ from .guards import (
 from .pool import WorkerPool, WorkerPoolArgs
 from .sandbox import SandboxPool, SandboxPoolArgs
 from .scaler import BacklogScaler, BacklogScalerArgs
-from .scheduler import SchedulerArgs, SchedulerDeployment, SchedulerSpec
+from .scheduler import SchedulerArgs, SchedulerDeployment
 from .service import WorkerService
 
 __all__ = [
@@ -71,6 +73,7 @@ __all__ = [
     "check_env",
     "check_isolation",
     "check_memory",
+    "check_scheduler",
     "check_timing",
     "cluster_provider",
     "grace_period_s",

@@ -12,13 +12,13 @@ only what the infrastructure reads, with no defaults of their own.
 
 from __future__ import annotations
 
+import importlib.metadata
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import pulumi
 
-if TYPE_CHECKING:
-    from .scheduler import SchedulerSpec
+from .errors import GuardError
 
 PerProcess = Literal["db_pool_size", "concurrency"]
 MiB = 2**20
@@ -47,6 +47,30 @@ class DownstreamModel(Protocol):
 #: PoolSpec fields the pool model holds under another name (what the pods get, after
 #: the model's defaulting).
 MODEL_ATTRIBUTE = {"prefetch": "effective_prefetch", "db_pool_size": "effective_db_pool_size"}
+#: What :meth:`DownstreamSpec.of` reads of a ``Downstream``, in its fields' order.
+DOWNSTREAM_FIELDS = ("capacity", "reserved", "per_process")
+
+
+#: Where a bake pins the worker-infra it runs (the tag of worker-template it was baked from).
+PIN = "infra/requirements.txt"
+
+
+def model_value(model: object, what: str, attribute: str) -> Any:
+    """``model.attribute``, read from the service's model; a model without it (a
+    worker-infra newer than the service's template, the version skew) is refused in one
+    line naming ``what``, the field and the pin, instead of an ``AttributeError``."""
+    try:
+        return getattr(model, attribute)
+    except AttributeError:
+        try:
+            version = importlib.metadata.version("worker-infra")
+        except importlib.metadata.PackageNotFoundError:
+            version = "unknown"
+        raise GuardError(
+            f"{what}: the service's model has no field {attribute!r}, which worker-infra "
+            f"{version} reads: the worker-infra pinned in {PIN} is newer than the template "
+            "the service was baked from; pin the tag it was baked with, or update the service"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -69,7 +93,11 @@ class DownstreamSpec:
     @classmethod
     def of(cls, name: str, resource: DownstreamModel) -> DownstreamSpec:
         """The spec of a validated ``[downstream.<name>]`` entry."""
-        return cls(name, resource.capacity, resource.reserved, resource.per_process)
+        what = f"downstream {name!r}"
+        return cls(
+            name,
+            *(model_value(resource, what, attribute) for attribute in DOWNSTREAM_FIELDS),
+        )
 
     @property
     def budget(self) -> int:
@@ -133,7 +161,8 @@ class PoolSpec:
         values: dict[str, Any] = {}
         for spec_field in fields(cls):
             if spec_field.name != "name":
-                value = getattr(pool, MODEL_ATTRIBUTE.get(spec_field.name, spec_field.name))
+                attribute = MODEL_ATTRIBUTE.get(spec_field.name, spec_field.name)
+                value = model_value(pool, f"pool {name!r}", attribute)
                 values[spec_field.name] = tuple(value) if isinstance(value, list) else value
         return cls(name=name, **values)
 
@@ -273,6 +302,32 @@ class ClusterSpec:
     context: str | None = None
     kubeconfig: str | None = None
     allow_ambient: bool = False
+
+
+@dataclass(frozen=True)
+class SchedulerSpec:
+    """The scheduler of a service (stack-wide; :class:`.scheduler.SchedulerDeployment`,
+    checked by :func:`.guards.check_scheduler`).
+
+    Parameters:
+      schedules: names of the ``[schedules.*]`` tables; none means no scheduler is rendered.
+      replicas: replicas of the Deployment (default 2: a leader and a standby).
+      leader_ttl_ms: ``SCHEDULER_LEADER_TTL_MS``: a dead leader is replaced within it
+        (default 10000).
+      cpu: CPU request (default ``"50m"``).
+      memory: memory limit and request (default ``"192Mi"``: Python, Dramatiq, the actors).
+      stalled_after_s: liveness threshold of its main loop (default 30 s; it ticks at least
+        every third of the leader TTL).
+      grace_period_s: ``terminationGracePeriodSeconds`` (default 30; it stops in a second).
+    """
+
+    schedules: tuple[str, ...] = ()
+    replicas: int = 2
+    leader_ttl_ms: int = 10_000
+    cpu: str = "50m"
+    memory: str = "192Mi"
+    stalled_after_s: int = 30
+    grace_period_s: int = 30
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,14 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from .args import DEFAULT_GRACE_MARGIN_S, DEFAULT_MEMORY_BASE, DownstreamSpec, MiB, PoolSpec
+from .args import (
+    DEFAULT_GRACE_MARGIN_S,
+    DEFAULT_MEMORY_BASE,
+    DownstreamSpec,
+    MiB,
+    PoolSpec,
+    SchedulerSpec,
+)
 from .capacity import Usage, capped_max_replicas, check_capacity
 from .errors import GuardError
 
@@ -203,3 +210,18 @@ def plan(
         ),
         capacity=report,
     )
+
+
+def check_scheduler(spec: SchedulerSpec) -> None:
+    """Refuse scheduler numbers that break the leader election or the liveness probe."""
+    if spec.replicas < 1:
+        raise GuardError(f"scheduler: replicas ({spec.replicas}) must be at least 1")
+    if not 1_000 <= spec.leader_ttl_ms <= 600_000:
+        raise GuardError(
+            f"scheduler: leader_ttl_ms ({spec.leader_ttl_ms}) must lie in 1000..600000"
+        )
+    if spec.stalled_after_s * 1000 <= spec.leader_ttl_ms:
+        raise GuardError(
+            f"scheduler: stalled_after_s ({spec.stalled_after_s}) must exceed the leader "
+            f"TTL ({spec.leader_ttl_ms} ms): a follower's loop ticks once per TTL/4"
+        )

@@ -13,52 +13,13 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_kubernetes as k8s
 
-from .args import DEFAULT_METRICS_PORT, DEFAULT_RUN_AS_USER
-from .errors import GuardError
+from .args import DEFAULT_METRICS_PORT, DEFAULT_RUN_AS_USER, SchedulerSpec
+from .guards import check_scheduler
 from .pool import BROKER_URL_KEY
 from .poolsfile import POOLS_FILE
 from .workload import Workload, container_env, readiness_probe, restricted_workload
 
 COMPONENT = "scheduler"
-
-
-@dataclass(frozen=True)
-class SchedulerSpec:
-    """The scheduler of a service (stack-wide).
-
-    Parameters:
-      schedules: names of the ``[schedules.*]`` tables; none means no scheduler is rendered.
-      replicas: replicas of the Deployment (default 2: a leader and a standby).
-      leader_ttl_ms: ``SCHEDULER_LEADER_TTL_MS``: a dead leader is replaced within it
-        (default 10000).
-      cpu: CPU request (default ``"50m"``).
-      memory: memory limit and request (default ``"192Mi"``: Python, Dramatiq, the actors).
-      stalled_after_s: liveness threshold of its main loop (default 30 s; it ticks at least
-        every third of the leader TTL).
-      grace_period_s: ``terminationGracePeriodSeconds`` (default 30; it stops in a second).
-    """
-
-    schedules: tuple[str, ...] = ()
-    replicas: int = 2
-    leader_ttl_ms: int = 10_000
-    cpu: str = "50m"
-    memory: str = "192Mi"
-    stalled_after_s: int = 30
-    grace_period_s: int = 30
-
-    def check(self) -> None:
-        """Refuse numbers that break the leader election or the liveness probe."""
-        if self.replicas < 1:
-            raise GuardError(f"scheduler: replicas ({self.replicas}) must be at least 1")
-        if not 1_000 <= self.leader_ttl_ms <= 600_000:
-            raise GuardError(
-                f"scheduler: leader_ttl_ms ({self.leader_ttl_ms}) must lie in 1000..600000"
-            )
-        if self.stalled_after_s * 1000 <= self.leader_ttl_ms:
-            raise GuardError(
-                f"scheduler: stalled_after_s ({self.stalled_after_s}) must exceed the leader "
-                f"TTL ({self.leader_ttl_ms} ms): a follower's loop ticks once per TTL/4"
-            )
 
 
 @dataclass(frozen=True)
@@ -119,7 +80,7 @@ class SchedulerDeployment(pulumi.ComponentResource):
     def __init__(
         self, name: str, args: SchedulerArgs, opts: pulumi.ResourceOptions | None = None
     ) -> None:
-        args.spec.check()
+        check_scheduler(args.spec)
         super().__init__("worker-infra:index:SchedulerDeployment", name, None, opts)
         full_name = f"{args.project}-{COMPONENT}"
         labels = scheduler_labels(args.project)

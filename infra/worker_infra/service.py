@@ -9,7 +9,7 @@ import pulumi_kubernetes as k8s
 
 from .alerts import alert_groups
 from .args import PoolSpec, ServiceSpec
-from .guards import PoolPlan, ServicePlan, check_env, plan
+from .guards import PoolPlan, ServicePlan, check_env, check_scheduler, plan
 from .monitoring import pod_monitor
 from .pool import DATABASE_URL_KEY, WorkerPool, WorkerPoolArgs
 from .poolsfile import checksum, pools_config_map
@@ -51,7 +51,7 @@ class WorkerService(pulumi.ComponentResource):
         )
         scheduler = spec.scheduler if spec.scheduler and spec.scheduler.schedules else None
         if scheduler is not None:
-            scheduler.check()
+            check_scheduler(scheduler)
         super().__init__("worker-infra:index:WorkerService", name, None, opts)
         self.spec = spec
         self._name = name
