@@ -83,6 +83,18 @@ def calls(results: dict[str, Any]) -> Iterator[Row]:
            f"bare Dramatiq {per_job['bare']:.0f}", f"{_f(per_job['service'] / per_job['bare'])} x")
 
 
+def idle(results: dict[str, Any]) -> Iterator[Row]:
+    for r in results["rows"]:
+        service, bare = r["service"], r["bare"]
+        yield (f"idle Redis round trips/s per process: {r['processes']} process(es), "
+               f"{r['queues']} queue(s) (commands/s)",
+               f"{_f(service['round_trips_per_s_per_process'], 1)} "
+               f"({_f(service['commands_per_s_per_process'], 1)})",
+               f"bare Dramatiq {_f(bare['round_trips_per_s_per_process'], 1)} "
+               f"({_f(bare['commands_per_s_per_process'], 1)})",
+               f"{_f(r['round_trips_vs_bare'])} x ({_f(r['commands_vs_bare'])} x)")
+
+
 def bake(results: dict[str, Any]) -> Iterator[Row]:
     yield ("bake the defaults (cookiecutter, median)", f"{_f(results['bake_s'])} s", "", "")
     yield ("the baked suite (`pytest` as `make test` runs it)", f"{results['suite_s']:.0f} s",
@@ -106,6 +118,7 @@ SUMMARIES: dict[str, Callable[[dict[str, Any]], Iterator[Row]]] = {
     "lifecycle_bench": lifecycle,
     "metrics_bench": metrics,
     "sandbox_overhead": sandbox,
+    "idle_cost": idle,
     "bake_bench": bake,
     "capacity_bench": capacity,
 }

@@ -10,6 +10,7 @@ for good, and a take whose reply is only late is never mistaken for one.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import dramatiq
@@ -17,6 +18,7 @@ import pytest
 import redis
 from dramatiq import Message
 
+from {{ cookiecutter.package }} import consumer as consumer_module
 from {{ cookiecutter.package }} import layout
 from {{ cookiecutter.package }}.consumer import (
     ORPHAN_AFTER_S,
@@ -158,6 +160,45 @@ def test_in_a_worker_the_handlers_take_their_next_jobs_themselves(redis_url: str
     # Each settlement took the next message: the consumer thread fetched only to start
     # (and polled the empty queues), not once per job.
     assert len(fetches) < 50, f"{len(fetches)} fetches for 200 jobs"
+
+
+def test_an_idle_consumer_is_woken_by_an_enqueue_and_by_the_drain(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An empty queue pauses its consumer (here a minute each time, IDLE_POLL_MS in the
+    worker); a producer's enqueue wakes it at once (its wake-up is published in the same
+    round trip), and so does stop_fetching (the drain)."""
+    monkeypatch.setattr(
+        consumer_module, "compute_backoff", lambda misses, **_: (misses + 1, 60_000)
+    )
+    broker = SettlingRedisBroker(url=redis_url, middleware=[])
+    producer = SettlingRedisBroker(url=redis_url, middleware=[])  # another process's, say
+    ran = threading.Event()
+
+    @dramatiq.actor(broker=broker, actor_name="job", queue_name="woken")
+    def job(n: int) -> None:
+        ran.set()
+
+    declare_job(producer, "woken")
+    fetches = counting_fetches(broker)
+    worker = dramatiq.Worker(broker, worker_threads=1, worker_timeout=50)
+    worker.start()
+    try:
+        deadline = time.monotonic() + 10
+        while len(fetches) < 2 and time.monotonic() < deadline:  # both queues found empty
+            time.sleep(0.01)
+        assert len(fetches) >= 2
+        time.sleep(0.2)  # they pause now (a minute, unless woken)
+        enqueue(producer, "woken", 1)
+        assert ran.wait(10), "the enqueue did not wake the idle consumer"
+    finally:
+        stopping = time.monotonic()
+        broker.stop_fetching()
+        worker.stop()
+        stopped_s = time.monotonic() - stopping
+        broker.close()
+        producer.close()
+    assert stopped_s < 10, f"the drain waited {stopped_s:.1f} s for a paused consumer"
 
 
 class Hooked(dramatiq.Middleware):

@@ -29,6 +29,13 @@ down at that moment. :class:`SettlingRedisBroker` and :class:`SettlingConsumer` 
   fetches what the refills leave free at once (a settlement wakes it); only an empty
   queue is polled on a timer (a growing pause up to ``timeout``). Slots are counted
   under one lock, so fetched-and-unsettled messages never exceed the prefetch.
+* An idle consumer costs little: an empty queue is polled every :data:`IDLE_POLL_MS`
+  at most (a growing pause, as Dramatiq's, up to 1 s: about two fetches a second per
+  queue, its own and its delay queue's), and a producer wakes it at once: an enqueue
+  publishes the queue's name on :data:`.layout.WAKE_CHANNEL` in the same round trip (a
+  retry or a requeue by a settlement in a round trip of its own), and each worker
+  process listens (:class:`WakeUps`, one connection, no polling). The sandbox pool's
+  queue has no wake-ups (its Redis user has no pub/sub rights): it is only polled.
 * A consumer outlives the restarts of its consumer thread (one per queue), so its
   count of held messages stays right after an outage; the delay queue's consumer
   hands back what its thread dropped from memory on a connection error.
@@ -41,10 +48,10 @@ down at that moment. :class:`SettlingRedisBroker` and :class:`SettlingConsumer` 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import threading
-import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -83,6 +90,10 @@ _SETTLE_TRIED = "_settle_tried"
 #: reply is still coming is never mistaken for an orphan.
 ORPHAN_AFTER_S = 60.0
 
+#: Longest pause (ms) between two fetches of an empty queue (Dramatiq's default timeout);
+#: a wake-up (:class:`WakeUps`) or the drain ends it at once.
+IDLE_POLL_MS = 1000
+
 
 class SettlingConsumer(_RedisConsumer):
     """Consumes one queue for a :class:`SettlingRedisBroker` (created by its ``consume``).
@@ -106,6 +117,8 @@ class SettlingConsumer(_RedisConsumer):
         self.claimed = 0
         self._slots = threading.Lock()
         self._slot_freed = threading.Event()
+        #: Set by :meth:`wake`: ends the pause after an empty fetch.
+        self._woken = threading.Event()
         #: The consumer thread's ``handle_message`` (Dramatiq's ``_ConsumerThread``: a
         #: message onto the work queue, or the delay queue when it has an eta), taken by
         #: :meth:`SettlingRedisBroker.consume` from the thread that calls it; None when
@@ -199,15 +212,17 @@ class SettlingConsumer(_RedisConsumer):
                     return None
                 claimed = self._claim(self.prefetch)
                 fetched: list[tuple[str, bytes | None]] = []
+                self._woken.clear()  # a wake-up from now on (a message enqueued) ends the pause
                 try:
                     fetched = self._fetch(claimed) if claimed else []
                 finally:
                     self._fill(claimed, fetched)
                 if fetched:
                     continue
-                # The queue is empty: poll it again after a growing pause, up to ``timeout``.
-                self.misses, backoff_ms = compute_backoff(self.misses, max_backoff=self.timeout)
-                time.sleep(backoff_ms / 1000)
+                # The queue is empty: poll it again after a growing pause, up to IDLE_POLL_MS,
+                # unless a producer (or the drain) wakes it first.
+                self.misses, backoff_ms = compute_backoff(self.misses, max_backoff=IDLE_POLL_MS)
+                self._woken.wait(backoff_ms / 1000)
                 return None
         except redis.RedisError as error:
             raise ConnectionClosed(error) from None
@@ -278,16 +293,28 @@ class SettlingConsumer(_RedisConsumer):
                 extra={"queue": self.queue_name, "requeued": len(orphans)},
             )
 
-    def reclaim_orphans(self, now: float) -> int:
+    @property
+    def acks_key(self) -> str:
+        """This worker's acks set of the queue (what it holds in Redis)."""
+        return layout.acks_key(self.broker.broker_id, self.queue_name)
+
+    def reclaim_orphans(self, now: float, held_in_redis: Iterable[Any] | None = None) -> int:
         """Requeue the messages this worker holds in Redis but nowhere in memory; return how
         many. A fetch or settlement whose reply was lost after Redis ran it (a socket
         timeout, a dropped connection) took messages that nobody here knows of, and the
         retried call took others: without this they would wait in the acks set until this
         process stops. An id is requeued once it was unknown in every look for
         :data:`ORPHAN_AFTER_S` (``now``: ``time.monotonic()``); the requeue is the
-        settlement's, so an id settled meanwhile is left alone."""
-        acks = layout.acks_key(self.broker.broker_id, self.queue_name)
-        in_redis = {layout.text(raw) for raw in self.broker.client.smembers(acks)}
+        settlement's, so an id settled meanwhile is left alone.
+
+        Parameters:
+          held_in_redis: the members of this worker's acks set of the queue, when the
+            caller read them (:meth:`SettlingRedisBroker.reclaim_orphans` reads every
+            queue's in one call, :data:`.layout.MEMBERS`); None: read here.
+        """
+        if held_in_redis is None:
+            held_in_redis = self.broker.client.smembers(self.acks_key)
+        in_redis = {layout.text(raw) for raw in held_in_redis}
         with self._slots:
             known = self.held.union(redis_id for redis_id, _ in self.message_cache)
         self._unknown_since = {
@@ -367,7 +394,8 @@ class SettlingConsumer(_RedisConsumer):
             raise ConnectionClosed(error) from None
 
     def wake(self) -> None:
-        """Wake the consumer thread if it waits for a free slot."""
+        """Wake the consumer thread if it waits for a free slot or pauses on an empty queue."""
+        self._woken.set()
         self._slot_freed.set()
 
     def _release(self, redis_id: str) -> None:
@@ -476,6 +504,7 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
         )
         self.fetch_script = self.client.register_script(layout.FETCH)
         self.settle_script = self.client.register_script(layout.SETTLE)
+        self.members_script = self.client.register_script(layout.MEMBERS)
         self.lanes = SettleLanes(self.client)
         #: False once :meth:`stop_fetching` was called: consumers and refills take nothing.
         self.fetching = True
@@ -486,6 +515,7 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
         self._consumers_lock = threading.Lock()
         #: Redis's clock minus this host's, ms, as of the last heartbeat (:meth:`keep_time`).
         self.clock_offset_ms = 0
+        self._wake_ups: WakeUps | None = None
 
     def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 5000) -> SettlingConsumer:
         with self._consumers_lock:
@@ -493,6 +523,10 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
             if consumer is None:
                 consumer = SettlingConsumer(self, queue_name, prefetch, timeout)
                 self._consumers[queue_name] = consumer
+            if self._wake_ups is None and layout.namespace_of(queue_name) == layout.NAMESPACE:
+                # A process that consumes listens for wake-ups (not the sandbox's: no rights).
+                self._wake_ups = WakeUps(self)
+                self._wake_ups.start()
             consumer.prefetch, consumer.timeout = prefetch, timeout
             consumer.dispatch = getattr(threading.current_thread(), "handle_message", None)
             return consumer
@@ -611,9 +645,26 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
                 self._max_unpack_size(),  # type: ignore[no-untyped-call]
                 *args,
             ]
-            return dispatch(args=arguments, keys=[layout.namespace_of(queue_name)])
+            namespace = layout.namespace_of(queue_name)
+            if command != "enqueue" or namespace != layout.NAMESPACE:
+                return dispatch(args=arguments, keys=[namespace])
+            # Wake the idle consumers of the queue, in the same round trip; a user without
+            # pub/sub rights still enqueues (the consumers then poll).
+            pipe = self.client.pipeline(transaction=False)
+            dispatch(args=arguments, keys=[namespace], client=pipe)
+            pipe.publish(layout.WAKE_CHANNEL, queue_name)
+            enqueued, _ = pipe.execute(raise_on_error=False)
+            if isinstance(enqueued, Exception):
+                raise enqueued
+            return enqueued
 
         return do_dispatch
+
+    def wake(self, queue: str) -> None:
+        """A message was enqueued on ``queue`` (named on a wake channel): wake its consumer."""
+        consumer = self._consumers.get(queue)
+        if consumer is not None:
+            consumer.wake()
 
     def settle(self, queue: str, redis_id: str, settlement: Settlement) -> bool:
         """Store ``settlement`` of the delivery ``redis_id`` held on ``queue``; False when
@@ -625,7 +676,12 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
         """:meth:`SettlingConsumer.reclaim_orphans` on every queue this worker consumes."""
         with self._consumers_lock:
             consumers = list(self._consumers.values())
-        return sum(consumer.reclaim_orphans(now) for consumer in consumers)
+        keys = [consumer.acks_key for consumer in consumers]  # one call for every queue
+        held = layout.members_of(self.members_script(keys=keys)) if keys else []
+        return sum(
+            consumer.reclaim_orphans(now, members)
+            for consumer, members in zip(consumers, held, strict=True)
+        )
 
     def settle_and_take(
         self, queue: str, redis_id: str, settlement: Settlement, take: int
@@ -644,11 +700,23 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
                 take,
             ],
         )
+        if raw[0] and settlement.kind in ("retry", "requeue"):
+            self.publish_wake(settlement.target_queue or queue)
         return bool(raw[0]), _pairs(raw[1:])
 
+    def publish_wake(self, queue: str) -> None:
+        """Wake the idle consumers of ``queue`` (a message was stored on it outside an
+        enqueue: a retry, a requeue); best effort: without it they poll."""
+        if layout.namespace_of(queue) != layout.NAMESPACE:
+            return  # the sandbox's queue: its Redis user may not publish
+        with contextlib.suppress(redis.RedisError):
+            self.client.publish(layout.WAKE_CHANNEL, queue)
+
     def close(self) -> None:
-        """Disconnect the settlement lanes (:class:`SettleLanes`); a reset still unresolved is
-        no longer this process's (its readiness notice goes)."""
+        """Stop listening for wake-ups; disconnect the settlement lanes (:class:`SettleLanes`); a
+        reset still unresolved is no longer this process's (its readiness notice goes)."""
+        if self._wake_ups is not None:
+            self._wake_ups.stop()
         self.epoch.close()
         self.lanes.close()
         super().close()
@@ -677,6 +745,47 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
                 "reason": reason,
             },
         )
+
+
+class WakeUps(threading.Thread):
+    """Listens on the wake channel (:data:`.layout.WAKE_CHANNEL`, one connection of its own)
+    and wakes the consumer of each queue a producer names (:meth:`SettlingRedisBroker.wake`).
+    Costs no round trip while idle. A lost connection is reopened after
+    :data:`RECONNECT_S`; a user without pub/sub rights logs one line and only polls.
+
+    Parameters:
+      broker: the broker whose consumers it wakes.
+    """
+
+    #: Seconds between two tries to listen again after the connection was lost.
+    RECONNECT_S = 1.0
+    #: Longest wait for a message before looking whether :meth:`stop` was called.
+    LISTEN_S = 1.0
+
+    def __init__(self, broker: SettlingRedisBroker) -> None:
+        super().__init__(name="wake-ups", daemon=True)
+        self.broker = broker
+        self._stopped = threading.Event()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def run(self) -> None:
+        while not self._stopped.is_set():
+            pubsub = self.broker.client.pubsub(ignore_subscribe_messages=True)
+            try:
+                pubsub.subscribe(layout.WAKE_CHANNEL)
+                while not self._stopped.is_set():
+                    message = pubsub.get_message(timeout=self.LISTEN_S)
+                    if message is not None:
+                        self.broker.wake(layout.text(message["data"]))
+            except redis.exceptions.NoPermissionError as error:
+                logger.info("no wake-ups (the Redis user may not subscribe): %s", error)
+                return
+            except redis.RedisError:
+                self._stopped.wait(self.RECONNECT_S)
+            finally:
+                pubsub.close()
 
 
 def _pairs(raw: list[Any]) -> list[tuple[str, bytes | None]]:

@@ -127,6 +127,12 @@ def probe_key(namespace: str = NAMESPACE) -> str:
     return f"{namespace}:__probe__"
 
 
+#: The pub/sub channel on which a producer names the queue it just enqueued on (its idle
+#: consumers fetch at once instead of at their next poll). Only :data:`NAMESPACE`'s queues
+#: have one: the sandbox's Redis user has no pub/sub rights, its consumers poll.
+WAKE_CHANNEL: Final = f"{NAMESPACE}:__wake__"
+
+
 def queue_key(queue: str) -> str:
     """The list of ids ready to run on ``queue`` (a queue or a delay queue)."""
     return f"{namespace_of(queue)}:{queue}"
@@ -516,6 +522,31 @@ BACKLOG_FIELDS: Final = ("depth", "head", "delayed", "delayed_head", "dead_lette
 #: ARGV: ids tried at a list's head when one has no body; keys per queue.
 #: Returns per queue the :data:`BACKLOG_FIELDS`: llen, head body or false, delay
 #: llen, delay head body or false, dead-letter count.
+#: The members of every set of KEYS (this worker's acks sets), in one call (the
+#: Recovery pass's look for orphans: one round trip, however many queues).
+#: Returns per key: its member count, then its members.
+MEMBERS: Final = """
+local out = {}
+for _, key in ipairs(KEYS) do
+  local members = redis.call('smembers', key)
+  table.insert(out, #members)
+  for _, member in ipairs(members) do table.insert(out, member) end
+end
+return out
+"""
+
+
+def members_of(raw: list[Any]) -> list[list[Any]]:
+    """:data:`MEMBERS`' reply, split per key (in KEYS' order)."""
+    found: list[list[Any]] = []
+    index = 0
+    while index < len(raw):
+        count = int(raw[index])
+        found.append(raw[index + 1 : index + 1 + count])
+        index += 1 + count
+    return found
+
+
 BACKLOG: Final = """
 local out = {}
 local probe = tonumber(ARGV[1])

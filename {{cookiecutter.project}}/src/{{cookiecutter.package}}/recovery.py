@@ -216,11 +216,13 @@ def forget_worker(client: redis.Redis, broker_id: str, queues: Iterable[str]) ->
 
 def expire_dead_letters(client: redis.Redis, queues: Iterable[str], ttl_ms: int) -> None:
     """Drop dead letters older than ``ttl_ms`` by Redis's clock (Dramatiq's maintenance, which
-    we turn off)."""
+    we turn off); one round trip looks at every queue."""
     cutoff = layout.redis_now_ms(client) - ttl_ms
-    for queue in queues:
-        zset, bodies = layout.dead_letter_keys(queue)
-        old = client.zrangebyscore(zset, 0, cutoff)
+    keys = [layout.dead_letter_keys(queue) for queue in queues]
+    pipe = client.pipeline(transaction=False)
+    for zset, _ in keys:
+        pipe.zrangebyscore(zset, 0, cutoff)
+    for (zset, bodies), old in zip(keys, pipe.execute(), strict=True):
         if old:
             client.zrem(zset, *old)
             client.hdel(bodies, *old)

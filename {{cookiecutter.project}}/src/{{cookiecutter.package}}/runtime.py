@@ -44,10 +44,12 @@ CONSUMER_STOP_S = 2.0
 JOIN_POLL_S = 0.05
 #: Seconds between two ticks of the main loop on the progress board (liveness reads them).
 TICK_INTERVAL_S = 1.0
-#: Longest pause (ms) of a consumer polling an empty queue, and of a handler thread between
-#: looks at the work queue. Dramatiq's 1000 ms default slows an idle drain to more than a
-#: second; 200 ms costs an idle process about 13 fetches a second. A busy consumer does not
-#: poll: a settled delivery wakes it to fill the freed slot (:mod:`.consumer`). Prefetch is
+#: Longest pause (ms) of a handler thread between looks at the work queue, and of a
+#: consumer waiting for a free slot (Dramatiq's ``worker_timeout``; its 1000 ms default slows
+#: an idle drain to more than a second). An empty queue is polled every
+#: :data:`.consumer.IDLE_POLL_MS` at most instead (1 s, as Dramatiq does), and an enqueue or
+#: the drain wakes its consumer at once; a busy consumer does not poll: a settled delivery
+#: wakes it to fill the freed slot (:mod:`.consumer`). Prefetch is
 #: ``WORKER_PREFETCH`` (default: the concurrency), not Dramatiq's twice the threads, so no
 #: message waits behind a long job in a busy process.
 FETCH_TIMEOUT_MS = 200

@@ -33,7 +33,13 @@ class Recovery(Middleware):
       dead_message_ttl_ms: how long dead letters are kept (default 14 days; the worker
         passes ``DLQ_RETENTION_DAYS``).
       interval_s: seconds between passes (default: a fifth of the heartbeat timeout, at most 5).
+
+    Dead letters are kept for days: a pass drops the expired ones at most every
+    :data:`EXPIRE_EVERY_S` (an idle worker's Redis calls grow with its queues otherwise).
     """
+
+    #: Seconds between two passes that drop expired dead letters (the first pass does).
+    EXPIRE_EVERY_S = 60.0
 
     def __init__(
         self,
@@ -49,6 +55,7 @@ class Recovery(Middleware):
         self.dead_message_ttl_ms = dead_message_ttl_ms
         self.interval_s = interval_s or min(5.0, heartbeat_timeout_ms / 5000)
         self._stopped = threading.Event()
+        self._expired_at: float | None = None
         #: The thread of the passes, once the worker has booted.
         self.thread: threading.Thread | None = None
 
@@ -70,8 +77,11 @@ class Recovery(Middleware):
         recovery.recover_dead_workers(
             client, self.queues, self.heartbeat_timeout_ms, self.max_attempts
         )
-        recovery.expire_dead_letters(client, self.queues, self.dead_message_ttl_ms)
-        settling.reclaim_orphans(time.monotonic())
+        now = time.monotonic()
+        if self._expired_at is None or now - self._expired_at >= self.EXPIRE_EVERY_S:
+            recovery.expire_dead_letters(client, self.queues, self.dead_message_ttl_ms)
+            self._expired_at = now
+        settling.reclaim_orphans(now)
 
     def _loop(self, broker: Broker) -> None:
         while not self._stopped.is_set():
