@@ -297,3 +297,13 @@ def test_pre_commit_config_is_valid_and_runs_make_lints_tools(
     for hook in hooks.values():
         command = re.sub(r" --fix$", "", hook["entry"]).replace("python -m ", "")
         assert f"$(PYTHON) -m {command}" in makefile, f"{hook['id']}: not what make lint runs"
+
+
+def test_the_templates_alert_rules_are_what_worker_infra_derives() -> None:
+    """{{cookiecutter.project}}/ops/alerts.yaml (Jinja over the database and sandbox options)
+    is what scripts/template_alerts.py makes from four bakes' `make alerts`."""
+    done = subprocess.run(
+        [sys.executable, str(TEMPLATE / "scripts" / "template_alerts.py"), "--check"],
+        capture_output=True, text=True, check=False, timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -7,6 +7,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -619,6 +620,41 @@ def test_a_pre_created_namespace_is_not_created(
 
     _, objects = overridden(default_project, tmp_path, "prod", precreated)
     assert of_kind(objects, "Namespace") == []
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (apt-get install prometheus)")
+def test_make_alerts_check_runs_the_promtool_cases(default_project: Path) -> None:
+    """The baked `make alerts-check` (its CI's manifests job) runs the promtool cases of
+    every rule of every pool (worker_infra.ruletests) on ops/alerts.yaml."""
+    done = subprocess.run(
+        ["make", "alerts-check", f"PYTHON={PYTHON}"], cwd=default_project, capture_output=True,
+        text=True, timeout=900, check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.search(r"ops/alerts.yaml: \d+ promtool cases pass", done.stdout), done.stdout
+
+
+def test_monitoring_labels_reach_what_prometheus_selects(
+    default_project: Path, tmp_path: Path
+) -> None:
+    """kube-prometheus-stack selects PodMonitors and PrometheusRules by ``release``: the
+    stack's ``monitoringLabels`` put it on every one of them; a bad label is one line."""
+
+    def release(config: dict[str, Any]) -> None:
+        config["monitoringLabels"] = {"release": "kube-prometheus-stack"}
+
+    _, objects = overridden(default_project, tmp_path, "prod", release)
+    selected = of_kind(objects, "PodMonitor") + of_kind(objects, "PrometheusRule")
+    assert len(selected) == 3
+    for obj in selected:
+        assert obj["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+
+    def bad(config: dict[str, Any]) -> None:
+        config["monitoringLabels"] = {"release": "kube prometheus stack"}
+
+    stderr = refused(edited_copy(default_project, tmp_path / "bad", "prod", bad), "prod")
+    (line,) = [line for line in stderr.splitlines() if "monitoringLabels" in line]
+    assert "'release': 'kube prometheus stack'" in line
 
 
 def test_cluster_wiring(rendered: Any) -> None:

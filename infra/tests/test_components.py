@@ -189,7 +189,7 @@ def scaler_args(**changes: Any) -> BacklogScalerArgs:
     return dataclasses.replace(args, **changes)
 
 
-def test_backlog_scaler_triggers_on_load_age_and_both_lists_only() -> None:
+def test_backlog_scaler_triggers_on_load_age_and_the_ready_lists_only() -> None:
     objects = run(lambda: BacklogScaler("s", scaler_args()))
     auth, scaled = of_kind(objects, "TriggerAuthentication")[0], of_kind(objects, "ScaledObject")[0]
     assert auth["spec"]["secretTargetRef"] == [
@@ -213,37 +213,29 @@ def test_backlog_scaler_triggers_on_load_age_and_both_lists_only() -> None:
         {"periodSeconds": 15, "type": "Pods", "value": 8},
     ]
     triggers = {t["name"]: t for t in spec["triggers"]}
-    assert set(triggers) == {
-        "load",
-        "age",
-        "ready-notifications",
-        "delayed-notifications",
-        "ready-emails",
-        "delayed-emails",
-    }
+    # No delay-list trigger: a message not yet due would wake a pool at zero, whose drain
+    # hands it back and wakes it again (one pod start per cooldown). A due one is the age's.
+    assert set(triggers) == {"load", "age", "ready-notifications", "ready-emails"}
     load, age = triggers["load"], triggers["age"]
     assert (load["metricType"], load["metadata"]["threshold"]) == ("AverageValue", "16")
+    scope = 'namespace="ns",job="ns/orders-worker-workers",worker_template_pool="interactive"'
     assert load["metadata"]["query"] == (
-        'sum(max by (queue) (queue_depth{namespace="ns",queue=~"notifications|emails"}))'
-        ' + sum(worker_inflight_jobs{namespace="ns",worker_template_pool="interactive"})'
+        f'sum(max by (queue) (queue_depth{{{scope},queue=~"notifications|emails"}}))'
+        f" + (sum(worker_inflight_jobs{{{scope}}}) or vector(0))"
     )
     # The age is a Value: desired = ceil(replicas x age / target), not ceil(age / target).
     assert (age["metricType"], age["metadata"]["threshold"]) == ("Value", "5")
-    assert age["metadata"]["query"] == (
-        'max(queue_oldest_message_seconds{namespace="ns",queue=~"notifications|emails"})'
-    )
+    due = 'queue=~"notifications|emails|notifications\\\\.DQ|emails\\\\.DQ"'
+    assert age["metadata"]["query"] == f"max(queue_oldest_message_seconds{{{scope},{due}}})"
     assert {t["metadata"]["ignoreNullValues"] for t in (load, age)} == {"false"}
     redis = [t for t in spec["triggers"] if t["type"] == "redis"]
     assert [t["metadata"]["listName"] for t in redis] == [
         "dramatiq:notifications",
-        "dramatiq:notifications.DQ",
         "dramatiq:emails",
-        "dramatiq:emails.DQ",
     ]
     assert {t["metadata"]["activationListLength"] for t in redis} == {"0"}
     assert {t["metadata"]["address"] for t in redis} == {"redis-master.redis:6380"}
     assert triggers["ready-emails"]["metadata"]["listLength"] == "16"
-    assert triggers["delayed-emails"]["metadata"]["listLength"] == "2000"
     assert {t["authenticationRef"]["name"] for t in redis} == {auth["metadata"]["name"]}
     assert cpu_trigger_problems(objects) == []
     for obj in objects:
@@ -430,11 +422,15 @@ def test_scheduler_renders_two_restricted_replicas_without_a_scaler(service: Ser
         validate_strict(obj)
 
 
-def test_no_schedules_no_scheduler_and_bad_numbers_are_refused(service: ServiceSpec) -> None:
+def test_no_schedules_still_a_scheduler_and_bad_numbers_are_refused(service: ServiceSpec) -> None:
+    """Without schedules the scheduler still runs: it exports every pool's backlog, which a
+    pool at zero pods cannot (its alerts and its age trigger read it)."""
     objects = run(
         lambda: WorkerService("svc", dataclasses.replace(service, scheduler=SchedulerSpec()))
     )
-    assert not [d for d in of_kind(objects, "Deployment") if "scheduler" in d["metadata"]["name"]]
+    assert [d for d in of_kind(objects, "Deployment") if "scheduler" in d["metadata"]["name"]]
+    without = run(lambda: WorkerService("svc", dataclasses.replace(service, scheduler=None)))
+    assert not [d for d in of_kind(without, "Deployment") if "scheduler" in d["metadata"]["name"]]
     mocks = RecordingMocks()
     pulumi.runtime.set_mocks(mocks, project="p", stack="s", preview=False)
     bad = SchedulerSpec(schedules=("x",), leader_ttl_ms=60_000, stalled_after_s=30)

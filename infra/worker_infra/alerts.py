@@ -2,13 +2,20 @@
 
 Pure functions, no Pulumi: :func:`alert_groups` is what :class:`~.service.WorkerService`
 renders as a ``PrometheusRule`` and what the baked ``make alerts`` writes to
-``ops/alerts.yaml``. A queue added to a pool gets its backlog-age alert at the pool's
-``backlog_age_target_s`` without a hand edit. How to read each alert:
-docs/operations.md of the template.
+``ops/alerts.yaml``; :mod:`.ruletests` writes the ``promtool test rules`` cases that prove
+each rule, per pool. How to read each alert: docs/operations.md of the template.
 
-Conventions: one pool = one scrape job, so rules aggregate ``by (job)``; the backlog
-series (``queue_*``) are exported by every replica of a pool with the same values, so they
-are combined with ``max``, never summed.
+Label scheme (:mod:`.monitoring`): one PodMonitor per namespace scrapes every pod of the
+service, so ``job`` (``<namespace>/<project>-workers``) names the service and
+``worker_template_pool`` the pool. Every rule is generated per pool (or for the service),
+selects its series by ``namespace``, ``job`` and pool, aggregates ``by`` them, and carries
+the static labels ``service``, ``namespace`` and ``pool``: nothing of another pool or
+another service reaches it, and every alert says whose it is.
+
+The backlog (``queue_*``) is exported by the scheduler, which never scales to zero (and
+by the pool's own pods, with the same values: combined with ``max``, never summed), so
+the backlog alerts hold at zero pods. Where absence is the failure, absence alerts: no
+worker of a pool that has a backlog, no backlog series at all, no scheduler that leads.
 """
 
 from __future__ import annotations
@@ -17,11 +24,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from .args import PoolSpec
+from .monitoring import POOL_SERIES_LABEL, PoolSeries, queues_regex, scrape_job
 
 Rule = dict[str, Any]
 
 #: How long a backlog may stay over its target before the alert fires.
 BACKLOG_FOR = "10m"
+#: How long a due delayed message may wait before its alert fires (seconds overdue).
+DELAYED_OVERDUE_S = 300
+#: How long a pool may have a backlog and no worker (KEDA wakes a pool in a polling
+#: interval plus a pod start) before it pages.
+NO_WORKER_FOR = "10m"
 #: Container name of every worker pod (see :mod:`.pool`).
 WORKER_CONTAINER = "worker"
 #: Metrics of kube-state-metrics the OOM alert reads (not exported by the service).
@@ -29,25 +42,48 @@ KUBE_STATE_METRICS = (
     "kube_pod_container_status_last_terminated_reason",
     "kube_pod_container_status_restarts_total",
 )
+#: The pool's identity in every aggregation (the namespace of its series, its pool label).
+BY_POOL = f"namespace, {POOL_SERIES_LABEL}"
 
-_AGE_SUMMARY = "Queue {{ $labels.queue }}: next message waited {{ $value | humanizeDuration }}"
+
+def _labels(project: str, namespace: str, pool: str | None, **more: str) -> dict[str, str]:
+    labels = {"service": project, "namespace": namespace}
+    if pool is not None:
+        labels["pool"] = pool
+    return {**labels, **more}
 
 
-def backlog_age_rule(pool: PoolSpec, queue: str) -> Rule:
+def pool_series(pool: PoolSpec, project: str, namespace: str, sandbox_namespace: str) -> PoolSeries:
+    """The series of ``pool`` (its pods in the sandbox namespace for the sandbox pool)."""
+    return PoolSeries(
+        project,
+        pool.slug,
+        sandbox_namespace if pool.sandbox else namespace,
+        service_namespace=namespace,
+    )
+
+
+def backlog_age_rule(pool: PoolSpec, series: PoolSeries, queue: str) -> Rule:
     """The age alert of one queue, at its pool's ``backlog_age_target_s``."""
     target = pool.backlog_age_target_s
+    selector = series.backlog(f'queue="{queue}"')
     return {
         "alert": "WorkerBacklogAgeOverSLO",
-        "expr": f'max by (queue) (queue_oldest_message_seconds{{queue="{queue}"}}) > {target}',
+        "expr": (
+            f"max by ({BY_POOL}, queue) (queue_oldest_message_seconds{{{selector}}}) > {target}"
+        ),
         "for": BACKLOG_FOR,
-        "labels": {
-            "severity": "page",
-            "pool": pool.name,
-            "queue": queue,
-            "slo_seconds": str(target),
-        },
+        "labels": _labels(
+            series.project,
+            series.namespace,
+            series.pool,
+            severity="page",
+            queue=queue,
+            slo_seconds=str(target),
+        ),
         "annotations": {
-            "summary": _AGE_SUMMARY,
+            "summary": f"{series.project}/{series.pool}: queue {queue}'s next due message "
+            "waited {{ $value | humanizeDuration }}",
             "description": (
                 f"Over pool {pool.name}'s backlog_age_target_s ({target} s, pools.toml) for "
                 f"{BACKLOG_FOR}: scaling is capped (max_replicas, downstream capacity) or the "
@@ -57,30 +93,75 @@ def backlog_age_rule(pool: PoolSpec, queue: str) -> Rule:
     }
 
 
-def backlog_rules(project: str, pools: Sequence[PoolSpec]) -> list[Rule]:
-    """Per queue of every pool: its age alert; then the delay-queue and dead-letter alerts."""
-    rules = [backlog_age_rule(pool, queue) for pool in pools for queue in pool.queues]
+def pool_backlog_rules(pool: PoolSpec, series: PoolSeries, project: str) -> list[Rule]:
+    """The pool's backlog alerts: each queue's age, overdue delayed messages, dead letters,
+    and a backlog that no worker serves (read from the scheduler's copy at zero pods)."""
+    rules = [backlog_age_rule(pool, series, queue) for queue in pool.queues]
+    delayed = series.backlog(f'queue=~"{queues_regex(pool.queues, ".DQ")}"')
+    ready = series.backlog(f'queue=~"{queues_regex(pool.queues)}"')
+    head = series.backlog(f'queue="{pool.queues[0]}"')
+    here = (series.project, series.namespace, series.pool)
     rules.append(
         {
             "alert": "WorkerDelayedMessagesOverdue",
-            "expr": 'max by (queue) (queue_oldest_message_seconds{queue=~".+\\\\.DQ"}) > 300',
+            "expr": (
+                f"max by ({BY_POOL}, queue) (queue_oldest_message_seconds{{{delayed}}}) "
+                f"> {DELAYED_OVERDUE_S}"
+            ),
             "for": BACKLOG_FOR,
-            "labels": {"severity": "ticket"},
+            "labels": _labels(*here, severity="ticket"),
             "annotations": {
-                "summary": "Delay queue {{ $labels.queue }}: due messages waited "
-                "{{ $value | humanizeDuration }}",
-                "description": "No worker is fetching this pool's delay queue. "
-                "Are the workers of the pool running?",
+                "summary": f"{series.project}/{series.pool}: delay queue "
+                "{{ $labels.queue }} holds messages due {{ $value | humanizeDuration }} ago",
+                "description": "No worker of the pool fetches its delay queue: are its "
+                "workers running (WorkerPoolHasNoWorker), and does the scaler see the "
+                "overdue age (the age trigger)?",
+            },
+        }
+    )
+    rules.append(
+        {
+            "alert": "WorkerPoolHasNoWorker",
+            "expr": (
+                f"max by ({POOL_SERIES_LABEL}) (queue_depth{{{ready}}}) > 0\n"
+                f"unless on ({POOL_SERIES_LABEL}) "
+                f"count by ({POOL_SERIES_LABEL}) (up{{{series.workers()}}} == 1)"
+            ),
+            "for": NO_WORKER_FOR,
+            "labels": _labels(*here, severity="page"),
+            "annotations": {
+                "summary": f"{series.project}/{series.pool}: {{{{ $value }}}} messages "
+                "wait and no worker of the pool is up",
+                "description": "Every pod of the pool is gone or unscrapable: check the "
+                "Deployment, the ScaledObject (kubectl describe scaledobject) and the pods' "
+                "events (image, quota, scheduling). See docs/operations.md.",
+            },
+        }
+    )
+    rules.append(
+        {
+            "alert": "WorkerBacklogUnobserved",
+            "expr": f"absent(queue_depth{{{head}}})",
+            "for": "5m",
+            "labels": _labels(*here, severity="ticket"),
+            "annotations": {
+                "summary": f"{series.project}/{series.pool}: Prometheus holds no backlog "
+                "series of the pool",
+                "description": "Neither the scheduler nor a worker of the pool is scraped "
+                "(PodMonitor not selected: monitoringLabels; scheduler down; Redis "
+                "unreachable from it): the pool's alerts and its Prometheus scaling "
+                "triggers are blind. See docs/operations.md.",
             },
         }
     )
     rules.append(
         {
             "alert": "WorkerDeadLettersGrowing",
-            "expr": "max by (queue) (delta(queue_dead_letters[15m])) > 0",
-            "labels": {"severity": "ticket"},
+            "expr": (f"max by ({BY_POOL}, queue) (delta(queue_dead_letters{{{ready}}}[15m])) > 0"),
+            "labels": _labels(*here, severity="ticket"),
             "annotations": {
-                "summary": "Queue {{ $labels.queue }}: {{ $value }} new dead letters in 15m",
+                "summary": f"{series.project}/{series.pool}: queue {{{{ $labels.queue }}}} "
+                "has new dead letters (15m)",
                 "description": "Messages that used up WORKER_MAX_ATTEMPTS (failures or crashes). "
                 f"Inspect with `{project} dlq list`, fix, then `dlq replay`.",
             },
@@ -89,11 +170,14 @@ def backlog_rules(project: str, pools: Sequence[PoolSpec]) -> list[Rule]:
     return rules
 
 
-def oom_rule(project: str, namespaces: Sequence[str]) -> Rule:
-    """A worker container was OOM-killed and restarted within the last 30 minutes."""
-    where = (
-        f'namespace=~"{"|".join(namespaces)}", pod=~"{project}-.+", container="{WORKER_CONTAINER}"'
-    )
+def oom_rule(series: PoolSeries) -> Rule:
+    """A worker container of the pool was OOM-killed and restarted within 30 minutes.
+
+    kube-state-metrics names the pod, not its pool: the pool's pods are
+    ``<project>-<pool>-<replicaset hash>-<5 characters>``.
+    """
+    pod = f"{series.project}-{series.pool}-[a-z0-9]{{1,10}}-[a-z0-9]{{5}}"
+    where = f'namespace="{series.namespace}", pod=~"{pod}", container="{WORKER_CONTAINER}"'
     return {
         "alert": "WorkerOOMKilled",
         "expr": (
@@ -102,7 +186,7 @@ def oom_rule(project: str, namespaces: Sequence[str]) -> Rule:
             "== 1\nand on (namespace, pod, container) "
             f"increase(kube_pod_container_status_restarts_total{{{where}}}[30m]) > 0"
         ),
-        "labels": {"severity": "ticket"},
+        "labels": _labels(series.project, series.namespace, series.pool, severity="ticket"),
         "annotations": {
             "summary": "{{ $labels.pod }}: the worker container was OOM-killed and restarted",
             "description": "Peak memory exceeded the pool's memory limit: its messages were "
@@ -112,20 +196,26 @@ def oom_rule(project: str, namespaces: Sequence[str]) -> Rule:
     }
 
 
-def worker_rules(database: bool) -> list[Rule]:
+def pool_worker_rules(series: PoolSeries, database: bool) -> list[Rule]:
     """Fetch bottleneck, DB pool saturation (``database``), no progress, failure rate."""
+    w = series.workers
+    failed = w('outcome=~"retry|failure|dead_letter"')
+    ready = series.backlog('queue!~".+\\\\.DQ"')
+    here = (series.project, series.namespace, series.pool)
+    on = f"on ({POOL_SERIES_LABEL})"
     rules: list[Rule] = [
         {
             "alert": "WorkerFetchBottleneck",
             "expr": (
-                "sum by (job) (worker_inflight_jobs) < 0.8 * sum by (job) (worker_concurrency)\n"
-                'and on (job) max by (job) (queue_depth{queue!~".+\\\\.DQ"}) > 0\n'
-                'and on (job) max by (job) (deriv(queue_depth{queue!~".+\\\\.DQ"}[10m])) > 0'
+                f"sum by ({BY_POOL}) (worker_inflight_jobs{{{w()}}})\n"
+                f"< 0.8 * sum by ({BY_POOL}) (worker_concurrency{{{w()}}})\n"
+                f"and {on} max by ({POOL_SERIES_LABEL}) (queue_depth{{{ready}}}) > 0\n"
+                f"and {on} max by ({POOL_SERIES_LABEL}) (deriv(queue_depth{{{ready}}}[10m])) > 0"
             ),
             "for": "10m",
-            "labels": {"severity": "ticket"},
+            "labels": _labels(*here, severity="ticket"),
             "annotations": {
-                "summary": "{{ $labels.job }}: handlers idle while the backlog grows",
+                "summary": f"{series.project}/{series.pool}: handlers idle while the backlog grows",
                 "description": "worker_inflight_jobs stays below worker_concurrency with a "
                 "growing queue_depth: a fetch bottleneck (Redis latency, prefetch, a consumer "
                 "thread that died). See docs/operations.md.",
@@ -137,14 +227,14 @@ def worker_rules(database: bool) -> list[Rule]:
             {
                 "alert": "WorkerDbPoolSaturated",
                 "expr": (
-                    "sum by (job, instance) (db_pool_in_use) "
-                    ">= sum by (job, instance) (db_pool_size)\n"
-                    "and on (job, instance) sum by (job, instance) (db_pool_size) > 0"
+                    f"sum by ({BY_POOL}, pod) (db_pool_in_use{{{w()}}})\n"
+                    f">= sum by ({BY_POOL}, pod) (db_pool_size{{{w()}}})\n"
+                    f"and on ({BY_POOL}, pod) sum by ({BY_POOL}, pod) (db_pool_size{{{w()}}}) > 0"
                 ),
                 "for": "5m",
-                "labels": {"severity": "ticket"},
+                "labels": _labels(*here, severity="ticket"),
                 "annotations": {
-                    "summary": "{{ $labels.instance }}: every database connection is in use",
+                    "summary": "{{ $labels.pod }}: every database connection is in use",
                     "description": "db_pool_in_use at db_pool_size: handlers wait for "
                     "connections (slow queries, connections held across slow calls, or "
                     "concurrency above what the pool and the database allow). "
@@ -156,64 +246,71 @@ def worker_rules(database: bool) -> list[Rule]:
         {
             "alert": "WorkerNoProgress",
             "expr": (
-                "(sum by (job) (rate(jobs_processed_total[10m])) "
-                "or max by (job) (worker_concurrency) * 0) == 0\n"
-                'and on (job) max by (job) (queue_depth{queue!~".+\\\\.DQ"}) > 0'
+                f"(sum by ({BY_POOL}) (rate(jobs_processed_total{{{w()}}}[10m]))\n"
+                f" or max by ({BY_POOL}) (worker_concurrency{{{w()}}}) * 0) == 0\n"
+                f"and {on} max by ({POOL_SERIES_LABEL}) (queue_depth{{{ready}}}) > 0"
             ),
             "for": "10m",
-            "labels": {"severity": "page"},
+            "labels": _labels(*here, severity="page"),
             "annotations": {
-                "summary": "{{ $labels.job }}: a backlog and no job finished in 10m",
-                "description": "Handlers are wedged (see /livez and worker_inflight_jobs) or no "
-                "worker fetches. See docs/operations.md.",
+                "summary": f"{series.project}/{series.pool}: a backlog and no job finished in 10m",
+                "description": "The pool's workers are up but wedged (see /livez and "
+                "worker_inflight_jobs) or not fetching. See docs/operations.md.",
             },
         },
         {
             "alert": "WorkerFailureRateHigh",
             "expr": (
-                "sum by (job, queue) "
-                '(rate(jobs_processed_total{outcome=~"retry|failure|dead_letter"}[10m]))\n'
-                "> 0.2 * sum by (job, queue) (rate(jobs_processed_total[10m]))"
+                f"sum by ({BY_POOL}, queue) "
+                f"(rate(jobs_processed_total{{{failed}}}[10m]))\n"
+                f"> 0.2 * sum by ({BY_POOL}, queue) (rate(jobs_processed_total{{{w()}}}[10m]))"
             ),
             "for": "15m",
-            "labels": {"severity": "ticket"},
+            "labels": _labels(*here, severity="ticket"),
             "annotations": {
-                "summary": "{{ $labels.queue }}: over 20% of jobs fail",
+                "summary": f"{series.project}/{series.pool}: over 20% of queue "
+                "{{ $labels.queue }}'s jobs fail",
                 "description": "Retries, failures and dead letters over all job ends; check the "
                 "job_end log lines with outcome != success.",
             },
         },
+        oom_rule(series),
     ]
     return rules
 
 
-def schedule_rules(project: str) -> list[Rule]:
-    """A schedule without its expected success; schedulers without a leader."""
+def schedule_rules(project: str, namespace: str) -> list[Rule]:
+    """A schedule without its expected success; no scheduler that leads (none running
+    counts: absence is the failure)."""
+    job = f'namespace="{namespace}",job="{scrape_job(namespace, project)}"'
     return [
         {
             "alert": "ScheduleLate",
             "expr": (
-                "max by (schedule) (schedule_due_timestamp_seconds)\n"
-                "> max by (schedule) (schedule_last_success_timestamp_seconds)"
+                f"max by (namespace, schedule) (schedule_due_timestamp_seconds{{{job}}})\n"
+                "> max by (namespace, schedule) "
+                f"(schedule_last_success_timestamp_seconds{{{job}}})"
             ),
             "for": "5m",
-            "labels": {"severity": "ticket"},
+            "labels": _labels(project, namespace, None, severity="ticket"),
             "annotations": {
-                "summary": "Schedule {{ $labels.schedule }}: no successful run since its tick at "
-                "{{ $value | humanizeTimestamp }}",
+                "summary": f"{project}: schedule {{{{ $labels.schedule }}}} has no "
+                "successful run since its tick at {{ $value | humanizeTimestamp }}",
                 "description": 'Check schedule_runs_total{outcome=~"missed|skipped_overlap"}, the '
                 f"job_end lines of its actor and `{project} schedules`. See docs/operations.md.",
             },
         },
         {
             "alert": "SchedulerNoLeader",
-            "expr": "max(scheduler_leader) == 0",
+            "expr": f"absent(scheduler_leader{{{job}}} == 1)",
             "for": "2m",
-            "labels": {"severity": "page"},
+            "labels": _labels(project, namespace, None, severity="page"),
             "annotations": {
-                "summary": "No scheduler replica leads: no schedule fires",
-                "description": "Every scheduler replica is a follower. Check their logs "
-                "(redis_error, step_down) and Redis. See docs/operations.md.",
+                "summary": f"{project}: no scheduler replica leads: no schedule fires, and "
+                "no pool's backlog is seen at zero pods",
+                "description": "Every scheduler replica is a follower, or none runs (or none is "
+                "scraped). Check the scheduler Deployment, its logs (redis_error, step_down) "
+                "and Redis. See docs/operations.md.",
             },
         },
     ]
@@ -224,21 +321,31 @@ def alert_groups(
     pools: Sequence[PoolSpec],
     *,
     database: bool,
-    namespaces: Sequence[str],
+    namespace: str,
+    sandbox_namespace: str | None = None,
 ) -> list[Rule]:
-    """The rule groups of a service (Prometheus rule-file and PrometheusRule ``groups``).
+    """The rule groups of a service (Prometheus rule-file and PrometheusRule ``groups``):
+    one group per pool, then the service's schedules.
 
     Parameters:
-      project: the service; names the groups and the pods (``<project>-<pool>``).
+      project: the service; names the groups, the scrape job and the pods.
       pools: from pools.toml (after a stack's overrides when infra renders them).
       database: include the database-pool alert (a pool holds ``db_pool_size`` connections).
-      namespaces: where the pods run (the sandbox namespace included), for the OOM alert.
+      namespace: the service's namespace (its ordinary pools and the scheduler).
+      sandbox_namespace: the sandbox pool's namespace (default ``<namespace>-sandbox``).
     """
-    return [
-        {"name": f"{project}-backlog", "rules": backlog_rules(project, pools)},
-        {
-            "name": f"{project}-workers",
-            "rules": [*worker_rules(database), oom_rule(project, namespaces)],
-        },
-        {"name": f"{project}-schedules", "rules": schedule_rules(project)},
-    ]
+    sandbox = sandbox_namespace or f"{namespace}-sandbox"
+    groups: list[Rule] = []
+    for pool in pools:
+        series = pool_series(pool, project, namespace, sandbox)
+        groups.append(
+            {
+                "name": f"{project}-pool-{pool.slug}",
+                "rules": [
+                    *pool_backlog_rules(pool, series, project),
+                    *pool_worker_rules(series, database),
+                ],
+            }
+        )
+    groups.append({"name": f"{project}-schedules", "rules": schedule_rules(project, namespace)})
+    return groups

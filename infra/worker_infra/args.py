@@ -234,12 +234,13 @@ class ScalingSpec:
       scale_down_pods: pods removed at most per period (default 1).
       scale_down_period_s: that period (default 60); a pool holding downstream resources
         uses at least its grace period, so one removed pod is gone before the next goes.
-      delayed_per_replica: delayed messages one replica holds (the delay-queue trigger's
-        target; default 1000): a waiting retry wakes a pool at zero.
       pod_monitor: create a PodMonitor per namespace (Prometheus Operator; default True).
       monitoring_namespace: namespace of Prometheus, the only one the sandbox admits to its
         metrics port (default ``monitoring``).
       scrape_interval_s: PodMonitor scrape interval (default 15).
+      monitoring_labels: labels added to the PodMonitors and the PrometheusRule, for a
+        Prometheus that selects them by label (kube-prometheus-stack: ``release: <its
+        Helm release>``); default none.
     """
 
     prometheus_server: str = "http://prometheus-operated.monitoring.svc:9090"
@@ -252,10 +253,10 @@ class ScalingSpec:
     scale_down_window_s: int = 900
     scale_down_pods: int = 1
     scale_down_period_s: int = 60
-    delayed_per_replica: int = 1000
     pod_monitor: bool = True
     monitoring_namespace: str = "monitoring"
     scrape_interval_s: int = 15
+    monitoring_labels: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -310,7 +311,8 @@ class SchedulerSpec:
     checked by :func:`.guards.check_scheduler`).
 
     Parameters:
-      schedules: names of the ``[schedules.*]`` tables; none means no scheduler is rendered.
+      schedules: names of the ``[schedules.*]`` tables (none: the scheduler only exports
+        the pools' backlog).
       replicas: replicas of the Deployment (default 2: a leader and a standby).
       leader_ttl_ms: ``SCHEDULER_LEADER_TTL_MS``: a dead leader is replaced within it
         (default 10000).
@@ -353,7 +355,8 @@ class ServiceSpec:
       instance, version: ``app.kubernetes.io/instance`` and ``/version`` labels (default:
         the project and ``"unversioned"``).
       env: extra plain environment variables for every pool (see :func:`.guards.check_env`).
-      scheduler: the scheduler Deployment (:mod:`.scheduler`); None or no schedules: none.
+      scheduler: the scheduler Deployment (:mod:`.scheduler`), rendered without schedules
+        too (it exports every pool's backlog, seen at zero pods); None: none.
       prometheus_rule: render the alert rules (:mod:`.alerts`) as a PrometheusRule of the
         Prometheus Operator (default True; False where its CRD is not installed).
     """

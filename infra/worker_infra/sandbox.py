@@ -230,6 +230,8 @@ class SandboxPoolArgs:
       grace_margin_s, memory_base, metrics_port, labels, env: as for :class:`WorkerPoolArgs`.
       create_namespace: create the namespace (default True); a pre-created one must carry
         the Pod Security "restricted" labels (:data:`RESTRICTED_LABELS`).
+      backlog_namespace: where the service's scheduler exports the pool's backlog (its
+        scaler reads it there; default: ``namespace``).
     """
 
     pool: PoolSpec
@@ -247,6 +249,7 @@ class SandboxPoolArgs:
     labels: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] | None = None
     create_namespace: bool = True
+    backlog_namespace: str | None = None
 
 
 class SandboxPool(pulumi.ComponentResource):
@@ -323,7 +326,7 @@ class SandboxPool(pulumi.ComponentResource):
                 ns,
                 args.project,
                 args.scaling.scrape_interval_s,
-                labels,
+                {**labels, **args.scaling.monitoring_labels},
                 after_ns,
             )
         max_replicas = args.max_replicas or pool.max_replicas
@@ -384,6 +387,7 @@ class SandboxPool(pulumi.ComponentResource):
                 scaling=args.scaling,
                 labels=args.labels,
                 broker_username_key=username_key,
+                backlog_namespace=args.backlog_namespace,
             ),
             opts=after_ns,
         )

@@ -8,15 +8,25 @@ Triggers of a pool (the HPA follows the largest desired count of them):
   short list keeps its replicas; a backlog adds them.
 - ``age`` (prometheus, ``Value``): the oldest waiting message's age against
   ``backlog_age_target_s``: desired = ceil(replicas x age / target).
-- ``ready-<q>`` and ``delayed-<q>`` (redis list length): the ready list ``<ns>:<q>``
-  and the delay list ``<ns>:<q>.DQ`` (``<ns>``: the pool's ``broker_namespace``,
-  ``dramatiq``, or ``dramatiq-sandbox`` for the sandbox pool). They need no scrape, so they wake a pool at
-  zero (for new messages and for retries waiting their backoff) and keep scaling up
-  when Prometheus is down.
+- ``age`` (prometheus, ``Value``): how long the oldest due message has waited against
+  ``backlog_age_target_s``: desired = ceil(replicas x age / target). Waiting counts from
+  when a message became due (a delayed or retried message from its ``eta``), so a delay
+  does not read as a backlog; a delayed message past its ``eta`` that no worker fetched
+  counts too (its queue's ``q.DQ`` series): this is what wakes a pool at zero for a due
+  retry.
+- ``ready-<q>`` (redis list length): the ready list ``<ns>:<q>`` (``<ns>``: the pool's
+  ``broker_namespace``, ``dramatiq``, or ``dramatiq-sandbox`` for the sandbox pool). It
+  needs no scrape, so it wakes a pool at zero for new messages and keeps scaling up when
+  Prometheus is down. The delay list is not a trigger: a message not yet due would wake a
+  pool at zero, whose worker would hold it in memory, be scaled back to zero after the
+  cooldown, hand it back on its drain and wake the pool again (one pod start per
+  cooldown until the message is due).
 
-Queries are scoped to the pool's namespace and pool label. No data is an error, never 0
-(``ignoreNullValues: false``): the HPA then never scales down on a missing metric, and the
-redis triggers still scale up. (KEDA's ``fallback`` cannot be used with a ``Value``
+Queries read the series of :class:`~.monitoring.PoolSeries`: the pool's namespace, scrape
+job and pool label; the backlog from the service's namespace, where the scheduler exports
+it at zero pods. No backlog data is an error, never 0 (``ignoreNullValues: false``): the
+HPA then never scales down on a missing metric, and the redis triggers still scale up.
+No worker pod reads 0 in flight. (KEDA's ``fallback`` cannot be used with a ``Value``
 trigger.)
 """
 
@@ -29,33 +39,23 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from .args import BrokerSpec, PoolSpec, ScalingSpec
+from .monitoring import PoolSeries, queues_regex
 from .pool import BROKER_PASSWORD_KEY, pool_labels
 
-#: Label of the pool on the scraped series (the PodMonitor copies the pod label;
-#: Prometheus turns ``worker-template/pool`` into ``worker_template_pool``).
-POOL_SERIES_LABEL = "worker_template_pool"
 
-
-def _queues_regex(queues: tuple[str, ...]) -> str:
-    return "|".join(queues)
-
-
-def load_query(namespace: str, pool: str, queues: tuple[str, ...]) -> str:
-    """Waiting plus in-flight messages of a pool (PromQL)."""
-    waiting = (
-        f'sum(max by (queue) (queue_depth{{namespace="{namespace}",'
-        f'queue=~"{_queues_regex(queues)}"}}))'
-    )
-    running = f'sum(worker_inflight_jobs{{namespace="{namespace}",{POOL_SERIES_LABEL}="{pool}"}})'
+def load_query(series: PoolSeries, queues: tuple[str, ...]) -> str:
+    """Waiting plus in-flight messages of a pool (PromQL); 0 in flight without a pod."""
+    ready = series.backlog(f'queue=~"{queues_regex(queues)}"')
+    waiting = f"sum(max by (queue) (queue_depth{{{ready}}}))"
+    running = f"(sum(worker_inflight_jobs{{{series.workers()}}}) or vector(0))"
     return f"{waiting} + {running}"
 
 
-def age_query(namespace: str, queues: tuple[str, ...]) -> str:
-    """Age of the oldest waiting message of the pool's queues (PromQL)."""
-    return (
-        f'max(queue_oldest_message_seconds{{namespace="{namespace}",'
-        f'queue=~"{_queues_regex(queues)}"}})'
-    )
+def age_query(series: PoolSeries, queues: tuple[str, ...]) -> str:
+    """How long the pool's oldest due message has waited (PromQL): the heads of its ready
+    lists and how overdue the heads of its delay lists are."""
+    due = series.backlog(f'queue=~"{queues_regex(queues)}|{queues_regex(queues, ".DQ")}"')
+    return f"max(queue_oldest_message_seconds{{{due}}})"
 
 
 def redis_trigger(
@@ -113,7 +113,9 @@ class BacklogScalerArgs:
       backlog_age_target_s: the age trigger's target (oldest message, seconds).
       per_replica: messages one replica runs at once (``processes x concurrency``): the
         load trigger's and the ready lists' target.
-      processes: processes per replica (the delay trigger holds ``delayed_per_replica`` each).
+      processes: processes per replica.
+      backlog_namespace: namespace where the scheduler exports the pool's backlog (the
+        service's; default ``namespace``).
       broker: the broker (address, db, TLS, whether there is a password).
       broker_secret: Secret holding ``redis-password`` for the TriggerAuthentication.
       broker_username_key: key of that Secret holding a Redis ACL user name, if any.
@@ -139,6 +141,12 @@ class BacklogScalerArgs:
     scale_down_period_s: int | None = None
     labels: dict[str, str] = field(default_factory=dict)
     broker_username_key: str | None = None
+    backlog_namespace: str | None = None
+
+    @property
+    def series(self) -> PoolSeries:
+        """The pool's series in Prometheus (:mod:`.monitoring`)."""
+        return PoolSeries(self.project, self.pool, self.namespace, self.backlog_namespace)
 
     @classmethod
     def for_pool(
@@ -155,11 +163,12 @@ class BacklogScalerArgs:
         labels: dict[str, str],
         scale_down_period_s: int | None = None,
         broker_username_key: str | None = None,
+        backlog_namespace: str | None = None,
     ) -> BacklogScalerArgs:
         """The arguments of ``pool``'s scaler: its slug, queues, broker namespace, floor, age
         target, processes and per-replica load (``processes x concurrency``) come from the
-        pool; the rest as the fields of the same names (``scale_down_period_s`` and
-        ``broker_username_key`` default to None)."""
+        pool; the rest as the fields of the same names (``scale_down_period_s``,
+        ``broker_username_key`` and ``backlog_namespace`` default to None)."""
         return cls(
             pool=pool.slug,
             project=project,
@@ -178,6 +187,7 @@ class BacklogScalerArgs:
             scale_down_period_s=scale_down_period_s,
             labels=labels,
             broker_username_key=broker_username_key,
+            backlog_namespace=backlog_namespace,
         )
 
 
@@ -188,14 +198,14 @@ def triggers(args: BacklogScalerArgs, auth: str | None) -> list[dict[str, Any]]:
         prometheus_trigger(
             "load",
             s.prometheus_server,
-            load_query(args.namespace, args.pool, args.queues),
+            load_query(args.series, args.queues),
             args.per_replica,
             "AverageValue",
         ),
         prometheus_trigger(
             "age",
             s.prometheus_server,
-            age_query(args.namespace, args.queues),
+            age_query(args.series, args.queues),
             args.backlog_age_target_s,
             "Value",
         ),
@@ -207,15 +217,6 @@ def triggers(args: BacklogScalerArgs, auth: str | None) -> list[dict[str, Any]]:
                 f"{args.broker_namespace}:{queue}",
                 args.broker,
                 args.per_replica,
-                auth,
-            )
-        )
-        out.append(
-            redis_trigger(
-                f"delayed-{queue}",
-                f"{args.broker_namespace}:{queue}.DQ",
-                args.broker,
-                s.delayed_per_replica * args.processes,
                 auth,
             )
         )

@@ -1,6 +1,7 @@
 """SchedulerDeployment: the replicas of ``<project> scheduler``, one of which leads.
 
-Rendered when pools.toml has ``[schedules.*]``: a Deployment of ``replicas`` (default 2;
+Rendered for every service, with or without ``[schedules.*]`` (it also exports the backlog
+of every pool, which a pool at zero pods cannot): a Deployment of ``replicas`` (default 2;
 one leads, the others take over within the leader TTL), no scaler (the work is one
 enqueue per tick), small resources, the pools' pod security, a token-less ServiceAccount
 and a PodDisruptionBudget that keeps one replica through node drains.

@@ -10,7 +10,7 @@ import pulumi_kubernetes as k8s
 from .alerts import alert_groups
 from .args import PoolSpec, ServiceSpec
 from .guards import PoolPlan, ServicePlan, check_env, check_scheduler, plan
-from .monitoring import pod_monitor
+from .monitoring import check_selector_labels, pod_monitor
 from .pool import DATABASE_URL_KEY, WorkerPool, WorkerPoolArgs
 from .poolsfile import checksum, pools_config_map
 from .sandbox import RESTRICTED_LABELS, SandboxPool, SandboxPoolArgs, broker_secret
@@ -49,9 +49,11 @@ class WorkerService(pulumi.ComponentResource):
         self.plan: ServicePlan = plan(
             spec.pools, spec.downstream, spec.grace_margin_s, spec.memory_base
         )
-        scheduler = spec.scheduler if spec.scheduler and spec.scheduler.schedules else None
+        # Rendered without schedules too: the scheduler exports every pool's backlog.
+        scheduler = spec.scheduler
         if scheduler is not None:
             check_scheduler(scheduler)
+        check_selector_labels(spec.scaling.monitoring_labels, "monitoringLabels")
         super().__init__("worker-infra:index:WorkerService", name, None, opts)
         self.spec = spec
         self._name = name
@@ -108,21 +110,21 @@ class WorkerService(pulumi.ComponentResource):
         self, name: str, spec: ServiceSpec, labels: dict[str, str], opts: pulumi.ResourceOptions
     ) -> None:
         """The alert rules of :mod:`.alerts` for these (stack-merged) pools."""
-        namespaces = [spec.namespace]
-        if any(pool.sandbox for pool in spec.pools):
-            namespaces.append(spec.sandbox.namespace or f"{spec.namespace}-sandbox")
         groups = alert_groups(
             spec.project,
             spec.pools,
             database=any(r.per_process == "db_pool_size" for r in spec.downstream),
-            namespaces=namespaces,
+            namespace=spec.namespace,
+            sandbox_namespace=spec.sandbox.namespace,
         )
         k8s.apiextensions.CustomResource(
             f"{name}-alerts",
             api_version="monitoring.coreos.com/v1",
             kind="PrometheusRule",
             metadata=k8s.meta.v1.ObjectMetaArgs(
-                name=f"{spec.project}-alerts", namespace=spec.namespace, labels=labels
+                name=f"{spec.project}-alerts",
+                namespace=spec.namespace,
+                labels={**labels, **spec.scaling.monitoring_labels},
             ),
             spec={"groups": groups},
             opts=opts,
@@ -183,7 +185,7 @@ class WorkerService(pulumi.ComponentResource):
                 spec.namespace,
                 spec.project,
                 spec.scaling.scrape_interval_s,
-                self.labels,
+                {**self.labels, **spec.scaling.monitoring_labels},
                 opts,
             )
         if any(p.pool.critical for p in ordinary):
@@ -264,6 +266,7 @@ class WorkerService(pulumi.ComponentResource):
                 labels=self.labels,
                 env=spec.env,
                 create_namespace=spec.create_namespace,
+                backlog_namespace=spec.namespace,
             ),
             opts=pulumi.ResourceOptions(parent=self),
         )

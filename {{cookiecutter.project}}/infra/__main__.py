@@ -11,6 +11,9 @@ mount (a ConfigMap at ``WORKER_POOLS_FILE``): what the guards checked is what ru
   cluster:      {context, kubeconfig, allowAmbient}   the cluster (explicit provider)
   imageTag, image, namespace, createNamespace, prometheusServer, podMonitor,
   monitoringNamespace, graceMarginS, memoryBase, env
+  monitoringLabels: {<label>: <value>}  added to the PodMonitors and the PrometheusRule, for a
+                Prometheus selecting them by label (kube-prometheus-stack: ``release: <its Helm
+                release>``); a bad label fails the render in one line
   redis:        {host, port, db, tls, namespace, podSelector}
   redisPassword, databaseUrl: secrets (``pulumi config set --secret``)
   sandbox:      {namespace, runtimeClass, runtimeHandler, brokerUser}
@@ -178,6 +181,7 @@ def main() -> None:
                 monitoring_namespace=(
                     config.get("monitoringNamespace") or defaults.monitoring_namespace
                 ),
+                monitoring_labels=config.get_object("monitoringLabels") or {},
             ),
             sandbox=SandboxSpec(
                 namespace=sandbox.get("namespace"),

@@ -21,10 +21,12 @@ Backlog, per queue ``q`` of the pool, with one Lua call per scrape
   a KEDA ``redis`` trigger watches); ``queue_depth{queue="q.DQ"}``: delayed
   messages (retries with backoff, ``send_with_options(delay=...)``) that no worker
   has picked up yet.
-* ``queue_oldest_message_seconds{queue="q"}``: age of the message at the head of
-  ``dramatiq:q``, the next one in line. Dramatiq requeues to the tail (shutdown,
-  recovery), so an older message may wait behind it: this is the age of the
-  next message in line, not a scan for the oldest. 0 when the list is empty.
+* ``queue_oldest_message_seconds{queue="q"}``: how long the message at the head of
+  ``dramatiq:q``, the next one in line, has waited since it became due: since its
+  ``eta`` for a delayed or retried message (:func:`due_ms`), else since it was sent.
+  Dramatiq requeues to the tail (shutdown, recovery), so an older message may wait
+  behind it: this is the wait of the next message in line, not a scan for the
+  oldest. 0 when the list is empty.
   For ``q.DQ``: how overdue the head of the delay list is (now - its eta, at
   least 0); above 0 means no worker is fetching delayed messages.
 * ``queue_dead_letters{queue="q"}``: ``ZCARD dramatiq:q.XQ``.
@@ -73,11 +75,32 @@ class Backlog:
     dead_letters: int
 
 
+def _number(value: Any) -> float | None:
+    """``value`` as a number of the message's fields, None when it is not one."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
 def _age_s(now_ms: float, since_ms: Any) -> float:
     """Seconds from ``since_ms`` (epoch ms) to ``now_ms``; 0 when unknown or in the future."""
-    if isinstance(since_ms, bool) or not isinstance(since_ms, int | float):
+    since = _number(since_ms)
+    if since is None:
         return 0.0
-    return max(0.0, (now_ms - since_ms) / 1000)
+    return max(0.0, (now_ms - since) / 1000)
+
+
+def due_ms(fields: dict[str, Any]) -> float | None:
+    """When a message became due (epoch ms): its ``eta`` (a delay, a retry's backoff) when
+    it has one and it is later than its sending, else ``message_timestamp``. A delayed
+    message keeps its first ``message_timestamp`` through retries: counting from it, a
+    message sent with a 25 s delay would read 25 s old the instant it is due."""
+    sent = _number(fields.get("message_timestamp"))
+    options = fields.get("options")
+    eta = _number(options.get("eta")) if isinstance(options, dict) else None
+    if eta is not None and (sent is None or eta > sent):
+        return eta
+    return sent
 
 
 def read_backlog(
@@ -96,7 +119,7 @@ def read_backlog(
             Backlog(
                 queue=queue,
                 depth=int(record["depth"]),
-                oldest_s=_age_s(now_ms, head.get("message_timestamp")),
+                oldest_s=_age_s(now_ms, due_ms(head)),
                 delayed=int(record["delayed"]),
                 delayed_overdue_s=_age_s(now_ms, options.get("eta"))
                 if isinstance(options, dict)
@@ -107,14 +130,39 @@ def read_backlog(
     return found
 
 
+#: Label of a series' pool, as Prometheus stores it: the pod label ``worker-template/pool``
+#: of a worker pod becomes ``worker_template_pool`` (worker_infra's PodMonitor,
+#: ``podTargetLabels``); the scheduler, whose pod serves no pool, sets it on the backlog.
+POOL_SERIES_LABEL = "worker_template_pool"
+
+
+def pool_slug(pool: str) -> str:
+    """A pool's name as its pods' label value (a DNS label: ``_`` becomes ``-``)."""
+    return pool.replace("_", "-")
+
+
 class BacklogCollector(Collector):
     """``queue_depth``, ``queue_oldest_message_seconds`` and ``queue_dead_letters``, read from
     Redis at each scrape. When Redis does not answer, the three are absent from that scrape
-    (an alert on ``absent()`` or on readiness catches it); the rest of /metrics still serves."""
+    (an alert on ``absent()`` or on readiness catches it); the rest of /metrics still serves.
 
-    def __init__(self, client: redis.Redis, queues: Sequence[str]) -> None:
+    Parameters:
+      client: the Redis client.
+      queues: the queues to read.
+      pools: queue -> pool name; given, every series carries :data:`POOL_SERIES_LABEL`
+        (the scheduler, which exports every pool's backlog). Default: none (a worker pod,
+        whose pod label gives the pool).
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        queues: Sequence[str],
+        pools: dict[str, str] | None = None,
+    ) -> None:
         self.client = client
         self.queues = list(queues)
+        self.pools = pools
 
     def collect(self) -> Iterable[Metric]:
         try:
@@ -122,28 +170,30 @@ class BacklogCollector(Collector):
         except redis.RedisError as error:
             logger.warning("backlog metrics unavailable: %s", error)
             return []
+        names = ["queue"] if self.pools is None else ["queue", POOL_SERIES_LABEL]
         depth = GaugeMetricFamily(
             "queue_depth",
             "Messages waiting in the queue (q: ready to "
             "run, LLEN dramatiq:q; q.DQ: delayed, not fetched yet).",
-            labels=["queue"],
+            labels=names,
         )
         oldest = GaugeMetricFamily(
             "queue_oldest_message_seconds",
-            "Age of the next message in "
-            "line (head of dramatiq:q); q.DQ: how overdue the head of "
-            "the delay list is.",
-            labels=["queue"],
+            "How long the next message in line (head of dramatiq:q) has waited since it "
+            "became due; q.DQ: how overdue the head of the delay list is.",
+            labels=names,
         )
         dead = GaugeMetricFamily(
-            "queue_dead_letters", "Dead-lettered messages (ZCARD dramatiq:q.XQ).", labels=["queue"]
+            "queue_dead_letters", "Dead-lettered messages (ZCARD dramatiq:q.XQ).", labels=names
         )
         for item in backlog:
-            depth.add_metric([item.queue], item.depth)
-            depth.add_metric([layout.delay_queue(item.queue)], item.delayed)
-            oldest.add_metric([item.queue], item.oldest_s)
-            oldest.add_metric([layout.delay_queue(item.queue)], item.delayed_overdue_s)
-            dead.add_metric([item.queue], item.dead_letters)
+            pool = [] if self.pools is None else [pool_slug(self.pools[item.queue])]
+            delayed = [layout.delay_queue(item.queue), *pool]
+            depth.add_metric([item.queue, *pool], item.depth)
+            depth.add_metric(delayed, item.delayed)
+            oldest.add_metric([item.queue, *pool], item.oldest_s)
+            oldest.add_metric(delayed, item.delayed_overdue_s)
+            dead.add_metric([item.queue, *pool], item.dead_letters)
         return [depth, oldest, dead]
 
 

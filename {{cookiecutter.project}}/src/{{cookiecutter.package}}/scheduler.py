@@ -29,7 +29,11 @@ Redis's ``PX`` expiry, renewed on this host's monotonic clock.
 
 Counts, last fired tick and last success live in Redis (one hash per schedule); the
 exporter publishes them on ``METRICS_PORT`` (:class:`ScheduleCollector`) beside /livez
-and /readyz, like the worker's. Liveness: the main loop ticks a progress board.
+and /readyz, like the worker's. It also publishes the backlog of every pool of pools.toml
+(:class:`.exporter.BacklogCollector`, each series labelled with its pool): the
+scheduler never scales to zero, so a pool's backlog, its alerts and its scaler's age
+trigger hold while the pool has no pod. It runs without schedules too, for that.
+Liveness: the main loop ticks a progress board.
 """
 
 from __future__ import annotations
@@ -175,6 +179,8 @@ class Scheduler:
       targets: schedule -> its actor and queue (:func:`check_actors`).
       broker: Dramatiq broker whose enqueue hooks run around each enqueue (None: none).
       client: Redis client (default: one for ``REDIS_URL``).
+      pools: queue -> pool of every pool's queue, whose backlog the exporter publishes
+        (default: none).
     """
 
     def __init__(
@@ -184,8 +190,10 @@ class Scheduler:
         targets: Mapping[str, Target],
         broker: dramatiq.Broker | None = None,
         client: redis.Redis | None = None,
+        pools: Mapping[str, str] | None = None,
     ) -> None:
         self.settings = settings
+        self.pools = dict(pools or {})
         self.schedules = dict(schedules)
         self.targets = dict(targets)
         self.broker = broker
@@ -212,6 +220,10 @@ class Scheduler:
 
         registry = CollectorRegistry()
         registry.register(ScheduleCollector(self))
+        if self.pools:
+            from .exporter import BacklogCollector
+
+            registry.register(BacklogCollector(self.client, list(self.pools), self.pools))
         try:
             exporter = Exporter(cast(Settings, self.settings), registry)
         except OSError as error:
@@ -441,8 +453,10 @@ def run() -> int:
     schedules = load_schedules()
     targets = check_actors(schedules)
     from .broker import broker
+    from .settings import pools
 
-    return Scheduler(settings, schedules, targets, broker).run()
+    queues = {q: name for name, pool in pools().pools.items() for q in pool.queues}
+    return Scheduler(settings, schedules, targets, broker, pools=queues).run()
 
 
 def list_schedules(as_json: bool = False, count: int = 3) -> int:
