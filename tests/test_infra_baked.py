@@ -32,7 +32,7 @@ from worker_infra.policy import (
     workers,
 )
 
-from bakery import PYTHON, make_manifests, project_env
+from bakery import PYTHON, baked_constant, make_manifests, project_env
 
 STACKS = ("dev", "staging", "prod")
 CONTEXTS = {
@@ -288,7 +288,25 @@ def test_bad_timing_stacks_are_refused(default_project: Path, tmp_path: Path) ->
     stderr = refused(
         edited_copy(default_project, tmp_path / "a", "dev", no_margin), "dev"
     )
-    assert "grace period 40 s <= shutdown timeout 40000 ms" in stderr
+    assert "grace period 40 s must exceed shutdown_timeout_ms (40000)" in stderr
+
+    # A margin within the supervisor's kill after the drain (KILL_AFTER_DRAIN_S, 10 s):
+    # the kubelet's SIGKILL would come first. The numbers come from the baked service.
+    kill_after = baked_constant(default_project, "pools", "KILL_AFTER_DRAIN_S")
+    assert kill_after == 10.0
+    for margin in (5, 10):
+
+        def small_margin(config: dict[str, Any], margin: int = margin) -> None:
+            config["graceMarginS"] = margin
+
+        stderr = refused(
+            edited_copy(default_project, tmp_path / f"m{margin}", "prod", small_margin),
+            "prod",
+        )
+        assert (
+            f"timing guard: pool 'interactive': grace period {40 + margin} s must exceed "
+            "shutdown_timeout_ms (40000) + the supervisor's kill after 10 s = 50 s"
+        ) in stderr
 
     def slow_jobs(config: dict[str, Any]) -> None:
         config["pools"]["critical"]["job_timeout_ms"] = 45_000
@@ -443,7 +461,7 @@ INFRA_OVERRIDES: dict[str, tuple[Any, Callable[[Objects, dict[str, Any]], Any]]]
         True,
         lambda o, d: (
             d["spec"]["template"]["spec"].get("priorityClassName")
-            == "orders-worker-critical"
+            == of_kind(o, "PriorityClass")[0]["metadata"]["name"]
         ),
     ),
     "sandbox": (False, lambda o, d: d["metadata"]["namespace"] == "orders-worker"),
@@ -665,6 +683,8 @@ def test_cluster_wiring(rendered: Any) -> None:
         assert labels.get("app.kubernetes.io/instance") == "orders-worker-prod"
         assert labels.get("app.kubernetes.io/version") == "v0.1.0"
     (priority,) = of_kind(objects, "PriorityClass")
+    # Cluster-scoped: named by the stack and by its immutable value.
+    assert priority["metadata"]["name"] == "orders-worker-prod-critical-100000"
     critical = deployment_of(objects, "critical")
     assert (
         critical["spec"]["template"]["spec"]["priorityClassName"]
@@ -716,6 +736,235 @@ def test_stack_otlp_endpoint_reaches_every_pool_but_the_sandbox(
     assert make_manifests(default_project, "dev").returncode == 0
     text = (default_project / "build/manifests/dev.yaml").read_text()
     assert "OTEL_EXPORTER_OTLP_ENDPOINT" not in text
+
+
+# ---- the first `pulumi up` on a real cluster (#24) -----------------------------------------
+
+
+@pytest.mark.parametrize(("context", "stack"), CASES)
+def test_the_pools_file_is_an_immutable_config_map_named_by_its_content(
+    rendered: Any, context: str, stack: str
+) -> None:
+    """Each ReplicaSet reads its own file: a changed file is a new ConfigMap (and so a new
+    pod template), never an edit under running pods."""
+    project, objects = rendered[context, stack]
+    for config_map in of_kind(objects, "ConfigMap"):
+        text = config_map["data"]["pools.toml"]
+        digest = hashlib.sha256(text.encode()).hexdigest()
+        assert config_map["immutable"] is True
+        assert config_map["metadata"]["name"] == f"{project.name}-pools-{digest[:10]}"
+    for deployment in of_kind(objects, "Deployment"):
+        namespace = deployment["metadata"]["namespace"]
+        (volume,) = [
+            v
+            for v in deployment["spec"]["template"]["spec"]["volumes"]
+            if v["name"] == "pools"
+        ]
+        (config_map,) = [
+            c
+            for c in of_kind(objects, "ConfigMap")
+            if c["metadata"]["namespace"] == namespace
+        ]
+        assert volume["configMap"]["name"] == config_map["metadata"]["name"]
+
+
+def test_a_stack_override_is_a_new_config_map(
+    rendered: Any, default_project: Path, tmp_path: Path
+) -> None:
+    def younger(config: dict[str, Any]) -> None:
+        config["pools"]["bulk"]["backlog_age_target_s"] = 7
+
+    _, before = rendered["default", "dev"]
+    _, after = overridden(default_project, tmp_path, "dev", younger)
+    names = [
+        {c["metadata"]["name"] for c in of_kind(o, "ConfigMap")}
+        for o in (before, after)
+    ]
+    assert len(names[0]) == len(names[1]) == 1 and names[0] != names[1]
+
+
+def rollout_rows(objects: Objects) -> list[tuple[str, int, int, int, int]]:
+    """(pool, replicas, minReadySeconds, grace, Pulumi's timeout) of each Deployment,
+    recomputed from the rendered objects: steps of one pod (start + minReadySeconds),
+    then the last old pod's grace."""
+    from worker_infra.rollout import POD_START_S, TIMEOUT_ANNOTATION
+
+    caps = {
+        s["spec"]["scaleTargetRef"]["name"]: s["spec"]["maxReplicaCount"]
+        for s in of_kind(objects, "ScaledObject")
+    }
+    rows = []
+    for d in of_kind(objects, "Deployment"):
+        name, spec = d["metadata"]["name"], d["spec"]
+        assert spec["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+        replicas = caps.get(name, spec["replicas"])
+        ready = spec.get("minReadySeconds", 0)
+        grace = spec["template"]["spec"]["terminationGracePeriodSeconds"]
+        timeout = int(d["metadata"]["annotations"][TIMEOUT_ANNOTATION])
+        assert timeout == max(1, replicas) * (POD_START_S + ready) + grace, name
+        rows.append((name.split("-")[-1], replicas, ready, grace, timeout))
+    return rows
+
+
+def test_pulumis_waits_are_bounded_by_each_rollout_and_documented(
+    rendered: Any,
+) -> None:
+    """Every Deployment carries pulumi.com/timeoutSeconds sized from its own rollout (the
+    default 10 minutes fails `pulumi up` in the middle of prod's bulk rollout); the table
+    in docs/infra.md is these numbers."""
+    from bakery import TEMPLATE
+
+    docs = (TEMPLATE / "docs" / "infra.md").read_text()
+    for stack in STACKS:
+        for pool, replicas, ready, grace, timeout in rollout_rows(
+            rendered["default", stack][1]
+        ):
+            row = (
+                f"| {stack} | {pool} | {replicas} | {ready} | {grace} | {timeout} s "
+                f"({round(timeout / 60)} min) |"
+            )
+            assert row in docs, row
+    bulk = {r[0]: r[4] for r in rollout_rows(rendered["default", "prod"][1])}["bulk"]
+    assert bulk > 600
+
+
+@pytest.mark.parametrize(("context", "stack"), CASES)
+def test_a_mutable_tag_is_pulled_always(
+    rendered: Any, context: str, stack: str
+) -> None:
+    _, objects = rendered[context, stack]
+    for deployment in of_kind(objects, "Deployment"):
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        assert ":" in container["image"] and "@sha256:" not in container["image"]
+        assert container["imagePullPolicy"] == "Always"
+        skips = " ".join(deployment["metadata"]["annotations"].values())
+        assert "CKV_K8S_15" not in skips and "CKV_K8S_43" in skips
+
+
+def test_a_digest_is_pulled_if_not_present(
+    default_project: Path, tmp_path: Path
+) -> None:
+    image = "registry.example.com/orders-worker@sha256:" + "0" * 64
+
+    def pin(config: dict[str, Any]) -> None:
+        config["image"] = image
+
+    _, objects = overridden(default_project, tmp_path, "prod", pin)
+    for deployment in of_kind(objects, "Deployment"):
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        assert container["image"] == image
+        assert container["imagePullPolicy"] == "IfNotPresent"
+        skips = " ".join(deployment["metadata"]["annotations"].values())
+        assert (
+            "CKV_K8S_15=IfNotPresent on purpose: the image is pinned by digest" in skips
+        )
+        assert "CKV_K8S_43" not in skips
+
+
+def test_sandbox_egress_for_node_local_dns_and_a_broker_by_address(
+    default_project: Path, tmp_path: Path
+) -> None:
+    def outside(config: dict[str, Any]) -> None:
+        config["redis"]["cidr"] = "10.0.12.0/28"
+        config["sandbox"]["nodeLocalDns"] = "169.254.20.10"
+
+    _, objects = overridden(default_project, tmp_path / "a", "prod", outside)
+    blocks = ("10.0.12.0/28", "169.254.20.10/32")
+    assert sandbox_problems(objects, "orders-worker-sandbox", ip_blocks=blocks) == []
+    policies = {
+        p["metadata"]["name"]: p["spec"]
+        for p in of_kind(objects, "NetworkPolicy")
+        if p["metadata"]["namespace"] == "orders-worker-sandbox"
+    }
+    assert policies["allow-broker"]["egress"][0]["to"] == [
+        {"ipBlock": {"cidr": "10.0.12.0/28"}}
+    ]
+    assert {"ipBlock": {"cidr": "169.254.20.10/32"}} in policies["allow-dns"]["egress"][
+        0
+    ]["to"]
+
+    def typo(config: dict[str, Any]) -> None:
+        config["redis"]["cidr"] = "10.0.12.300"
+
+    stderr = refused(edited_copy(default_project, tmp_path / "b", "prod", typo), "prod")
+    assert (
+        "sandbox egress: redis.cidr '10.0.12.300' is not an address or CIDR" in stderr
+    )
+
+
+#: Run the baked program as `pulumi preview` would, on a cluster the test describes.
+PREFLIGHT_SCRIPT = """
+import json, runpy, sys
+from worker_infra import GuardError, preflight
+
+class Cluster:
+    def __init__(self, crds, runtime_classes):
+        self.crds, self.runtime_classes = set(crds), set(runtime_classes)
+    def has_crd(self, name):
+        return name in self.crds
+    def has_runtime_class(self, name):
+        return name in self.runtime_classes
+    def deployment_selector(self, namespace, name):
+        return None
+
+render = runpy.run_path(sys.argv[1])
+with preflight.using(Cluster(**json.loads(sys.argv[3]))):
+    try:
+        objects = render["stack_objects"](sys.argv[2])
+    except GuardError as error:
+        print(error)
+        sys.exit(3)
+print(len(objects), "objects")
+"""
+
+
+def preview(project: Path, stack: str, tmp_path: Path, **cluster: list[str]) -> Any:
+    script = tmp_path / "preview.py"
+    script.write_text(PREFLIGHT_SCRIPT)
+    return subprocess.run(
+        [
+            PYTHON,
+            str(script),
+            str(project / "infra" / "render.py"),
+            stack,
+            json.dumps(cluster),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_the_first_preview_on_a_bare_cluster_names_each_step(
+    default_project: Path, tmp_path: Path
+) -> None:
+    """A fresh prod stack on a cluster without KEDA, the Prometheus Operator or gVisor, the
+    sandbox's ACL user not yet installed: one line per step, nothing created; with the
+    steps taken (or the stack options for a cluster without them) it renders."""
+    from worker_infra.preflight import KEDA_CRDS
+
+    result = preview(default_project, "prod", tmp_path, crds=[], runtime_classes=[])
+    assert result.returncode == 3, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 5 and all(line.startswith("preflight: ") for line in lines)
+    assert "KEDA is not installed" in lines[0]
+    assert "podmonitors.monitoring.coreos.com" in lines[1]
+    assert "prometheusrules.monitoring.coreos.com" in lines[2]
+    assert "RuntimeClass 'gvisor'" in lines[3]
+    assert "ACL SETUSER orders-worker-sandbox" in lines[4]
+
+    def bare_cluster(config: dict[str, Any]) -> None:
+        config["podMonitor"] = False
+        config["prometheusRule"] = False
+        config["sandbox"] = {"brokerAclInstalled": True}
+
+    project = edited_copy(default_project, tmp_path / "bare", "prod", bare_cluster)
+    result = preview(
+        project, "prod", tmp_path, crds=list(KEDA_CRDS), runtime_classes=[]
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip().endswith("objects")
 
 
 # ---- the simulation ------------------------------------------------------------------------

@@ -126,22 +126,38 @@ def test_checkov_would_fail_without_the_reasoned_skips(
     checks_bin: Path, manifests: dict[str, tuple[Path, Path]], tmp_path: Path
 ) -> None:
     """The skips are what stands between the stack and a failure, and nothing else is skipped:
-    stripped of its annotations, prod fails exactly the skipped checks."""
+    stripped of its annotations, prod fails exactly the skipped checks, on exactly the
+    Deployments that carried them (the sandbox has a CPU limit: no CKV_K8S_11 skip; a tag
+    is pulled Always: no CKV_K8S_15 skip)."""
     from worker_infra.workload import CHECKOV_SKIPS
 
     _, prod = manifests["prod"]
     objects = list(yaml.safe_load_all(prod.read_text()))
+    carried = set()
     for obj in objects:
         annotations = obj["metadata"].get("annotations", {})
         for key in [k for k in annotations if k.startswith("checkov.io/skip")]:
-            del annotations[key]
+            check = annotations.pop(key).split("=", 1)[0]
+            carried.add(
+                (
+                    check,
+                    f"{obj['kind']}.{obj['metadata']['namespace']}."
+                    f"{obj['metadata']['name']}",
+                )
+            )
+    assert {check for check, _ in carried} == set(CHECKOV_SKIPS) - {"CKV_K8S_15"}
+    assert not [c for c in carried if c[0] == "CKV_K8S_11" and "sandbox" in c[1]]
     stripped = tmp_path / "prod.yaml"
     stripped.write_text(yaml.safe_dump_all(objects))
     (report,) = checkov(checks_bin, [stripped])
     assert not report["results"]["skipped_checks"]
-    assert {f["check_id"] for f in report["results"]["failed_checks"]} == set(
-        CHECKOV_SKIPS
-    )
+    failed = {
+        (f["check_id"], f["resource"]) for f in report["results"]["failed_checks"]
+    }
+    assert {check for check, _ in failed} == {check for check, _ in carried}
+    assert {r for c, r in failed if c == "CKV_K8S_11"} == {
+        r for c, r in carried if c == "CKV_K8S_11"
+    }
 
 
 # --- NetworkPolicy connectivity (network-config-analyzer) ----------------------------------

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from poolmodel import POOL_ENV, pools_file
+from poolmodel import POOL_ENV, TIMING, pools_file
 
 from worker_infra import BrokerSpec, SandboxSpec, ServiceSpec
 
@@ -68,6 +68,7 @@ def service() -> ServiceSpec:
         broker=BrokerSpec(host="redis-master.redis", password="s3cret"),
         pools_file=text,
         pool_env=POOL_ENV,
+        timing=TIMING,
         database_url="postgresql://app:pw@db/app",
         sandbox=SandboxSpec(runtime_class="gvisor", runtime_handler="runsc"),
         version="1.0.0",

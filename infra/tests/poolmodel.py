@@ -14,7 +14,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from worker_infra import DownstreamSpec, PoolSpec
+from worker_infra import DownstreamSpec, PoolSpec, Timing
 
 TEMPLATE = Path(__file__).resolve().parents[2]
 PACKAGE_DIR = TEMPLATE / "{{cookiecutter.project}}" / "src" / "{{cookiecutter.package}}"
@@ -38,6 +38,8 @@ def pools_module() -> ModuleType:
 
 #: The variables a pool shapes, as the model names them.
 POOL_ENV: frozenset[str] = frozenset(pools_module().pool_env_fields().values())
+#: The service's timing rule and the supervisor's kill-after, as the infra program hands them.
+TIMING = Timing(pools_module().timing_problems, pools_module().KILL_AFTER_DRAIN_S)
 
 
 def pool(name: str, queues: Sequence[str] = ("q",), **fields: Any) -> PoolSpec:

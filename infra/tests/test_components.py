@@ -7,7 +7,7 @@ from typing import Any
 
 import pulumi
 import pytest
-from poolmodel import POOL_ENV, pool, pools_file_text
+from poolmodel import POOL_ENV, TIMING, pool, pools_file_text
 
 from worker_infra import (
     BacklogScaler,
@@ -61,6 +61,7 @@ def pool_args(**changes: Any) -> WorkerPoolArgs:
         broker_secret="orders-worker-broker",
         pools_config_map="orders-worker-pools",
         pools_checksum="0" * 64,
+        timing=TIMING,
         database_secret="orders-worker-database",
     )
     return dataclasses.replace(args, **changes)
@@ -165,7 +166,7 @@ def test_worker_pool_refuses_before_registering_anything(
     )
     with pytest.raises(GuardError, match=message):
         WorkerPool("p", bad)
-    with pytest.raises(GuardError, match="grace period 40 s <= shutdown timeout 40000 ms"):
+    with pytest.raises(GuardError, match=r"grace period 40 s must exceed shutdown_timeout_ms"):
         WorkerPool("p", pool_args(grace_margin_s=0))
     assert mocks.resources == []
 
@@ -257,6 +258,7 @@ def sandbox_args(service: ServiceSpec, **changes: Any) -> SandboxPoolArgs:
         "namespace": "sb",
         "broker": BROKER,
         "pools_file": pools_file_text(),
+        "timing": TIMING,
     }
     return SandboxPoolArgs(pool=pool, **{**defaults, **changes})
 
@@ -368,7 +370,7 @@ def test_strict_validation_rejects_unknown_fields() -> None:
         lambda: WorkerService(
             "svc",
             dataclasses.replace(
-                ServiceSpec("o", "i", "o", (POOL,), BROKER, "", POOL_ENV),
+                ServiceSpec("o", "i", "o", (POOL,), BROKER, "", POOL_ENV, TIMING),
                 pools=(dataclasses.replace(POOL, uses=()),),
             ),
         )

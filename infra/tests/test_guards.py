@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from poolmodel import pool, pools_module
+from poolmodel import TIMING, pool, pools_module
 
-from worker_infra import GuardError, check_memory, check_timing, grace_period_s, plan
+from worker_infra import GuardError, Timing, check_memory, check_timing, grace_period_s, plan
 from worker_infra.guards import check_env, check_isolation, memory_needed, secret_like
 
 MI = 2**20
@@ -52,26 +52,52 @@ def test_grace_is_the_drain_window_rounded_up_plus_margin() -> None:
 def test_job_timeout_at_or_above_shutdown_timeout_is_the_models_to_refuse() -> None:
     with pytest.raises(ValueError, match=r"job_timeout_ms \(40000\) must be below"):
         pool("slow", job_timeout_ms=40_000, shutdown_timeout_ms=40_000)
-    assert pools_module().drain_outlasts_job(39_999, 40_000)
-    assert not pools_module().drain_outlasts_job(40_000, 40_000)
+    assert pools_module().timing_problems(39_999, 40_000) == []
+    assert pools_module().timing_problems(40_000, 40_000) != []
 
 
-def test_timing_guard_refuses_grace_at_or_below_shutdown_timeout() -> None:
+def test_timing_guard_leaves_room_for_the_supervisors_kill_after_the_drain() -> None:
+    """grace must exceed drain + KILL_AFTER_DRAIN_S (10 s): a margin of 5 s passed the old
+    guard (drain < grace), and the kubelet's SIGKILL came before the supervisor's kill."""
+    assert TIMING.kill_after_drain_s == 10.0
     p = pool("p", job_timeout_ms=30_000, shutdown_timeout_ms=40_000)
-    with pytest.raises(GuardError, match=r"grace period 40 s <= shutdown timeout 40000 ms"):
-        check_timing(p, grace_period_s(p, margin_s=0))
-    check_timing(p, grace_period_s(p, margin_s=1))
+    for margin in (0, 5, 10):
+        with pytest.raises(
+            GuardError,
+            match=rf"timing guard: pool 'p': grace period {40 + margin} s must exceed "
+            r"shutdown_timeout_ms \(40000\) \+ the supervisor's kill after 10 s = 50 s",
+        ):
+            check_timing(p, grace_period_s(p, margin_s=margin), TIMING)
+    check_timing(p, grace_period_s(p, margin_s=11), TIMING)
+    check_timing(p, grace_period_s(p), TIMING)
+
+
+def test_the_timing_guard_is_the_services_rule() -> None:
+    """worker_infra applies the rule it is handed, not a copy of its own."""
+    calls = []
+
+    def rule(job: int, drain: int, grace_s: float, kill_after_s: float) -> list[str]:
+        calls.append((job, drain, grace_s, kill_after_s))
+        return ["no"]
+
+    p = pool("p", job_timeout_ms=30_000, shutdown_timeout_ms=40_000)
+    with pytest.raises(GuardError, match="timing guard: pool 'p': no"):
+        plan([p], [], Timing(rule, 7.5))
+    assert calls == [(30_000, 40_000, 55, 7.5)]
 
 
 @given(st.integers(100, 10**6), st.integers(1_000, 10**6), st.integers(0, 120))
-def test_a_plan_always_orders_job_shutdown_and_grace(job: int, shutdown: int, margin: int) -> None:
+def test_a_plan_always_orders_job_shutdown_kill_and_grace(
+    job: int, shutdown: int, margin: int
+) -> None:
     try:
         p = pool("p", job_timeout_ms=job, shutdown_timeout_ms=shutdown)
-        result = plan([p], [], grace_margin_s=margin)
+        result = plan([p], [], TIMING, grace_margin_s=margin)
     except (GuardError, ValueError):
-        assert job >= shutdown or -(-shutdown // 1000) + margin <= shutdown / 1000
+        grace_s = -(-shutdown // 1000) + margin
+        assert job >= shutdown or grace_s * 1000 <= shutdown + 10_000
     else:
-        assert job < shutdown < result.pools[0].grace_s * 1000
+        assert job < shutdown < shutdown + 10_000 < result.pools[0].grace_s * 1000
 
 
 def test_a_queue_served_by_two_pools_is_refused() -> None:
@@ -92,7 +118,7 @@ def test_min_above_max_replicas_is_refused() -> None:
         pool("p", min_replicas=3, max_replicas=2)
     sneaked = dataclasses.replace(pool("p"), min_replicas=3)
     with pytest.raises(GuardError, match=r"min_replicas \(3\)"):
-        plan([sneaked], [])
+        plan([sneaked], [], TIMING)
 
 
 POOL_ENV = frozenset(pools_module().pool_env_fields().values())

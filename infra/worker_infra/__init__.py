@@ -17,6 +17,7 @@ The pool model itself (fields, bounds, defaults) is the service's own ``pools.py
 worker_infra takes its validated objects (:meth:`PoolSpec.of`).
 """
 
+from . import preflight
 from .args import (
     BrokerSpec,
     ClusterSpec,
@@ -26,6 +27,8 @@ from .args import (
     ScalingSpec,
     SchedulerSpec,
     ServiceSpec,
+    Timing,
+    TimingRule,
 )
 from .capacity import Share, Usage, capacity_report, capped_max_replicas, check_capacity
 from .cluster import cluster_provider
@@ -63,6 +66,8 @@ __all__ = [
     "SchedulerSpec",
     "ServiceSpec",
     "Share",
+    "Timing",
+    "TimingRule",
     "Usage",
     "WorkerPool",
     "WorkerPoolArgs",
@@ -79,4 +84,5 @@ __all__ = [
     "grace_period_s",
     "memory_needed",
     "plan",
+    "preflight",
 ]

@@ -31,6 +31,40 @@ DEFAULT_MEMORY_BASE = 96 * MiB
 DEFAULT_METRICS_PORT = 9191
 #: UID and GID of every container (non-root; the image's user).
 DEFAULT_RUN_AS_USER = 10001
+#: The sandbox container's CPU limit, in multiples of its request (untrusted code gets a
+#: ceiling; twice the request leaves the probes and the supervisor room beside a busy job).
+SANDBOX_CPU_LIMIT_FACTOR = 2
+
+
+class TimingRule(Protocol):
+    """The service's timing rule (its ``pools.timing_problems``): one line per broken leg of
+    ``job timeout < drain window < drain window + kill-after < grace``, empty when it holds."""
+
+    def __call__(
+        self, job_timeout_ms: int, shutdown_timeout_ms: int, grace_s: float, kill_after_s: float
+    ) -> list[str]: ...
+
+
+@dataclass(frozen=True)
+class Timing:
+    """The timing rule and the supervisor's kill-after, handed from the service (its
+    ``pools.timing_problems`` and ``pools.KILL_AFTER_DRAIN_S``) as its pool env is: the
+    service owns both, worker_infra applies them to the grace period it derives.
+
+    Parameters:
+      rule: the service's timing rule.
+      kill_after_drain_s: seconds past the drain window after which the supervisor kills a
+        worker process that has not exited and recovers its messages.
+    """
+
+    rule: TimingRule
+    kill_after_drain_s: float
+
+    def problems(self, pool: PoolSpec, grace_s: int) -> list[str]:
+        """The rule's complaints about ``pool`` under a grace period of ``grace_s``."""
+        return self.rule(
+            pool.job_timeout_ms, pool.shutdown_timeout_ms, grace_s, self.kill_after_drain_s
+        )
 
 
 class DownstreamModel(Protocol):
@@ -189,6 +223,10 @@ class BrokerSpec:
       password: the Redis password (a Pulumi secret); None for no password.
       namespace: namespace of the broker pods (for the sandbox's egress rule).
       pod_selector: labels of the broker pods (for the sandbox's egress rule).
+      cidr: where the broker is when it runs outside the cluster (a managed Redis): an
+        address or CIDR (``10.0.12.7``, ``10.0.12.0/28``); the sandbox's egress rule then
+        admits that block on the broker port instead of ``namespace``/``pod_selector``.
+        None (the default): the broker pods in the cluster.
     """
 
     host: str
@@ -200,6 +238,7 @@ class BrokerSpec:
     pod_selector: dict[str, str] = field(
         default_factory=lambda: {"app.kubernetes.io/name": "redis"}
     )
+    cidr: str | None = None
 
     @property
     def address(self) -> str:
@@ -271,9 +310,14 @@ class SandboxSpec:
       quota_pods, quota_cpu, quota_memory: ResourceQuota of the namespace; None derives
         them from the pool (max replicas, + 1 for a rollout surge).
       dns_namespace, dns_selector: where cluster DNS runs (default kube-system / k8s-app=kube-dns).
+      node_local_dns: the address of NodeLocal DNSCache on each node (usually
+        ``169.254.20.10``) where the cluster runs it: the sandbox may also reach that
+        address on port 53. None (the default): the DNS pods only.
       broker_user, broker_password: the sandbox pool's own Redis ACL user (see
         :mod:`worker_infra.acl`): its pods and scaler log in as it, and the component
         exports the ACL rule to install on the broker. None: the shared credential.
+      broker_acl_installed: the broker's operator created that user (default False: the
+        preflight stops ``pulumi preview`` with the command to run, see :mod:`.preflight`).
     """
 
     namespace: str | None = None
@@ -284,8 +328,10 @@ class SandboxSpec:
     quota_memory: str | None = None
     dns_namespace: str = "kube-system"
     dns_selector: dict[str, str] = field(default_factory=lambda: {"k8s-app": "kube-dns"})
+    node_local_dns: str | None = None
     broker_user: str | None = None
     broker_password: pulumi.Input[str] | None = None
+    broker_acl_installed: bool = False
 
 
 @dataclass(frozen=True)
@@ -345,9 +391,11 @@ class ServiceSpec:
       pools_file: that file's text (TOML), mounted into every pod at ``WORKER_POOLS_FILE``.
       pool_env: the environment variables a pool shapes, as the service's pool model names
         them (``pools.pool_env_fields()``): the stack's ``env`` may not set them.
+      timing: the service's timing rule and kill-after (:class:`Timing`).
       database_url: ``DATABASE_URL`` (a Pulumi secret), None without a database.
       scaling, sandbox: stack-wide scaling and sandbox options.
-      grace_margin_s: seconds between the drain window and SIGKILL (default 15).
+      grace_margin_s: seconds between the drain window and SIGKILL (default
+        :data:`DEFAULT_GRACE_MARGIN_S`, 15); it must outlast the kill-after.
       memory_base: bytes per process besides its handlers (default 96 MiB).
       metrics_port: port of /metrics, /livez, /readyz (default 9191).
       create_namespace: create and label the namespaces (default True; False for
@@ -368,6 +416,7 @@ class ServiceSpec:
     broker: BrokerSpec
     pools_file: str
     pool_env: frozenset[str]
+    timing: Timing
     downstream: tuple[DownstreamSpec, ...] = ()
     database_url: pulumi.Input[str] | None = None
     scaling: ScalingSpec = field(default_factory=ScalingSpec)

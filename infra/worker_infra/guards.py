@@ -3,10 +3,9 @@
 - memory: ``handler_memory x concurrency x processes + memory_base x processes
   + supervisor + probes x probe <= memory`` (the supervisor process and the exec probes
   run in the same container and count against its limit);
-- timing: ``grace = ceil(shutdown_timeout_ms / 1000) + margin``, refused unless
-  ``shutdown_timeout_ms < grace x 1000``. The rule's other half, job < drain, belongs to
-  the service's pool model (``pools.drain_outlasts_job``), which validated every pool
-  before worker_infra saw it;
+- timing: ``grace = ceil(shutdown_timeout_ms / 1000) + margin``, refused unless the
+  service's timing rule (``pools.timing_problems``, handed in as :class:`.args.Timing`)
+  holds: ``job timeout < drain window < drain window + kill-after < grace``;
 - isolation: every queue is served by exactly one pool; pool names are unique; a sandbox
   pool uses no downstream resource (it reaches nothing but DNS and the broker);
 - environment: a stack's extra env sets no pool-shaping, infra-managed or secret variable.
@@ -25,6 +24,7 @@ from .args import (
     MiB,
     PoolSpec,
     SchedulerSpec,
+    Timing,
 )
 from .capacity import Usage, capped_max_replicas, check_capacity
 from .errors import GuardError
@@ -122,18 +122,17 @@ def check_memory(pool: PoolSpec, memory_base: int = DEFAULT_MEMORY_BASE) -> None
         )
 
 
-def grace_period_s(pool: PoolSpec, margin_s: int = 15) -> int:
+def grace_period_s(pool: PoolSpec, margin_s: int = DEFAULT_GRACE_MARGIN_S) -> int:
     """``terminationGracePeriodSeconds``: the drain window rounded up to seconds, plus margin."""
     return -(-pool.shutdown_timeout_ms // 1000) + margin_s
 
 
-def check_timing(pool: PoolSpec, grace_s: int) -> None:
-    """Refuse unless ``shutdown_timeout_ms < grace_s x 1000`` (drain < grace)."""
-    if grace_s * 1000 <= pool.shutdown_timeout_ms:
-        raise GuardError(
-            f"timing guard: pool {pool.name!r} grace period {grace_s} s <= "
-            f"shutdown timeout {pool.shutdown_timeout_ms} ms; the pod would be killed mid-drain"
-        )
+def check_timing(pool: PoolSpec, grace_s: int, timing: Timing) -> None:
+    """Refuse ``pool`` unless the service's timing rule holds under a grace period of
+    ``grace_s``: job timeout < drain window < drain window + kill-after < grace."""
+    problems = timing.problems(pool, grace_s)
+    if problems:
+        raise GuardError(f"timing guard: pool {pool.name!r}: " + "; ".join(problems))
 
 
 def check_isolation(pools: Sequence[PoolSpec]) -> None:
@@ -189,6 +188,7 @@ class ServicePlan:
 def plan(
     pools: Sequence[PoolSpec],
     downstream: Sequence[DownstreamSpec],
+    timing: Timing,
     grace_margin_s: int = DEFAULT_GRACE_MARGIN_S,
     memory_base: int = DEFAULT_MEMORY_BASE,
 ) -> ServicePlan:
@@ -196,7 +196,7 @@ def plan(
     check_isolation(pools)
     for pool in pools:
         check_replicas(pool)
-        check_timing(pool, grace_period_s(pool, grace_margin_s))
+        check_timing(pool, grace_period_s(pool, grace_margin_s), timing)
         check_memory(pool, memory_base)
     report = check_capacity(pools, downstream)
     return ServicePlan(

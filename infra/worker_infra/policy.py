@@ -201,10 +201,13 @@ def sandbox_problems(
     broker_port: int = 6379,
     metrics_port: int = 9191,
     monitoring_namespace: str = "monitoring",
+    ip_blocks: Sequence[str] = (),
 ) -> list[str]:
-    """The sandbox namespace: enforced "restricted", default-deny, egress only DNS + broker,
-    ingress only the monitoring namespace to the metrics port, quota and limits, no Secret
-    but the broker's, and no secret in the pods' environment (references or plain values)."""
+    """The sandbox namespace: enforced "restricted", default-deny, egress only DNS + broker
+    (selected pods, or exactly the address blocks ``ip_blocks``: a NodeLocal DNSCache, a
+    broker outside the cluster), ingress only the monitoring namespace to the metrics port,
+    quota and limits (a CPU limit on every container), no Secret but the broker's, and no
+    secret in the pods' environment (references or plain values)."""
     from .guards import secret_like
 
     problems = []
@@ -247,7 +250,12 @@ def sandbox_problems(
         problems.append(f"{namespace}: egress rules {rules} are not exactly DNS + broker")
     for r in rules:
         for peer in r.get("to", []):
-            if "ipBlock" in peer or "podSelector" not in peer or "namespaceSelector" not in peer:
+            if "ipBlock" in peer:
+                if peer != {"ipBlock": {"cidr": peer["ipBlock"].get("cidr")}} or (
+                    peer["ipBlock"].get("cidr") not in ip_blocks
+                ):
+                    problems.append(f"{namespace}: egress peer {peer} is not an allowed block")
+            elif "podSelector" not in peer or "namespaceSelector" not in peer:
                 problems.append(f"{namespace}: egress peer {peer} is not a selected pod set")
     if not of_kind(inside, "ResourceQuota") or not of_kind(inside, "LimitRange"):
         problems.append(f"{namespace}: no ResourceQuota or LimitRange")
@@ -255,6 +263,9 @@ def sandbox_problems(
     if len(secrets) != 1 or not secrets[0].endswith("-broker"):
         problems.append(f"{namespace}: secrets {secrets}")
     for d in of_kind(inside, "Deployment"):
+        for c in d["spec"]["template"]["spec"]["containers"]:
+            if "cpu" not in c.get("resources", {}).get("limits", {}):
+                problems.append(f"{namespace}: container {c['name']} has no CPU limit")
         env = d["spec"]["template"]["spec"]["containers"][0]["env"]
         refs = {e["name"] for e in env if "valueFrom" in e}
         if refs != {"REDIS_URL"}:

@@ -13,6 +13,7 @@ from .args import (
     DEFAULT_METRICS_PORT,
     DEFAULT_RUN_AS_USER,
     PoolSpec,
+    Timing,
 )
 from .guards import (
     check_memory,
@@ -47,8 +48,10 @@ class WorkerPoolArgs:
       broker_secret: Secret holding ``redis-url`` (mounted as ``REDIS_URL``).
       pools_config_map: ConfigMap holding the stack-merged pools file (see :mod:`.poolsfile`).
       pools_checksum: SHA-256 of that file (pod-template annotation: a change rolls the pods).
+      timing: the service's timing rule and kill-after (:class:`.args.Timing`).
       database_secret: Secret holding ``database-url`` (``DATABASE_URL``); None: no database.
-      grace_margin_s: ``terminationGracePeriodSeconds`` = drain window + this (default 15).
+      grace_margin_s: ``terminationGracePeriodSeconds`` = drain window + this (default
+        :data:`.args.DEFAULT_GRACE_MARGIN_S`).
       memory_base: per-process bytes of the memory guard (default 96 MiB).
       metrics_port: port of /metrics, /livez, /readyz (default 9191).
       runtime_class: RuntimeClass of the pods (e.g. ``"gvisor"``), None for the default.
@@ -56,6 +59,9 @@ class WorkerPoolArgs:
       run_as_user: UID and GID of the container (default 10001, non-root).
       labels: extra labels on every object (``app.kubernetes.io/instance``, ...).
       env: extra plain environment variables (already checked by the environment guard).
+      cpu_limit: the container's CPU limit (default None: none; the sandbox has one).
+      max_replicas: the scaler's capped maximum (default None: the pool's), the most pods
+        a rollout replaces (sizes Pulumi's wait, :mod:`.rollout`).
     """
 
     pool: PoolSpec
@@ -65,6 +71,7 @@ class WorkerPoolArgs:
     broker_secret: str
     pools_config_map: str
     pools_checksum: str
+    timing: Timing
     database_secret: str | None = None
     grace_margin_s: int = DEFAULT_GRACE_MARGIN_S
     memory_base: int = DEFAULT_MEMORY_BASE
@@ -74,6 +81,8 @@ class WorkerPoolArgs:
     run_as_user: int = DEFAULT_RUN_AS_USER
     labels: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
+    max_replicas: int | None = None
+    cpu_limit: str | None = None
 
 
 class WorkerPool(pulumi.ComponentResource):
@@ -99,7 +108,7 @@ class WorkerPool(pulumi.ComponentResource):
         pool = args.pool
         grace_s = grace_period_s(pool, args.grace_margin_s)
         check_replicas(pool)
-        check_timing(pool, grace_s)
+        check_timing(pool, grace_s, args.timing)
         check_memory(pool, args.memory_base)
         super().__init__("worker-infra:index:WorkerPool", name, None, opts)
         full_name = f"{args.project}-{pool.slug}"
@@ -115,6 +124,7 @@ class WorkerPool(pulumi.ComponentResource):
             env=WorkerPool.env(args),
             replicas=pool.min_replicas,
             cpu=pool.cpu,
+            cpu_limit=args.cpu_limit,
             memory=pool.memory,
             stalled_after_s=pool.stalled_after_s,
             readiness=readiness_probe(command=[args.project, "healthcheck", "ready"]),
@@ -128,8 +138,11 @@ class WorkerPool(pulumi.ComponentResource):
             priority_class=args.priority_class,
             spread=True,
             owns_replicas=False,
+            rollout_replicas=args.max_replicas or pool.max_replicas,
         )
         self.service_account, self.deployment, self.pdb = restricted_workload(name, workload, self)
+        #: Seconds Pulumi waits at most for this pool's rollout (:mod:`.rollout`).
+        self.rollout_timeout_s = workload.rollout_timeout_s
         self.deployment_name: pulumi.Output[str] = self.deployment.metadata.apply(
             lambda m: m.name or full_name
         )

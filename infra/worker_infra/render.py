@@ -18,6 +18,8 @@ from typing import Any
 import pulumi
 import yaml
 
+from . import preflight
+
 SECRET_PLACEHOLDER = "offline-render-placeholder"
 MASK = "<secret>"
 _SECRET_SIG = "4dabf18193072939515e22adb298388d"
@@ -134,7 +136,9 @@ def render(
       project, stack: Pulumi project and stack names.
       config: full keys (``"<project>:<key>"``) to values; non-strings are passed as JSON.
       secret_keys: config keys that are secrets.
-    Exceptions the program raises (e.g. a ``GuardError``) propagate unchanged.
+    Exceptions the program raises (e.g. a ``GuardError``) propagate unchanged. The
+    preflight reads :data:`.preflight.OFFLINE` (nothing live) unless a test installed a
+    view of its own (:func:`.preflight.using`).
     """
     env = {
         "PULUMI_CONFIG": json.dumps(
@@ -147,7 +151,7 @@ def render(
     def run() -> None:
         program()
 
-    with _environ(env):
+    with _environ(env), preflight.using(preflight.current() or preflight.OFFLINE):
         pulumi.runtime.set_mocks(mocks, project=project, stack=stack, preview=False)
         pulumi.runtime.test(run)()  # type: ignore[no-untyped-call]
     objects = [m for typ, _, inputs in mocks.resources if (m := manifest(typ, inputs))]

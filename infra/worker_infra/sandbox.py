@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -13,16 +14,19 @@ from .args import (
     DEFAULT_GRACE_MARGIN_S,
     DEFAULT_MEMORY_BASE,
     DEFAULT_METRICS_PORT,
+    SANDBOX_CPU_LIMIT_FACTOR,
     BrokerSpec,
     PoolSpec,
     SandboxSpec,
     ScalingSpec,
+    Timing,
 )
 from .capacity import TRANSITION_PODS
+from .errors import GuardError
 from .guards import mib
 from .monitoring import pod_monitor
 from .pool import BROKER_PASSWORD_KEY, BROKER_URL_KEY, WorkerPool, WorkerPoolArgs, pool_labels
-from .poolsfile import checksum, pools_config_map
+from .poolsfile import checksum, config_map_name, pools_config_map
 from .scaler import BacklogScaler, BacklogScalerArgs
 
 RESTRICTED_LABELS = {
@@ -106,21 +110,47 @@ def without_trace_export(env: Mapping[str, str]) -> dict[str, str]:
     return kept
 
 
+def cpu_limit_millis(pool: PoolSpec) -> int:
+    """The sandbox container's CPU limit in millicores: it runs untrusted code, so it gets
+    a ceiling, :data:`.args.SANDBOX_CPU_LIMIT_FACTOR` x its request."""
+    return pool.cpu_millis * SANDBOX_CPU_LIMIT_FACTOR
+
+
 def quota(pool: PoolSpec, sandbox: SandboxSpec, max_replicas: int) -> dict[str, str]:
     """The sandbox namespace's ResourceQuota: ``max_replicas`` pods plus the transition
-    budget (:data:`.capacity.TRANSITION_PODS`) at the pool's CPU and memory each, unless
-    ``sandbox`` states the pods, CPU or memory; one Secret, no Service, no volume claim."""
+    budget (:data:`.capacity.TRANSITION_PODS`) at the pool's CPU (request and limit) and
+    memory each, unless ``sandbox`` states the pods, CPU or memory; one Secret, no
+    Service, no volume claim."""
     pods = sandbox.quota_pods or max_replicas + TRANSITION_PODS
     memory = sandbox.quota_memory or mib(pool.memory_bytes * pods)
     return {
         "pods": str(pods),
         "requests.cpu": sandbox.quota_cpu or f"{pool.cpu_millis * pods}m",
+        "limits.cpu": f"{cpu_limit_millis(pool) * pods}m",
         "requests.memory": memory,
         "limits.memory": memory,
         "secrets": "1",
         "services": "0",
         "persistentvolumeclaims": "0",
     }
+
+
+def ip_block(text: str, what: str) -> str:
+    """``text`` (an address or a CIDR) as a CIDR; ``GuardError`` naming ``what`` otherwise."""
+    try:
+        return str(ipaddress.ip_network(text, strict=True))
+    except ValueError as error:
+        raise GuardError(
+            f"sandbox egress: {what} {text!r} is not an address or CIDR ({error})"
+        ) from None
+
+
+def ip_peer(cidr: str) -> k8s.networking.v1.NetworkPolicyPeerArgs:
+    """The addresses of ``cidr`` (outside the cluster's pods: a node-local cache, a managed
+    Redis)."""
+    return k8s.networking.v1.NetworkPolicyPeerArgs(
+        ip_block=k8s.networking.v1.IPBlockArgs(cidr=cidr)
+    )
 
 
 Ports = Sequence[tuple[str, int]]
@@ -182,25 +212,36 @@ def network_policies(
     opts: pulumi.ResourceOptions,
 ) -> None:
     """The sandbox namespace's policies: default-deny, egress to DNS (``sandbox``'s
-    ``dns_namespace``/``dns_selector``, port 53) and to the broker pods on the broker port,
-    ingress from ``monitoring_namespace`` to ``metrics_port`` only.
+    ``dns_namespace``/``dns_selector``, and its ``node_local_dns`` address when set, port
+    53) and to the broker on the broker port (its pods, or ``broker.cidr`` when the broker
+    is outside the cluster), ingress from ``monitoring_namespace`` to ``metrics_port`` only.
 
     ``name`` prefixes the resource names, ``meta(policy)`` gives each policy's metadata.
     """
 
-    def allow_egress(policy: str, namespace: str, pods: Mapping[str, str], ports: Ports) -> None:
+    def allow_egress(
+        policy: str, peers: Sequence[k8s.networking.v1.NetworkPolicyPeerArgs], ports: Ports
+    ) -> None:
         network_policy(
             f"{name}-{policy}",
             meta(policy),
             opts,
             egress=k8s.networking.v1.NetworkPolicyEgressRuleArgs(
-                to=[namespace_peer(namespace, pods)], ports=policy_ports(ports)
+                to=list(peers), ports=policy_ports(ports)
             ),
         )
 
+    dns = [namespace_peer(sandbox.dns_namespace, sandbox.dns_selector)]
+    if sandbox.node_local_dns is not None:
+        dns.append(ip_peer(ip_block(sandbox.node_local_dns, "sandbox.nodeLocalDns")))
+    broker_peer = (
+        ip_peer(ip_block(broker.cidr, "redis.cidr"))
+        if broker.cidr is not None
+        else namespace_peer(broker.namespace, broker.pod_selector)
+    )
     network_policy(f"{name}-default-deny", meta("default-deny"), opts)
-    allow_egress("allow-dns", sandbox.dns_namespace, sandbox.dns_selector, DNS_PORTS)
-    allow_egress("allow-broker", broker.namespace, broker.pod_selector, [("TCP", broker.port)])
+    allow_egress("allow-dns", dns, DNS_PORTS)
+    allow_egress("allow-broker", [broker_peer], [("TCP", broker.port)])
     network_policy(
         f"{name}-allow-scrape",
         meta("allow-scrape"),
@@ -223,6 +264,7 @@ class SandboxPoolArgs:
       namespace: the sandbox namespace (created here, labelled "restricted").
       broker: the broker; its pods and port are the only egress besides DNS.
       pools_file: the stack-merged pools file (mounted from a ConfigMap in this namespace).
+      timing: the service's timing rule and kill-after (:class:`.args.Timing`).
       max_replicas: the scaler's capped maximum (default: the pool's).
       sandbox: RuntimeClass, quota and DNS options.
       scaling: KEDA and scrape settings; only ``scaling.monitoring_namespace`` may reach
@@ -240,6 +282,7 @@ class SandboxPoolArgs:
     namespace: str
     broker: BrokerSpec
     pools_file: str
+    timing: Timing
     max_replicas: int | None = None
     sandbox: SandboxSpec = field(default_factory=SandboxSpec)
     scaling: ScalingSpec = field(default_factory=ScalingSpec)
@@ -307,9 +350,9 @@ class SandboxPool(pulumi.ComponentResource):
             username_key = BROKER_USERNAME_KEY
         else:
             secret = broker_secret(f"{name}-broker", secret_name, ns, args.broker, labels, after_ns)
-        config_map_name = f"{args.project}-pools"
+        pools_name = config_map_name(args.project, args.pools_file)
         config_map = pools_config_map(
-            f"{name}-pools", config_map_name, ns, args.pools_file, labels, after_ns
+            f"{name}-pools", pools_name, ns, args.pools_file, labels, after_ns
         )
         network_policies(
             name,
@@ -343,8 +386,8 @@ class SandboxPool(pulumi.ComponentResource):
                 limits=[
                     k8s.core.v1.LimitRangeItemArgs(
                         type="Container",
-                        max={"memory": pool.memory},
-                        default={"memory": pool.memory},
+                        max={"memory": pool.memory, "cpu": f"{cpu_limit_millis(pool)}m"},
+                        default={"memory": pool.memory, "cpu": f"{cpu_limit_millis(pool)}m"},
                         default_request={"cpu": pool.cpu, "memory": pool.memory},
                     )
                 ]
@@ -359,8 +402,9 @@ class SandboxPool(pulumi.ComponentResource):
                 image=args.image,
                 namespace=ns,
                 broker_secret=secret_name,
-                pools_config_map=config_map_name,
+                pools_config_map=pools_name,
                 pools_checksum=checksum(args.pools_file),
+                timing=args.timing,
                 database_secret=None,
                 grace_margin_s=args.grace_margin_s,
                 memory_base=args.memory_base,
@@ -368,6 +412,8 @@ class SandboxPool(pulumi.ComponentResource):
                 runtime_class=sb.runtime_class,
                 labels=args.labels,
                 env=without_trace_export(args.env or {}),
+                max_replicas=max_replicas,
+                cpu_limit=f"{cpu_limit_millis(pool)}m",
             ),
             opts=pulumi.ResourceOptions(
                 parent=self,

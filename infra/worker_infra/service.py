@@ -12,7 +12,7 @@ from .args import PoolSpec, ServiceSpec
 from .guards import PoolPlan, ServicePlan, check_env, check_scheduler, plan
 from .monitoring import check_selector_labels, pod_monitor
 from .pool import DATABASE_URL_KEY, WorkerPool, WorkerPoolArgs
-from .poolsfile import checksum, pools_config_map
+from .poolsfile import checksum, config_map_name, pools_config_map
 from .sandbox import RESTRICTED_LABELS, SandboxPool, SandboxPoolArgs, broker_secret
 from .scaler import BacklogScaler, BacklogScalerArgs
 from .scheduler import SchedulerArgs, SchedulerDeployment
@@ -47,7 +47,7 @@ class WorkerService(pulumi.ComponentResource):
     ) -> None:
         check_env(spec.env, spec.pool_env)
         self.plan: ServicePlan = plan(
-            spec.pools, spec.downstream, spec.grace_margin_s, spec.memory_base
+            spec.pools, spec.downstream, spec.timing, spec.grace_margin_s, spec.memory_base
         )
         # Rendered without schedules too: the scheduler exports every pool's backlog.
         scheduler = spec.scheduler
@@ -65,7 +65,7 @@ class WorkerService(pulumi.ComponentResource):
         }
         self.namespace_opts = self._namespace()
         self.pools_checksum = checksum(spec.pools_file)
-        self.pools_config_map_name = f"{spec.project}-pools"
+        self.pools_config_map_name = config_map_name(spec.project, spec.pools_file)
         self.broker_secret_name = f"{spec.project}-broker"
         self.database_secret_name: str | None = None
         self.priority_class_name: str | None = None
@@ -189,7 +189,11 @@ class WorkerService(pulumi.ComponentResource):
                 opts,
             )
         if any(p.pool.critical for p in ordinary):
-            self.priority_class_name = f"{spec.project}-critical"
+            # Cluster-scoped: named by the stack (two stacks in one cluster never share it)
+            # and by its immutable value (a new value is a new PriorityClass, created before
+            # the old one is deleted, so no pod is ever admitted without one).
+            instance = label_value(spec.instance or spec.project)
+            self.priority_class_name = f"{instance}-critical-{CRITICAL_PRIORITY}"
             depends.append(
                 k8s.scheduling.v1.PriorityClass(
                     f"{name}-critical",
@@ -218,6 +222,7 @@ class WorkerService(pulumi.ComponentResource):
                 broker_secret=self.broker_secret_name,
                 pools_config_map=self.pools_config_map_name,
                 pools_checksum=self.pools_checksum,
+                timing=spec.timing,
                 database_secret=self.database_secret_name if self._uses_db(pool) else None,
                 grace_margin_s=spec.grace_margin_s,
                 memory_base=spec.memory_base,
@@ -225,6 +230,7 @@ class WorkerService(pulumi.ComponentResource):
                 priority_class=self.priority_class_name if pool.critical else None,
                 labels=self.labels,
                 env=spec.env,
+                max_replicas=pool_plan.max_replicas,
             ),
             opts=opts,
         )
@@ -257,6 +263,7 @@ class WorkerService(pulumi.ComponentResource):
                 namespace=spec.sandbox.namespace or f"{spec.namespace}-sandbox",
                 broker=spec.broker,
                 pools_file=spec.pools_file,
+                timing=spec.timing,
                 max_replicas=pool_plan.max_replicas,
                 sandbox=spec.sandbox,
                 scaling=spec.scaling,

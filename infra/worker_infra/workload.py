@@ -19,38 +19,69 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from .poolsfile import CHECKSUM_ANNOTATION, POOLS_KEY, POOLS_MOUNT
+from .rollout import TIMEOUT_ANNOTATION, rollout_timeout_s
 
-#: Checkov checks the workload Deployments do not meet on purpose, each with its reason. They
-#: render as ``checkov.io/skipN: CHECK=reason`` annotations on each Deployment, so the reason
-#: sits next to the object it excuses (a reason must not contain "=": checkov splits on it).
+#: Checkov checks a workload Deployment may not meet on purpose, each with its reason. They
+#: render as ``checkov.io/skipN: CHECK=reason`` annotations on the Deployments they apply to
+#: (:func:`checkov_skips`), so the reason sits next to the object it excuses (a reason must
+#: not contain "=": checkov splits on it).
 CHECKOV_SKIPS = {
     "CKV_K8S_11": (
         "no CPU limit on purpose: CFS throttling stalls heartbeats and probes under load;"
-        " CPU is reserved by the request (the sandbox quota caps its requests)"
+        " CPU is reserved by the request (the sandbox pod, which runs untrusted code, has one)"
     ),
     "CKV_K8S_15": (
-        "IfNotPresent on purpose: a release is an immutable tag or digest, and Always makes"
-        " every pod start depend on the registry"
+        "IfNotPresent on purpose: the image is pinned by digest, so the node's copy is the"
+        " image; a tag (mutable) is pulled Always"
     ),
     "CKV_K8S_35": (
         "the worker reads its broker and database URLs from its environment (the settings"
         " contract); they come from secretKeyRef and never as plain values (guarded)"
     ),
     "CKV_K8S_43": (
-        "the image reference is the stack image setting: set it to repo@sha256:<digest>"
-        " to pin a digest"
+        "the image reference is the stack image setting, a tag pulled Always: set it to"
+        " repo@sha256:<digest> to pin a digest"
     ),
 }
 TMP_SIZE = "512Mi"
+#: The RollingUpdate strategy of every workload: never surge (the capacity budget counts
+#: no extra pod), replace one pod at a time.
+MAX_SURGE, MAX_UNAVAILABLE = 0, 1
 #: Spread of a workload's pods when :attr:`Workload.spread` is set (most to least wide).
 SPREAD_KEYS = ("topology.kubernetes.io/zone", "kubernetes.io/hostname")
 
 
-def checkov_annotations() -> dict[str, str]:
-    """The ``checkov.io/skipN`` annotations of :data:`CHECKOV_SKIPS` (for a Deployment)."""
+def pinned_by_digest(image: str) -> bool:
+    """Whether ``image`` names a digest (``repo@sha256:...``), which cannot change."""
+    return "@sha256:" in image
+
+
+def image_pull_policy(image: str) -> str:
+    """``IfNotPresent`` for an image pinned by digest, ``Always`` for a tag: a tag is
+    mutable (``dev``, ``staging``, even a release tag can be pushed again), and a node's
+    cached copy of it may be another image than the one the stack names."""
+    return "IfNotPresent" if pinned_by_digest(image) else "Always"
+
+
+def checkov_skips(w: Workload) -> dict[str, str]:
+    """The checks of :data:`CHECKOV_SKIPS` that ``w``'s Deployment does not meet: no CPU
+    limit (CKV_K8S_11), IfNotPresent for a digest (CKV_K8S_15), a tag and no digest
+    (CKV_K8S_43), secrets in the environment (CKV_K8S_35, always)."""
+    digest = pinned_by_digest(w.image)
+    wanted = {
+        "CKV_K8S_11": w.cpu_limit is None,
+        "CKV_K8S_15": digest,
+        "CKV_K8S_35": True,
+        "CKV_K8S_43": not digest,
+    }
+    return {check: CHECKOV_SKIPS[check] for check, skip in wanted.items() if skip}
+
+
+def checkov_annotations(skips: Mapping[str, str]) -> dict[str, str]:
+    """The ``checkov.io/skipN`` annotations of ``skips`` (for a Deployment)."""
     return {
         f"checkov.io/skip{n}": f"{check}={reason}"
-        for n, (check, reason) in enumerate(sorted(CHECKOV_SKIPS.items()), 1)
+        for n, (check, reason) in enumerate(sorted(skips.items()), 1)
     }
 
 
@@ -110,7 +141,8 @@ class Workload:
       image: image reference with tag.
       env: the container's environment (see :func:`container_env`).
       replicas: the Deployment's replica count.
-      cpu: CPU request; no CPU limit (see :data:`CHECKOV_SKIPS`).
+      cpu: CPU request.
+      cpu_limit: CPU limit; None (the default): none (see :data:`CHECKOV_SKIPS`).
       memory: memory request and limit.
       stalled_after_s: ``healthcheck live --stalled-after`` of the liveness probe.
       readiness: the readiness probe.
@@ -125,6 +157,9 @@ class Workload:
       spread: spread the pods over zones and hosts (default False).
       owns_replicas: the Deployment keeps its replica count; False (a scaler owns it):
         Pulumi sets ``replicas`` once and then ignores it (default True).
+      rollout_replicas: the most pods a rollout may have to replace (a scaled pool's
+        capped maximum); None (the default): ``replicas``. Sizes Pulumi's wait
+        (:mod:`.rollout`).
     """
 
     name: str
@@ -143,6 +178,7 @@ class Workload:
     grace_period_s: int
     metrics_port: int
     run_as_user: int
+    cpu_limit: str | None = None
     pools_config_map: str | None = None
     pools_checksum: str | None = None
     min_ready_seconds: int | None = None
@@ -150,6 +186,18 @@ class Workload:
     priority_class: str | None = None
     spread: bool = False
     owns_replicas: bool = True
+    rollout_replicas: int | None = None
+
+    @property
+    def rollout_timeout_s(self) -> int:
+        """Seconds Pulumi waits at most for this workload's rollout (:mod:`.rollout`)."""
+        return rollout_timeout_s(
+            self.replicas if self.rollout_replicas is None else self.rollout_replicas,
+            MAX_SURGE,
+            MAX_UNAVAILABLE,
+            self.min_ready_seconds or 0,
+            self.grace_period_s,
+        )
 
     def command(self, *words: str) -> list[str]:
         """The service's console script with ``words``."""
@@ -211,7 +259,7 @@ def _container(w: Workload, mounts: list[k8s.core.v1.VolumeMountArgs]) -> k8s.co
     return k8s.core.v1.ContainerArgs(
         name=w.component,
         image=w.image,
-        image_pull_policy="IfNotPresent",
+        image_pull_policy=image_pull_policy(w.image),
         command=w.command(w.component),
         env=w.env,
         ports=[
@@ -220,7 +268,8 @@ def _container(w: Workload, mounts: list[k8s.core.v1.VolumeMountArgs]) -> k8s.co
             )
         ],
         resources=k8s.core.v1.ResourceRequirementsArgs(
-            requests={"cpu": w.cpu, "memory": w.memory}, limits={"memory": w.memory}
+            requests={"cpu": w.cpu, "memory": w.memory},
+            limits={"memory": w.memory, **({"cpu": w.cpu_limit} if w.cpu_limit else {})},
         ),
         liveness_probe=k8s.core.v1.ProbeArgs(
             exec_=k8s.core.v1.ExecActionArgs(
@@ -268,8 +317,10 @@ def restricted_workload(resource: str, w: Workload, parent: pulumi.Resource) -> 
     """Create ``w``'s ServiceAccount, Deployment and PodDisruptionBudget as children of
     ``parent`` (resource names ``<resource>-sa``, ``-deployment``, ``-pdb``).
 
-    The Deployment rolls without surge, one pod at a time; the PodDisruptionBudget lets
-    one pod go at a time and always lets an unhealthy pod be evicted.
+    The Deployment rolls without surge, one pod at a time, and Pulumi waits for the rollout
+    at most :attr:`Workload.rollout_timeout_s` (its ``pulumi.com/timeoutSeconds``); the
+    PodDisruptionBudget lets one pod go at a time and always lets an unhealthy pod be
+    evicted.
     """
     child = pulumi.ResourceOptions(parent=parent)
     meta = k8s.meta.v1.ObjectMetaArgs(name=w.name, namespace=w.namespace, labels=w.labels)
@@ -284,7 +335,10 @@ def restricted_workload(resource: str, w: Workload, parent: pulumi.Resource) -> 
             name=w.name,
             namespace=w.namespace,
             labels=w.labels,
-            annotations=checkov_annotations(),
+            annotations={
+                **checkov_annotations(checkov_skips(w)),
+                TIMEOUT_ANNOTATION: str(w.rollout_timeout_s),
+            },
         ),
         spec=k8s.apps.v1.DeploymentSpecArgs(
             replicas=w.replicas,
@@ -294,7 +348,7 @@ def restricted_workload(resource: str, w: Workload, parent: pulumi.Resource) -> 
             strategy=k8s.apps.v1.DeploymentStrategyArgs(
                 type="RollingUpdate",
                 rolling_update=k8s.apps.v1.RollingUpdateDeploymentArgs(
-                    max_surge=0, max_unavailable=1
+                    max_surge=MAX_SURGE, max_unavailable=MAX_UNAVAILABLE
                 ),
             ),
             template=k8s.core.v1.PodTemplateSpecArgs(

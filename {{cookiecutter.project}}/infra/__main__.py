@@ -14,15 +14,24 @@ mount (a ConfigMap at ``WORKER_POOLS_FILE``): what the guards checked is what ru
   monitoringLabels: {<label>: <value>}  added to the PodMonitors and the PrometheusRule, for a
                 Prometheus selecting them by label (kube-prometheus-stack: ``release: <its Helm
                 release>``); a bad label fails the render in one line
-  redis:        {host, port, db, tls, namespace, podSelector}
+  redis:        {host, port, db, tls, namespace, podSelector, cidr}   cidr: a broker outside
+                the cluster (managed Redis), its address or CIDR: the sandbox's egress admits it
   redisPassword, databaseUrl: secrets (``pulumi config set --secret``)
-  sandbox:      {namespace, runtimeClass, runtimeHandler, brokerUser}
+  sandbox:      {namespace, runtimeClass, runtimeHandler, brokerUser, brokerAclInstalled,
+                nodeLocalDns}   nodeLocalDns: NodeLocal DNSCache's address (169.254.20.10)
   sandboxRedisPassword: secret of the sandbox pool's own Redis ACL user (required with a
-                sandbox pool); the stack output ``sandboxBrokerAcl`` is the rule to install
-                on the broker (``ACL SETUSER`` or an aclfile line)
+                sandbox pool). The broker's operator creates that user once (the preflight
+                prints the ``ACL SETUSER`` command; the stack output ``sandboxBrokerAcl`` is
+                the aclfile line), then sets ``sandbox.brokerAclInstalled: true``
   otlpEndpoint: OTLP/HTTP collector (sets OTEL_EXPORTER_OTLP_ENDPOINT; the sandbox never exports)
   scheduler:    {replicas, leaderTtlMs, cpu, memory}   (rendered when pools.toml has schedules)
-  prometheusRule: false where the Prometheus Operator's CRD is not installed (default true)
+  podMonitor, prometheusRule: false where the Prometheus Operator's CRDs are not installed
+                (default true)
+
+Before anything is created the preflight (``worker_infra.preflight``) reads the cluster of
+the stack's context: a missing KEDA or Prometheus Operator CRD, a missing RuntimeClass, the
+sandbox's ACL user not yet installed, or a Deployment selector that would change stops
+``pulumi preview`` with one line per step to take. ``make manifests`` checks nothing live.
 
 ``env`` adds plain variables to every pool; it may not set a pool-shaping variable
 (``WORKER_CONCURRENCY``, ``DB_POOL_SIZE``, ...), one worker_infra sets, or a secret.
@@ -51,8 +60,10 @@ from worker_infra import (
     ScalingSpec,
     SchedulerSpec,
     ServiceSpec,
+    Timing,
     WorkerService,
     cluster_provider,
+    preflight,
 )
 
 PROJECT = "{{ cookiecutter.project }}"
@@ -134,14 +145,12 @@ def main() -> None:
     redis: dict[str, Any] = config.get_object("redis") or {}
     sandbox: dict[str, Any] = config.get_object("sandbox") or {}
     cluster: dict[str, Any] = config.get_object("cluster") or {}
-    provider = cluster_provider(
-        stack,
-        ClusterSpec(
-            context=cluster.get("context"),
-            kubeconfig=cluster.get("kubeconfig"),
-            allow_ambient=bool(cluster.get("allowAmbient", False)),
-        ),
+    cluster_spec = ClusterSpec(
+        context=cluster.get("context"),
+        kubeconfig=cluster.get("kubeconfig"),
+        allow_ambient=bool(cluster.get("allowAmbient", False)),
     )
+    provider = cluster_provider(stack, cluster_spec)
     broker = BrokerSpec(
         host=str(redis.get("host", "redis-master.redis.svc.cluster.local")),
         port=int(redis.get("port", 6379)),
@@ -153,63 +162,73 @@ def main() -> None:
             str(k): str(v)
             for k, v in (redis.get("podSelector") or {"app.kubernetes.io/name": "redis"}).items()
         },
+        cidr=None if redis.get("cidr") is None else str(redis["cidr"]),
     )
     tag = config.get("imageTag")
     image = config.get("image") or f"{IMAGE}:{config.require('imageTag')}"
     defaults = ScalingSpec()
     pod_monitor = config.get_bool("podMonitor")
     margin = config.get_int("graceMarginS")
-    service = WorkerService(
-        PROJECT,
-        ServiceSpec(
-            project=PROJECT,
-            image=image,
-            namespace=config.get("namespace") or NAMESPACE,
-            pools=pools,
-            downstream=downstream,
-            broker=broker,
-            pools_file=pools_text(pools_file),
-            pool_env=frozenset(module.pool_env_fields().values()),
-            database_url=(
-                config.require_secret("databaseUrl")
-                if any(d.name == DATABASE_RESOURCE for d in downstream)
+    options: dict[str, Any] = {} if margin is None else {"grace_margin_s": margin}
+    spec = ServiceSpec(
+        project=PROJECT,
+        image=image,
+        namespace=config.get("namespace") or NAMESPACE,
+        pools=pools,
+        downstream=downstream,
+        broker=broker,
+        pools_file=pools_text(pools_file),
+        pool_env=frozenset(module.pool_env_fields().values()),
+        timing=Timing(module.timing_problems, module.KILL_AFTER_DRAIN_S),
+        database_url=(
+            config.require_secret("databaseUrl")
+            if any(d.name == DATABASE_RESOURCE for d in downstream)
+            else None
+        ),
+        scaling=ScalingSpec(
+            prometheus_server=config.get("prometheusServer") or defaults.prometheus_server,
+            pod_monitor=defaults.pod_monitor if pod_monitor is None else pod_monitor,
+            monitoring_namespace=(
+                config.get("monitoringNamespace") or defaults.monitoring_namespace
+            ),
+            monitoring_labels=config.get_object("monitoringLabels") or {},
+        ),
+        sandbox=SandboxSpec(
+            namespace=sandbox.get("namespace"),
+            runtime_class=sandbox.get("runtimeClass"),
+            runtime_handler=sandbox.get("runtimeHandler"),
+            broker_user=str(sandbox.get("brokerUser", f"{PROJECT}-sandbox")),
+            broker_password=(
+                config.require_secret("sandboxRedisPassword")
+                if any(p.sandbox for p in pools)
                 else None
             ),
-            scaling=ScalingSpec(
-                prometheus_server=config.get("prometheusServer") or defaults.prometheus_server,
-                pod_monitor=defaults.pod_monitor if pod_monitor is None else pod_monitor,
-                monitoring_namespace=(
-                    config.get("monitoringNamespace") or defaults.monitoring_namespace
-                ),
-                monitoring_labels=config.get_object("monitoringLabels") or {},
-            ),
-            sandbox=SandboxSpec(
-                namespace=sandbox.get("namespace"),
-                runtime_class=sandbox.get("runtimeClass"),
-                runtime_handler=sandbox.get("runtimeHandler"),
-                broker_user=str(sandbox.get("brokerUser", f"{PROJECT}-sandbox")),
-                broker_password=(
-                    config.require_secret("sandboxRedisPassword")
-                    if any(p.sandbox for p in pools)
-                    else None
-                ),
-            ),
-            grace_margin_s=15 if margin is None else margin,
-            memory_base=module.memory_bytes(config.get("memoryBase") or "96Mi"),
-            create_namespace=config.get_bool("createNamespace") is not False,
-            instance=f"{PROJECT}-{stack}",
-            version=tag or image.rpartition(":")[2],
-            env=plain_env(config),
-            scheduler=scheduler_spec(pools_file, config),
-            prometheus_rule=config.get_bool("prometheusRule") is not False,
+            broker_acl_installed=bool(sandbox.get("brokerAclInstalled", False)),
+            node_local_dns=sandbox.get("nodeLocalDns"),
         ),
-        opts=pulumi.ResourceOptions(providers=[provider]),
+        memory_base=module.memory_bytes(config.get("memoryBase") or "96Mi"),
+        create_namespace=config.get_bool("createNamespace") is not False,
+        instance=f"{PROJECT}-{stack}",
+        version=tag or image.rpartition(":")[2],
+        env=plain_env(config),
+        scheduler=scheduler_spec(pools_file, config),
+        prometheus_rule=config.get_bool("prometheusRule") is not False,
+        **options,
     )
+    preflight.check(spec, preflight.cluster_view(cluster_spec))
+    service = WorkerService(PROJECT, spec, opts=pulumi.ResourceOptions(providers=[provider]))
     pulumi.export("pools", sorted(service.pools))
     for pool in service.pools.values():
         if isinstance(pool, SandboxPool) and pool.broker_acl is not None:
             pulumi.export("sandboxBrokerAcl", pool.broker_acl)
     pulumi.export("capacity", [str(usage) for usage in service.plan.capacity])
+    pulumi.export(
+        "rolloutTimeoutS",
+        {
+            name: (pool.pool if isinstance(pool, SandboxPool) else pool).rollout_timeout_s
+            for name, pool in service.pools.items()
+        },
+    )
 
 
 # Pulumi (and render.py) run this file as __main__; infra/alerts.py imports its helpers.

@@ -70,11 +70,51 @@ def cpu_millis(quantity: str) -> int:
     return int(float(quantity) * 1000)
 
 
-def drain_outlasts_job(job_timeout_ms: int, shutdown_timeout_ms: int) -> bool:
-    """The timing rule's first half, job < drain (DESIGN 2.8): a running job can finish
-    within the drain window. Its second half, drain < grace, is the infra's timing guard
-    (the grace period exists only there)."""
-    return job_timeout_ms < shutdown_timeout_ms
+#: How long past the drain window (``WORKER_SHUTDOWN_TIMEOUT_MS``) the supervisor kills a
+#: worker process that has not exited and recovers its messages at once (past the process's
+#: own bound: its consumers' stop, the interrupt grace, the requeue). The pod's grace period
+#: must outlast it (:func:`timing_problems`); the infra program hands it to worker_infra.
+KILL_AFTER_DRAIN_S = 10.0
+
+
+def timing_problems(
+    job_timeout_ms: int,
+    shutdown_timeout_ms: int,
+    grace_s: float | None = None,
+    kill_after_s: float = KILL_AFTER_DRAIN_S,
+) -> list[str]:
+    """The timing rule (DESIGN 2.8), one function for the settings, the pool model and the
+    infra's timing guard: ``job timeout < drain window < drain window + kill-after < grace``.
+
+    A running job can finish within the drain window; a process still running past it is
+    killed ``kill_after_s`` later and its messages recovered, before the kubelet's SIGKILL
+    ends the pod at the end of its grace period.
+
+    Parameters:
+      job_timeout_ms: ``WORKER_JOB_TIMEOUT_MS``.
+      shutdown_timeout_ms: ``WORKER_SHUTDOWN_TIMEOUT_MS``, the drain window.
+      grace_s: the pod's ``terminationGracePeriodSeconds``; None (the default) checks only
+        what the service knows (job < drain): the grace period exists only in the infra.
+      kill_after_s: the supervisor's kill after the drain window (default
+        :data:`KILL_AFTER_DRAIN_S`).
+
+    Returns:
+      list[str]: one line per broken leg, naming the numbers; empty when the rule holds.
+    """
+    problems = []
+    if not job_timeout_ms < shutdown_timeout_ms:
+        problems.append(
+            f"job_timeout_ms ({job_timeout_ms}) must be below "
+            f"shutdown_timeout_ms ({shutdown_timeout_ms})"
+        )
+    if grace_s is not None and not shutdown_timeout_ms + kill_after_s * 1000 < grace_s * 1000:
+        problems.append(
+            f"grace period {grace_s:g} s must exceed shutdown_timeout_ms ({shutdown_timeout_ms}) "
+            f"+ the supervisor's kill after {kill_after_s:g} s = "
+            f"{shutdown_timeout_ms / 1000 + kill_after_s:g} s: the kubelet's SIGKILL would come "
+            "before the supervisor kills a late process and recovers its messages"
+        )
+    return problems
 
 
 def prefetch_feeds_every_thread(prefetch: int, concurrency: int) -> bool:
@@ -174,11 +214,9 @@ class Pool(_Strict):
             raise ValueError("queues lists a queue twice")
         if len(set(self.uses)) != len(self.uses):
             raise ValueError("uses lists a resource twice")
-        if not drain_outlasts_job(self.job_timeout_ms, self.shutdown_timeout_ms):
-            raise ValueError(
-                f"job_timeout_ms ({self.job_timeout_ms}) must be below "
-                f"shutdown_timeout_ms ({self.shutdown_timeout_ms})"
-            )
+        timing = timing_problems(self.job_timeout_ms, self.shutdown_timeout_ms)
+        if timing:
+            raise ValueError(timing[0])
         if self.prefetch is not None and not prefetch_feeds_every_thread(
             self.prefetch, self.concurrency
         ):

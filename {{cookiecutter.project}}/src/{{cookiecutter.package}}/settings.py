@@ -39,7 +39,6 @@ from .pools import (
     Prefetch,
     Processes,
     ShutdownTimeoutMs,
-    drain_outlasts_job,
     load_pools,
     pool_env_fields,
 {%- if cookiecutter.database == "postgres" %}
@@ -47,6 +46,7 @@ from .pools import (
 {%- endif %}
     prefetch_feeds_every_thread,
     prefetch_or_concurrency,
+    timing_problems,
 )
 from .redisclient import url_problem
 
@@ -218,7 +218,7 @@ class Settings(BaseSettings):
     @classmethod
     def _drain_outlasts_job(cls, value: int, info: ValidationInfo) -> int:
         job = info.data.get("worker_job_timeout_ms")
-        if job is not None and not drain_outlasts_job(job, value):
+        if job is not None and timing_problems(job, value):
             raise ValueError(
                 f"must exceed WORKER_JOB_TIMEOUT_MS ({job}) so a running job can finish "
                 "within the drain window"

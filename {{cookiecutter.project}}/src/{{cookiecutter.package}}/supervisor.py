@@ -54,6 +54,7 @@ import redis
 from . import brokerstate, probe, recovery, redisclient
 from .boards import PROCESS_BYTES, progress_dir, read_board, space_problem, unwritable
 from .exitcodes import EX_CONFIG, EX_FAILURE, EX_OK
+from .pools import KILL_AFTER_DRAIN_S
 from .settings import PROJECT, VERSION, Settings, refuse
 from .stopsignals import SIGNAL_DEBOUNCE_S
 
@@ -64,10 +65,6 @@ RESTART_BACKOFF_S = (0.2, 30.0)
 STABLE_AFTER_S = 60.0
 #: Seconds between two looks at the children.
 WATCH_INTERVAL_S = 0.1
-#: How long past ``WORKER_SHUTDOWN_TIMEOUT_MS`` a worker process that has not exited is
-#: killed, its messages recovered at once: past the process's own bound (its consumers'
-#: stop, the interrupt grace, the requeue), within the pod's grace margin (15 s).
-KILL_AFTER_DRAIN_S = 10.0
 
 
 class ChildState(enum.Enum):
