@@ -10,6 +10,8 @@
 - :mod:`.capacity`, :mod:`.guards`: the pure arithmetic of the guards.
 - :mod:`.poolsfile`: the stack-merged pools file the pods mount.
 - :mod:`.cluster`: the stack's explicit Kubernetes provider.
+- :mod:`.rollout`: how long Pulumi waits for each Deployment's rollout (pure).
+- :mod:`.preflight`: the cluster's prerequisites, one line per missing step.
 - :mod:`.render`: offline rendering through Pulumi's mocks.
 - :mod:`.simulate`: the rendered scalers against a queue model.
 

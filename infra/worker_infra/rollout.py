@@ -5,8 +5,9 @@ complete, 10 minutes by default, then fails ``pulumi up`` while the rollout carr
 A pool rolls without surge, one pod at a time, and a pool holding downstream resources
 waits a grace period between replacements (``minReadySeconds``): at the caps a prod pool
 takes far longer than 10 minutes. Each Deployment therefore carries the
-``pulumi.com/timeoutSeconds`` annotation (:data:`TIMEOUT_ANNOTATION`, read by the
-provider as the await timeout of create and update) computed here, a pure function of
+``pulumi.com/timeoutSeconds`` annotation (:data:`TIMEOUT_ANNOTATION`, the provider's await
+timeout of create and update, visible in the rendered manifests) and the same number as
+its ``customTimeouts`` (which the provider prefers), computed here, a pure function of
 what the rollout does:
 
 ``steps = ceil(replicas / (max_surge + max_unavailable))`` batches, each a new pod

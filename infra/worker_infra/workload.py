@@ -358,8 +358,14 @@ def restricted_workload(resource: str, w: Workload, parent: pulumi.Resource) -> 
                 spec=_pod_spec(w),
             ),
         ),
+        # The same bound twice: the annotation (rendered, reviewable) and the engine's custom
+        # timeouts, which pulumi-kubernetes prefers over it.
         opts=pulumi.ResourceOptions(
-            parent=parent, ignore_changes=None if w.owns_replicas else ["spec.replicas"]
+            parent=parent,
+            ignore_changes=None if w.owns_replicas else ["spec.replicas"],
+            custom_timeouts=pulumi.CustomTimeouts(
+                create=f"{w.rollout_timeout_s}s", update=f"{w.rollout_timeout_s}s"
+            ),
         ),
     )
     pdb = k8s.policy.v1.PodDisruptionBudget(
