@@ -1016,7 +1016,7 @@ def test_make_simulate_prints_the_table(default_project: Path) -> None:
 
 @pytest.mark.slow
 def test_a_fresh_bake_renders_prod_following_its_readme(tmp_path: Path) -> None:
-    """`make infra-install` then `make manifests STACK=prod`, with worker-infra installed
+    """`make infra-install` then `make manifests STACK=<each>`, with worker-infra installed
     from its git pin (a repository of this checkout's infra/, tagged), in a venv of the
     system Python, as the baked README says."""
     from bakery import TEMPLATE, bake_project
@@ -1046,7 +1046,9 @@ def test_a_fresh_bake_renders_prod_following_its_readme(tmp_path: Path) -> None:
         for k, v in os.environ.items()
         if not k.startswith(("VIRTUAL_ENV", "PYTHON"))
     }
-    for target in (["infra-install", f"PYTHON={python}"], ["manifests", "STACK=prod"]):
+    targets = [["infra-install", f"PYTHON={python}"]]
+    targets += [["manifests", f"STACK={stack}"] for stack in STACKS]
+    for target in targets:
         result = subprocess.run(
             ["make", "-s", *target],
             cwd=project,
@@ -1057,7 +1059,6 @@ def test_a_fresh_bake_renders_prod_following_its_readme(tmp_path: Path) -> None:
             check=False,
         )
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    objects = list(
-        yaml.safe_load_all((project / "build" / "manifests" / "prod.yaml").read_text())
-    )
-    assert len(workers(objects)) == 5
+    for stack in STACKS:
+        path = project / "build" / "manifests" / f"{stack}.yaml"
+        assert len(workers(list(yaml.safe_load_all(path.read_text())))) == 5, stack
