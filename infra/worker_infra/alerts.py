@@ -197,7 +197,8 @@ def oom_rule(series: PoolSeries) -> Rule:
 
 
 def pool_worker_rules(series: PoolSeries, database: bool) -> list[Rule]:
-    """Fetch bottleneck, DB pool saturation (``database``), no progress, failure rate."""
+    """Fetch bottleneck, DB pool saturation (``database``), no progress, failure rate, OOM
+    kills, and the broker's faults (:func:`pool_broker_rules`)."""
     w = series.workers
     failed = w('outcome=~"retry|failure|dead_letter"')
     ready = series.backlog('queue!~".+\\\\.DQ"')
@@ -275,8 +276,51 @@ def pool_worker_rules(series: PoolSeries, database: bool) -> list[Rule]:
             },
         },
         oom_rule(series),
+        *pool_broker_rules(series),
     ]
     return rules
+
+
+def pool_broker_rules(series: PoolSeries) -> list[Rule]:
+    """The broker's faults as the pool sees them, which it survives but cannot undo: Redis
+    lost its data (a reset), settlements that found their message gone, a full Redis (read
+    from the backlog's copies: the scheduler's is there at zero pods)."""
+    w = series.workers
+    here = (series.project, series.namespace, series.pool)
+    return [
+        {
+            "alert": "WorkerBrokerReset",
+            "expr": f"sum by ({BY_POOL}) (increase(broker_resets_total{{{w()}}}[10m])) > 0",
+            "labels": _labels(*here, severity="page"),
+            "annotations": {
+                "summary": f"{series.project}/{series.pool}: Redis lost its data (broker reset)",
+                "description": "Queued messages are gone; held ones are counted in "
+                "jobs_lost_total. See the broker_reset log line and docs/operations.md.",
+            },
+        },
+        {
+            "alert": "WorkerJobsLost",
+            "expr": (f"sum by ({BY_POOL}, queue) (increase(jobs_lost_total{{{w()}}}[10m])) > 0"),
+            "labels": _labels(*here, severity="ticket"),
+            "annotations": {
+                "summary": f"{series.project}/{series.pool}: {{{{ $value }}}} settlements of "
+                "queue {{ $labels.queue }} found their message gone",
+                "description": "Lost with a broker reset, or taken by another worker; the job_end "
+                "lines with outcome lost say which. See docs/operations.md.",
+            },
+        },
+        {
+            "alert": "WorkerBrokerFull",
+            "expr": f"max by ({BY_POOL}) (broker_full{{{series.backlog()}}}) == 1",
+            "for": "2m",
+            "labels": _labels(*here, severity="page"),
+            "annotations": {
+                "summary": f"{series.project}/{series.pool}: Redis is full and refuses writes",
+                "description": "maxmemory reached under noeviction: producers get BrokerFull and "
+                "pods are not ready. Free memory or raise maxmemory; see docs/operations.md.",
+            },
+        },
+    ]
 
 
 def schedule_rules(project: str, namespace: str) -> list[Rule]:

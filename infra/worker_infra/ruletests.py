@@ -19,6 +19,8 @@ Cases, for each pool (its neighbour: the next pool of the file):
 - ``zero pods``: no pod of the pool, ready and overdue delayed messages (seen through the
   scheduler's copy);
 - ``failing``: failures, new dead letters, an OOM kill, a saturated database pool;
+- ``broker faults``: a Redis reset seen by its workers, settlements that lost their
+  message, a full Redis (its backlog copies read ``broker_full`` 1);
 
 and for the service: another service's broken pools in another namespace (the same
 project, queue and schedule names: nothing of it reaches this service's alerts); a late
@@ -86,6 +88,9 @@ class PoolState:
       dead_per_minute: new dead letters per minute per queue.
       oom: the first pod was OOM-killed (and restarted at minute 20).
       db_saturated: every database connection of the first pod is in use.
+      resets_per_minute: broker resets seen per minute per pod.
+      lost_per_minute: settlements that found their message gone, per minute per pod and queue.
+      broker_full: Redis refuses writes for being full (``broker_full`` 1).
     """
 
     pods: int = 2
@@ -100,6 +105,9 @@ class PoolState:
     dead_per_minute: float = 0
     oom: bool = False
     db_saturated: bool = False
+    resets_per_minute: float = 0
+    lost_per_minute: float = 0
+    broker_full: bool = False
 
 
 @dataclass
@@ -208,6 +216,8 @@ class _Builder:
                 {**labels, **actor, "outcome": "failure"},
                 growing(5, s.failed_per_minute),
             )
+            self.add("jobs_lost_total", {**labels, "queue": queue}, growing(0, s.lost_per_minute))
+        self.add("broker_resets_total", labels, growing(0, s.resets_per_minute))
         if self.database:
             size = pool.processes * pool.db_pool_size
             self.add("db_pool_size", labels, constant(size))
@@ -235,6 +245,7 @@ class _Builder:
             self.add("queue_oldest_message_seconds", q, constant(s.age_s))
             self.add("queue_oldest_message_seconds", dq, constant(s.overdue_s))
             self.add("queue_dead_letters", q, growing(3, s.dead_per_minute))
+        self.add("broker_full", labels, constant(1 if s.broker_full else 0))
 
 
 # -- what Prometheus makes of an alert's templates ---------------------------------------------
@@ -501,6 +512,32 @@ class RuleTests:
                 failing,
             )
         )
+        faults = PoolState(resets_per_minute=1, lost_per_minute=1, broker_full=True)
+        window_m = 10  # the rules' increase(...[10m])
+        cases.append(
+            self.case(
+                f"{pool.name}: Redis reset (jobs lost) and full",
+                ServiceState(ns, {pool.name: faults}),
+                [
+                    Expected(
+                        "WorkerBrokerReset",
+                        self.by_pool(pool, **own),
+                        faults.pods * window_m,
+                        pool.slug,
+                    ),
+                    *(
+                        Expected(
+                            "WorkerJobsLost",
+                            self.by_pool(pool, queue=q, **own),
+                            faults.pods * window_m,
+                            pool.slug,
+                        )
+                        for q in pool.queues
+                    ),
+                    Expected("WorkerBrokerFull", self.by_pool(pool), 1, pool.slug),
+                ],
+            )
+        )
         return cases
 
     def service_cases(self) -> list[dict[str, Any]]:
@@ -517,6 +554,9 @@ class RuleTests:
             dead_per_minute=3,
             oom=True,
             db_saturated=True,
+            resets_per_minute=1,
+            lost_per_minute=1,
+            broker_full=True,
         )
         other = ServiceState(
             OTHER_NAMESPACE, {p.name: broken for p in self.pools}, leader=False, late=True

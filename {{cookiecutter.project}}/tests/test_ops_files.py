@@ -41,6 +41,7 @@ CONTRACT = {
     # broker faults (DESIGN 6)
     "broker_resets_total",
     "jobs_lost_total",
+    "broker_full",
 }
 DATABASE_ONLY = {"db_pool_in_use", "db_pool_size"}
 #: Read by the OOM-kill alert from kube-state-metrics, not exported by this service.

@@ -30,6 +30,9 @@ Backlog, per queue ``q`` of the pool, with one Lua call per scrape
   For ``q.DQ``: how overdue the head of the delay list is (now - its eta, at
   least 0); above 0 means no worker is fetching delayed messages.
 * ``queue_dead_letters{queue="q"}``: ``ZCARD dramatiq:q.XQ``.
+* ``broker_full``: 1 while Redis refuses writes for being full (``maxmemory`` reached
+  under ``noeviction``; :func:`.brokerstate.full_problem`, one write probe per scrape),
+  else 0; one series per pool on the scheduler.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-from . import layout, redisclient
+from . import brokerstate, layout, redisclient
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -163,6 +166,7 @@ class BacklogCollector(Collector):
         self.client = client
         self.queues = list(queues)
         self.pools = pools
+        self.namespace = layout.namespace_of(self.queues[0]) if self.queues else layout.NAMESPACE
 
     def collect(self) -> Iterable[Metric]:
         try:
@@ -194,7 +198,17 @@ class BacklogCollector(Collector):
             oldest.add_metric([item.queue, *pool], item.oldest_s)
             oldest.add_metric(delayed, item.delayed_overdue_s)
             dead.add_metric([item.queue, *pool], item.dead_letters)
-        return [depth, oldest, dead]
+        full = GaugeMetricFamily(
+            "broker_full",
+            "1 while Redis refuses writes for being full (OOM), else 0.",
+            labels=[] if self.pools is None else [POOL_SERIES_LABEL],
+        )
+        is_full = 1.0 if brokerstate.full_problem(self.client, self.namespace) else 0.0
+        if self.pools is None:
+            full.add_metric([], is_full)
+        for name in sorted(set((self.pools or {}).values())):
+            full.add_metric([pool_slug(name)], is_full)
+        return [depth, oldest, dead, full]
 
 
 class SettledMultiProcessCollector(MultiProcessCollector):
