@@ -391,6 +391,16 @@ class RuleTests:
             for q in pool.queues
         ]
 
+    def unobserved(self, ns: str, pool: PoolSpec) -> Expected:
+        """``WorkerBacklogUnobserved`` of ``pool``'s first queue, in namespace ``ns``."""
+        labels = {
+            "namespace": ns,
+            "job": scrape_job(ns, self.project),
+            POOL_SERIES_LABEL: pool.slug,
+            "queue": pool.queues[0],
+        }
+        return Expected("WorkerBacklogUnobserved", labels, 1, pool.slug)
+
     def pool_cases(self, pool: PoolSpec, neighbour: PoolSpec | None) -> list[dict[str, Any]]:
         ns = self.namespace
         over = pool.backlog_age_target_s + 600
@@ -582,21 +592,7 @@ class RuleTests:
             )
         )
         no_leader = Expected("SchedulerNoLeader", {}, 1)
-        sandboxed = [
-            Expected(
-                "WorkerBacklogUnobserved",
-                {
-                    "namespace": ns,
-                    "job": scrape_job(ns, self.project),
-                    POOL_SERIES_LABEL: p.slug,
-                    "queue": p.queues[0],
-                },
-                1,
-                p.slug,
-            )
-            for p in self.pools
-            if p.sandbox
-        ]
+        sandboxed = [self.unobserved(ns, p) for p in self.pools if p.sandbox]
         cases.append(
             self.case(
                 "every scheduler gone (the sandbox pool's backlog is unseen with them)",
@@ -613,20 +609,7 @@ class RuleTests:
                 other=ServiceState(OTHER_NAMESPACE),
             )
         )
-        unseen = [
-            Expected(
-                "WorkerBacklogUnobserved",
-                {
-                    "namespace": ns,
-                    "job": scrape_job(ns, self.project),
-                    POOL_SERIES_LABEL: p.slug,
-                    "queue": p.queues[0],
-                },
-                1,
-                p.slug,
-            )
-            for p in self.pools
-        ]
+        unseen = [self.unobserved(ns, p) for p in self.pools]
         cases.append(
             self.case(
                 "nothing of this service scraped (its PodMonitor not selected)",
