@@ -105,7 +105,7 @@ def template() -> str:
         )
     if current:
         out.append("{% endraw %}{% endif %}{% raw %}")
-    return "{% raw %}" + "".join(out) + "{% endraw %}\n"
+    return "{% raw %}" + "".join(out) + "{% endraw %}"  # the content ends its last line
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -61,7 +61,8 @@ def test_retention_below_one_day_refuses_to_boot(lc_project: Path) -> None:
 def test_dlq_commands_need_only_redis_url(lc_project: Path, redis_url: str) -> None:
     client = redis.Redis.from_url(redis_url)
     bury_aged(client, "r-1", 1)
-    env = project_env(lc_project, REDIS_URL=redis_url)  # no WORKER_* variable at all
+    env = {name: value for name, value in project_env(lc_project, REDIS_URL=redis_url).items()
+           if not name.startswith("WORKER_")}  # no WORKER_* variable at all
     assert not any(name.startswith("WORKER_") for name in env)
     listed = run_cli(lc_project, "dlq", "list", "--queue", "notifications", env=env)
     assert listed.returncode == 0, listed.stderr

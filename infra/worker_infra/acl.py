@@ -34,7 +34,7 @@ __all__ = ["ACL_COMMANDS", "acl_broker_url", "acl_key_patterns", "acl_rule", "pa
 #: Command rules of the sandbox user, applied left to right.
 ACL_COMMANDS: tuple[str, ...] = (
     "-@all", "+@read", "+@write", "+@scripting", "+@connection", "+@keyspace", "+scan", "+time",
-    "-@dangerous", "-@admin", "-script|flush", "-script|kill", "-function",
+    "-@dangerous", "+info", "-@admin", "-script|flush", "-script|kill", "-function",
     "-move", "-copy", "-migrate", "-swapdb", "-publish", "-spublish",
 )  # fmt: skip
 
