@@ -79,7 +79,9 @@ def tests() -> dict[str, Any]:
 
 
 def dump(data: dict[str, Any]) -> str:
-    return yaml.safe_dump(data, sort_keys=False, width=100, allow_unicode=True)
+    # Never wrapped: a wrap point would move with the project name's length, and a bake must
+    # regenerate byte for byte what the template ships.
+    return yaml.safe_dump(data, sort_keys=False, width=2**31, allow_unicode=True)
 
 
 def render() -> str:
