@@ -13,7 +13,7 @@ Layout of the cache (``E2E_CACHE``, default ``~/.cache/worker-template-e2e``)::
     bin/<engine>-<version>/   the binaries, and ``.ok`` once they are all built
 
 A present ``bin/<engine>-<version>/.ok`` is reused without running Go (offline once built).
-Builds run at ``nice 19`` with ``go build -p 1`` so the machine stays usable.
+Builds run at ``nice 19`` with ``go build -p <cores>`` (``E2E_BUILD_JOBS``); nice keeps the machine usable.
 
 Usage: ``build.py [--engines k8s,kwok,pulumi,provider] [--bin-dirs]``; ``--bin-dirs`` prints the
 bin folders (one a line, for PATH) and builds nothing.
@@ -224,6 +224,12 @@ def children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def build_jobs() -> str:
+    """``go build -p``: ``E2E_BUILD_JOBS``, default every core (the build runs at nice 19, so
+    what else runs keeps its share; ``-p 1`` left one of two cores idle on a quiet machine)."""
+    return os.environ.get("E2E_BUILD_JOBS") or str(os.cpu_count() or 1)
+
+
 def build(engine: Engine, cache: Path) -> Path:
     bindir = cache / "bin" / engine.key
     if (bindir / ".ok").exists():
@@ -244,7 +250,7 @@ def build(engine: Engine, cache: Path) -> Path:
             copy_package(engine, pkg, src, env)
             target = f"./{pkg}"
         out = bindir / pkg.rsplit("/", 1)[-1]
-        run(["go", "build", "-p", "1", "-trimpath", "-ldflags", " ".join(["-s", "-w", *engine.ldflags]),
+        run(["go", "build", "-p", build_jobs(), "-trimpath", "-ldflags", " ".join(["-s", "-w", *engine.ldflags]),
              "-o", str(out), target], src, env)
     took = f"built in {time.monotonic() - started:.0f} s, {children_cpu_s() - cpu:.0f} CPU s"
     (bindir / ".ok").write_text(took + "\n")
