@@ -29,6 +29,8 @@ from bakery import PYTHON, copy_project, free_port, package_of, project_env, wai
 from dramatiq.brokers.redis import RedisBroker
 
 QUEUE = "notifications"
+# A Worker's drain window unless its env says otherwise (WORKER_SHUTDOWN_TIMEOUT_MS).
+DRAIN_WINDOW_S = 25
 NS = "dramatiq"
 
 TEST_ACTORS = '''\
@@ -250,7 +252,8 @@ class Worker(ServiceProcess):
             "WORKER_POOL": "interactive", "REDIS_URL": redis_url,
             "WORKER_STATE_DIR": str(self.state_dir), "METRICS_PORT": str(free_port()),
             "WORKER_PROCESSES": "1", "WORKER_CONCURRENCY": "4",
-            "WORKER_JOB_TIMEOUT_MS": "20000", "WORKER_SHUTDOWN_TIMEOUT_MS": "25000",
+            "WORKER_JOB_TIMEOUT_MS": "20000",
+            "WORKER_SHUTDOWN_TIMEOUT_MS": str(DRAIN_WINDOW_S * 1000),
         }
         settings.update(env)
         super().__init__(project, "worker", directory, project_env(project, **settings))
