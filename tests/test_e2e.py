@@ -130,7 +130,7 @@ def test_bad_pools_toml_refuses_with_file_key_and_problem(project: Path, tmp_pat
 def test_config_prints_effective_config_with_secrets_masked(project: Path) -> None:
     env = project_env(project, WORKER_POOL="bulk", REDIS_URL="rediss://:s3cr3t@redis:6380/1",
                       DATABASE_URL="postgresql://app:pa55@db/app")
-    done = run_cli(project, "config", env=env)
+    done = run_cli(project, "config", "--json", env=env)
     assert done.returncode == 0, done.stderr
     assert '"REDIS_URL": "rediss://:***@redis:6380/1"' in done.stdout
     assert '"DATABASE_URL": "postgresql://app:***@db/app"' in done.stdout

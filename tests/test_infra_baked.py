@@ -350,7 +350,7 @@ def boot(
     if "DATABASE_URL" in refs:
         env["DATABASE_URL"] = "postgresql://app:pw@db/app"
     result = subprocess.run(
-        [PYTHON, "-m", project.name.replace("-", "_"), "config"],
+        [PYTHON, "-m", project.name.replace("-", "_"), "config", "--json"],
         env=project_env(project, **env),
         capture_output=True,
         text=True,
@@ -1059,6 +1059,10 @@ def test_a_fresh_bake_renders_prod_following_its_readme(tmp_path: Path) -> None:
             check=False,
         )
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+        if target[0] == "infra-install":  # it says which worker-infra it used
+            assert result.stdout.startswith(
+                f"worker-infra: from the pinned tag git+file://{repo}@v9.9.9"
+            ), result.stdout
     for stack in STACKS:
         path = project / "build" / "manifests" / f"{stack}.yaml"
         assert len(workers(list(yaml.safe_load_all(path.read_text())))) == 5, stack

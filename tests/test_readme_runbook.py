@@ -367,8 +367,16 @@ def check_activate(book: Runbook, done: subprocess.CompletedProcess[str]) -> Non
 
 
 def check_config(book: Runbook, done: subprocess.CompletedProcess[str]) -> None:
-    """`config` prints the effective values: the pool's defaults resolved, secrets masked."""
-    shown = json.loads(done.stdout)
+    """`config` prints the effective values, each with its source: the pool's defaults
+    resolved, secrets masked."""
+    rows = [re.fullmatch(r"(\S+)\s+(.*?)\s+(environment|pool \S+|default)", line)
+            for line in done.stdout.splitlines()]
+    assert all(rows), done.stdout
+    shown = {row[1]: json.loads(row[2]) for row in rows if row}
+    sources = {row[1]: row[3] for row in rows if row}
+    assert sources["WORKER_POOL"] == sources["REDIS_URL"] == "environment"
+    assert sources["WORKER_CONCURRENCY"] == f"pool {POOL}"
+    assert sources["LOG_FORMAT"] == "default"
     pool = book.pool()
     assert shown["WORKER_POOL"] == POOL
     assert shown["WORKER_QUEUES"] == pool["queues"]
@@ -431,7 +439,21 @@ def check_enqueue(book: Runbook, done: subprocess.CompletedProcess[str]) -> None
     assert [b"pay-1" in body for body in delayed] == [True], "the delayed capture_payment"
 
 
+def check_help(book: Runbook, done: subprocess.CompletedProcess[str]) -> None:
+    """A bare `make` lists the targets and installs nothing."""
+    assert "install" in done.stdout and "manifests" in done.stdout, done.stdout
+    assert not (book.project / ".venv").exists()
+
+
+def check_pre_commit(book: Runbook, done: subprocess.CompletedProcess[str]) -> None:
+    """pre-commit comes with the dev extra (make install) and installs its git hook."""
+    assert (book.project / ".venv" / "bin" / "pre-commit").exists()
+    assert (book.project / ".git" / "hooks" / "pre-commit").exists(), done.stdout
+
+
 CHECKS: dict[str, Callable[[Runbook, subprocess.CompletedProcess[str]], None]] = {
+    "make": check_help,
+    "pre-commit install": check_pre_commit,
     "make install": check_install,
     ". .venv/bin/activate": check_activate,
     f"WORKER_POOL={POOL} {{p}} config": check_config,
@@ -458,6 +480,8 @@ def runbook(request: pytest.FixtureRequest, tmp_path: Path,
             redis_url: str) -> Iterator[Runbook]:
     options: dict[str, str] = request.param
     project = bake_project(tmp_path, project=PROJECT, **options)
+    # A team's bake lives in a git repository (Backstage publishes one): `pre-commit install`.
+    subprocess.run(["git", "init", "-q"], cwd=project, check=True, timeout=60)
     baked = {path: (project / path).read_text() for path in ("README.md", "ops/alerts.yaml")}
     env = {**fresh_environment(), "METRICS_PORT": str(BAKED_FIXTURES.free_port()),
            "WORKER_STATE_DIR": str(tmp_path / "state")}

@@ -63,9 +63,19 @@ def test_workers_are_probed_for_readiness_and_locked_down(compose: dict[str, Any
             assert str(port).startswith("127.0.0.1:"), f"{name} publishes {port} beyond localhost"
 
 
-def test_nothing_but_worker_metrics_is_published(compose: dict[str, Any]) -> None:
-    published = {name for name, spec in compose["services"].items() if spec.get("ports")}
-    assert published <= set(workers(compose)), published
+def test_redis_and_the_database_are_published_on_loopback_only(compose: dict[str, Any]) -> None:
+    """`make run` and `make dev` on the host reach compose's Redis (and PostgreSQL) on their
+    usual ports; nothing is published beyond 127.0.0.1."""
+    published = {
+        name: spec["ports"] for name, spec in compose["services"].items() if spec.get("ports")
+    }
+    assert published["redis"] == ["127.0.0.1:6379:6379"], published
+    if "postgres" in compose["services"]:
+        assert published["postgres"] == ["127.0.0.1:5432:5432"], published
+    for name, ports in published.items():
+        for port in ports:
+            assert str(port).startswith("127.0.0.1:"), f"{name} publishes {port} beyond localhost"
+    assert set(published) <= {"redis", "postgres", *workers(compose)}, published
 
 
 def test_sandbox_workers_reach_only_the_broker(compose: dict[str, Any]) -> None:

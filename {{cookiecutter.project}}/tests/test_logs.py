@@ -4,6 +4,7 @@ whole lines whatever stderr is (a pipe, a full pipe, a file)."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -205,3 +206,41 @@ def test_an_event_reaches_other_handlers_filters_and_record_factories_as_a_recor
     ]
     assert lines[1]["pod"] == "p-1", "the factory's attribute is on the line"
     assert lines[-1]["seen"] == ["another handler"]
+
+
+def test_console_format_is_readable_at_a_desk() -> None:
+    """LOG_FORMAT=console: local time, level, message, key=value fields, the traceback as
+    text (not an escaped JSON string)."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(
+                """
+                import logging
+                from {{ cookiecutter.package }} import logs
+                logs.configure("svc", "INFO", "console")
+                log = logging.getLogger("t")
+                log.info("job done", extra={"actor": "send", "duration_s": 0.25, "note": "a b"})
+                try:
+                    1 / 0
+                except ZeroDivisionError:
+                    log.exception("job failed", extra={"actor": "send"})
+                """
+            ),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PYTHONPATH": str(SRC)},
+        check=True,
+    )
+    lines = done.stderr.splitlines()
+    stamp = r"\d\d:\d\d:\d\d\.\d\d\d"
+    assert re.fullmatch(
+        stamp + r' INFO    job done  actor=send duration_s=0\.25 note="a b"', lines[0]
+    ), lines[0]
+    assert re.fullmatch(stamp + r" ERROR   job failed  actor=send", lines[1]), lines[1]
+    assert lines[2] == "Traceback (most recent call last):"
+    assert lines[-1] == "ZeroDivisionError: division by zero"
+    assert not any(line.startswith("{") for line in lines)

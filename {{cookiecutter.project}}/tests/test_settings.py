@@ -194,3 +194,35 @@ def test_refusal_is_exit_78_without_traceback() -> None:
     assert done.returncode == EX_CONFIG
     assert "WORKER_CONCURRENCY='x'" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_config_says_where_each_value_comes_from(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`config` names each value's source: the environment, the pool, or the default; the
+    environment wins over the pool, and a pool value left unset is the default's."""
+    for key in list(os.environ):
+        if key.startswith(("WORKER_", "METRICS_", "LOG_", "HEALTH_", "DB_")):
+            monkeypatch.delenv(key)
+    settings = settings_with(monkeypatch, WORKER_POOL="bulk", WORKER_CONCURRENCY="1")
+    sources = settings.sources()
+    assert set(sources) == set(settings.masked())
+    assert sources["WORKER_POOL"] == sources["WORKER_CONCURRENCY"] == "environment"
+    assert sources["WORKER_PROCESSES"] == sources["WORKER_JOB_TIMEOUT_MS"] == "pool bulk"
+    assert sources["METRICS_PORT"] == sources["LOG_FORMAT"] == "default"
+    done = subprocess.run(
+        [sys.executable, "-m", "{{ cookiecutter.package }}", "config"],
+        env={
+            "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src"),
+            "PATH": os.environ.get("PATH", ""),
+            "WORKER_POOL": "bulk",
+            "WORKER_CONCURRENCY": "1",
+            "DATABASE_URL": "postgresql://app:secret@db.invalid:5432/app",
+        },
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    rows = {line.split()[0]: line.split()[1:] for line in done.stdout.splitlines()}
+    assert rows["WORKER_CONCURRENCY"] == ["1", "environment"]
+    assert rows["WORKER_PROCESSES"][-2:] == ["pool", "bulk"]
+    assert rows["METRICS_PORT"] == ["9191", "default"]
+    assert "secret" not in done.stdout

@@ -57,7 +57,7 @@ def _worker(args: argparse.Namespace) -> int:
     if args.boot_report:  # a worker process tells its supervisor why it cannot boot
         report_refusals_to(Path(args.boot_report))
     settings = load_settings()
-    logs.configure(settings.otel_service_name, settings.log_level)
+    logs.configure(settings.otel_service_name, settings.log_level, settings.log_format)
     if args.process:
         return _worker_process(settings)
     from .supervisor import Supervisor
@@ -68,7 +68,17 @@ def _worker(args: argparse.Namespace) -> int:
 def _config(args: argparse.Namespace) -> int:
     from .settings import load_settings
 
-    print(json.dumps(load_settings().masked(), indent=2))
+    settings = load_settings()
+    shown = settings.masked()
+    if args.json:
+        print(json.dumps(shown, indent=2))
+        return EX_OK
+    sources = settings.sources()
+    width = max(map(len, shown))
+    rows = [(key, json.dumps(value), sources[key]) for key, value in shown.items()]
+    value_width = min(40, max(len(value) for _, value, _ in rows))
+    for key, value, source in rows:
+        print(f"{key:<{width}}  {value:<{value_width}}  {source}")
     return EX_OK
 
 
@@ -126,7 +136,14 @@ def parser() -> argparse.ArgumentParser:
     worker.add_argument("--boot-report", metavar="PATH", help=argparse.SUPPRESS)
     worker.set_defaults(run=_worker)
 
-    commands.add_parser("config", help="print the effective config").set_defaults(run=_config)
+    config = commands.add_parser(
+        "config",
+        help="print the effective config: each value and its source",
+        description="Validate the configuration and print each value in effect (secrets "
+        "masked) with where it comes from: environment, pool <name> (pools.toml) or default.",
+    )
+    config.add_argument("--json", action="store_true", help="print JSON (values only)")
+    config.set_defaults(run=_config)
 
     health = commands.add_parser("healthcheck", help="liveness and readiness probes")
     probes = health.add_subparsers(dest="probe", required=True)

@@ -1,5 +1,9 @@
 """JSON-lines logging: one object per line, with the service name and any ``extra`` fields.
 
+``LOG_FORMAT=console`` writes the same records for a person at a desk instead
+(:class:`ConsoleFormatter`): local time, level, message, ``key=value`` fields and
+tracebacks as text. JSON stays the default: it is what production's log pipeline reads.
+
 A line logged while a span is current (a job's lines, with tracing on) carries its
 ``trace_id`` and ``span_id``, so logs and traces join.
 
@@ -76,6 +80,40 @@ class JsonFormatter(logging.Formatter):
             line["trace_id"] = trace.format_trace_id(span.trace_id)
             line["span_id"] = trace.format_span_id(span.span_id)
         return line
+
+
+class ConsoleFormatter(logging.Formatter):
+    """Formats a record for a terminal: ``HH:MM:SS.mmm LEVEL   message  key=value ...``,
+    then the traceback, if any, as Python prints it.
+
+    Parameters:
+      service: unused (the terminal knows what runs in it); kept so both formats are
+        made alike.
+    """
+
+    def __init__(self, service: str) -> None:
+        super().__init__()
+        self.service = service
+
+    def format(self, record: logging.LogRecord) -> str:
+        stamp = time.strftime("%H:%M:%S", time.localtime(record.created))
+        millis = int(record.created * 1000) % 1000
+        fields = _extras(itertools.islice(vars(record).items(), _N_RECORD_FIELDS, None))
+        shown = " ".join(f"{key}={_console_value(value)}" for key, value in fields.items())
+        line = f"{stamp}.{millis:03d} {record.levelname:<7} {record.getMessage()}"
+        if shown:
+            line = f"{line}  {shown}"
+        if record.exc_info:
+            line = f"{line}\n{self.formatException(record.exc_info)}"
+        return line
+
+
+def _console_value(value: Any) -> str:
+    """A field's value as the console shows it: plain when it has no space, else JSON."""
+    text = value if isinstance(value, str) else _dumps(value).decode()
+    if text and not any(char.isspace() or char in '"=' for char in text):
+        return text
+    return json.dumps(text) if isinstance(value, str) else text
 
 
 def _extras(fields: Iterable[tuple[str, Any]]) -> dict[str, Any]:
@@ -280,11 +318,18 @@ def _fileno(stream: IO[str]) -> int | None:
         return None
 
 
-def configure(service: str, level: str = "INFO") -> None:
-    """Send every log record to stderr as JSON lines, each written before the logging
-    call returns (a process killed the next moment keeps it)."""
+def configure(service: str, level: str = "INFO", log_format: str = "json") -> None:
+    """Send every log record to stderr, each line written before the logging call returns
+    (a process killed the next moment keeps it).
+
+    Parameters:
+      service: the ``service`` key of the JSON lines (``OTEL_SERVICE_NAME``).
+      level: the root logger's level (``LOG_LEVEL``, default INFO).
+      log_format: ``json`` (default) or ``console`` (``LOG_FORMAT``).
+    """
     handler = LineHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter(service))
+    formatter = ConsoleFormatter if log_format == "console" else JsonFormatter
+    handler.setFormatter(formatter(service))
     # The lines carry none of the caller's file, line, thread or process names: skip
     # collecting them for every record (the logging HOWTO's "Optimization" knobs).
     logging._srcfile = None

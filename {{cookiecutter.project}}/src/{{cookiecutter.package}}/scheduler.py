@@ -81,10 +81,12 @@ from .layout import (
 )
 from .schedules import Schedule
 from .settings import (
+    DEFAULT_LOG_FORMAT,
     DEFAULT_LOG_LEVEL,
     DEFAULT_METRICS_PORT,
     PROJECT,
     VERSION,
+    LogFormat,
     LogLevel,
     MetricsPort,
     RedisSettings,
@@ -111,7 +113,7 @@ class SchedulerSettings(RedisSettings):
     Parameters (env variables): ``REDIS_URL`` (the worker's rule), ``METRICS_PORT`` (9191),
     ``SCHEDULER_LEADER_TTL_MS`` (10000: a dead leader is replaced within it),
     ``WORKER_STATE_DIR`` and ``HEALTH_STALLED_AFTER_S`` (liveness, as for the worker),
-    ``OTEL_SERVICE_NAME``, ``LOG_LEVEL``.
+    ``OTEL_SERVICE_NAME``, ``LOG_LEVEL``, ``LOG_FORMAT`` (json or console).
     """
 
     metrics_port: MetricsPort = DEFAULT_METRICS_PORT
@@ -120,6 +122,7 @@ class SchedulerSettings(RedisSettings):
     health_stalled_after_s: StalledAfterS = DEFAULT_STALLED_AFTER_S
     otel_service_name: ServiceName = PROJECT
     log_level: LogLevel = DEFAULT_LOG_LEVEL
+    log_format: LogFormat = DEFAULT_LOG_FORMAT
 
     @property
     def uses_database(self) -> bool:
@@ -449,7 +452,7 @@ def run() -> int:
     from . import logs
 
     settings = load_scheduler_settings()
-    logs.configure(settings.otel_service_name, settings.log_level)
+    logs.configure(settings.otel_service_name, settings.log_level, settings.log_format)
     schedules = load_schedules()
     targets = check_actors(schedules)
     from .broker import broker

@@ -8,10 +8,11 @@ value's problem and the rule) and exits with ``EX_CONFIG`` (78), no traceback.
 
 from __future__ import annotations
 
+import os
 import sys
 from functools import cached_property
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any, Literal, NoReturn
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import (
@@ -80,6 +81,9 @@ MaxMessageBytes = Annotated[int, Field(ge=1024, le=512 * 1024 * 1024)]
 DEFAULT_METRICS_PORT = 9191
 #: ``LOG_LEVEL`` when unset.
 DEFAULT_LOG_LEVEL = "INFO"
+#: ``LOG_FORMAT``: ``json`` lines (the default, for production) or ``console`` (at a desk).
+LogFormat = Literal["json", "console"]
+DEFAULT_LOG_FORMAT: LogFormat = "json"
 
 
 def mask_url(url: str) -> str:
@@ -144,6 +148,8 @@ class Settings(BaseSettings):
     """Service name in logs and telemetry."""
     log_level: LogLevel = DEFAULT_LOG_LEVEL
     """DEBUG, INFO, WARNING or ERROR."""
+    log_format: LogFormat = DEFAULT_LOG_FORMAT
+    """json (one object per line, for production) or console (readable at a desk)."""
 {%- if cookiecutter.sandbox_pool == "yes" %}
     sandbox_allow_uncontained_writes: bool = False
     """Sandbox pool: run even with neither Landlock nor user namespaces (files a snippet
@@ -291,6 +297,22 @@ class Settings(BaseSettings):
                 value = str(value)
             shown[name.upper()] = value
         return shown
+
+    def sources(self) -> dict[str, str]:
+        """Where each value of :meth:`masked` comes from: ``environment`` (its variable is
+        set), ``pool <name>`` (pools.toml supplies it) or ``default``."""
+        environment = {key.upper() for key in os.environ}
+        supplied = {var for var, value in self.pool.worker_defaults().items() if value is not None}
+        found: dict[str, str] = {}
+        for name in type(self).model_fields:
+            var = name.upper()
+            if var in environment:
+                found[var] = "environment"
+            elif var in supplied:
+                found[var] = f"pool {self.worker_pool}"
+            else:
+                found[var] = "default"
+        return found
 
 
 def _describe(error: dict[str, Any]) -> str:
