@@ -39,7 +39,7 @@ VALIDATION = {
     "template_repo": ("TEMPLATE_REPO", None),
     "template_ref": ("TEMPLATE_REF", None),
     "owner": ("ENTITY_REF", None),
-    "system": ("ENTITY_NAME", 63),
+    "system": ("SYSTEM_REF", None),
     "grafana_url": ("HTTP_URL", None),
 }
 #: Form pages: title -> answers, in cookiecutter.json's order within each.
@@ -48,6 +48,20 @@ PAGES = {
                 "sandbox_pool"),
     "Deployment": ("k8s_namespace", "image", "template_repo", "template_ref"),
     "Catalog": ("owner", "system", "grafana_url"),
+}
+#: Catalog answers picked from the catalog with Backstage's own fields, not typed.
+PICKERS = {
+    "owner": {"ui:field": "OwnerPicker",
+              "ui:options": {"catalogFilter": [{"kind": ["Group", "User"]}]}},
+    "system": {"ui:field": "EntityPicker",
+               "ui:options": {"catalogFilter": [{"kind": "System"}], "defaultKind": "System",
+                              "defaultNamespace": "default"}},
+}
+#: Answers the form does not ask: derived from the Repository page's repoUrl.
+_REPO = "parameters.repoUrl | parseRepoUrl"
+FROM_REPOSITORY = {
+    "repo_url": "https://${{ %s | pick('host') }}/${{ %s | pick('owner') }}/${{ %s | pick('repo') }}"
+    % (_REPO, _REPO, _REPO),
 }
 
 
@@ -64,13 +78,23 @@ def is_derived(default: Any) -> bool:
     return isinstance(default, str) and "{{" in default
 
 
+def said(default: str) -> str:
+    """A derived default in words, without cookiecutter's Jinja (the portal shows it)."""
+    text = re.sub(r"\{\{\s*cookiecutter\.project\s*\|\s*replace\('-',\s*'_'\)\s*\}\}",
+                  "the project name with - as _", default)
+    text = re.sub(r"\{\{\s*cookiecutter\.(\w+)\s*\}\}", r"<\1>", text)
+    if "{{" in text or "{%" in text:
+        raise SystemExit(f"a derived default the form cannot say in words: {default}")
+    return text
+
+
 def parameter(name: str, default: Any, label: str, patterns: dict[str, re.Pattern[str]]) -> dict[str, Any]:
     prop: dict[str, Any] = {"title": label, "type": "string"}
     if isinstance(default, list):
         prop["enum"] = list(default)
         prop["default"] = default[0]
     elif is_derived(default):
-        prop["description"] = f"Leave empty for cookiecutter's default: {default}"
+        prop["description"] = f"Leave empty for the default: {said(default)}"
     else:
         prop["default"] = default
     if name in VALIDATION:
@@ -78,6 +102,7 @@ def parameter(name: str, default: Any, label: str, patterns: dict[str, re.Patter
         prop["pattern"] = patterns[constant].pattern  # Python and ECMA-262 alike
         if max_length is not None:
             prop["maxLength"] = max_length
+    prop.update(PICKERS.get(name, {}))
     return prop
 
 
@@ -87,7 +112,7 @@ def template() -> dict[str, Any]:
     patterns = hook_patterns()
     answers = [key for key in context if not key.startswith("_")]
     paged = [name for names in PAGES.values() for name in names]
-    if sorted(paged) != sorted(answers):
+    if sorted(paged + list(FROM_REPOSITORY)) != sorted(answers):
         raise SystemExit(f"PAGES must list every answer of cookiecutter.json: {answers}")
     pages = []
     for title, names in PAGES.items():
@@ -109,8 +134,8 @@ def template() -> dict[str, Any]:
         }
     )
     values = {
-        name: "${{ parameters.%s }}" % name  # noqa: UP031  (Backstage's own template syntax)
-        for name in answers
+        name: FROM_REPOSITORY.get(name, "${{ parameters.%s }}" % name)  # noqa: UP031
+        for name in answers  # (Backstage's own template syntax)
     }
     return {
         "apiVersion": "scaffolder.backstage.io/v1beta3",

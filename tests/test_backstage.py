@@ -50,9 +50,10 @@ def test_template_yaml_is_current() -> None:
 def test_the_form_asks_what_cookiecutter_asks() -> None:
     """Checked against cookiecutter.json and the hook directly, not through the generator."""
     props = form_properties()
-    assert set(props) - {"repoUrl"} == set(ANSWERS)
+    derived = set(generator().FROM_REPOSITORY)
+    assert set(props) - {"repoUrl"} == set(ANSWERS) - derived
     patterns = generator().hook_patterns()
-    for name in ANSWERS:
+    for name in set(ANSWERS) - derived:
         default, prop = COOKIECUTTER[name], props[name]
         assert prop["title"] == PROMPTS[name]
         if isinstance(default, list):
@@ -62,7 +63,31 @@ def test_the_form_asks_what_cookiecutter_asks() -> None:
     for name, (constant, _) in generator().VALIDATION.items():
         assert props[name]["pattern"] == patterns[constant].pattern
     (step,) = [s for s in loaded_template()["spec"]["steps"] if s["action"] == "fetch:cookiecutter"]
-    assert step["input"]["values"] == {n: "${{ parameters.%s }}" % n for n in ANSWERS}  # noqa: UP031
+    assert step["input"]["values"] == {
+        n: generator().FROM_REPOSITORY.get(n, "${{ parameters.%s }}" % n) for n in ANSWERS  # noqa: UP031
+    }
+
+
+def test_owner_and_system_are_picked_from_the_catalog_and_nothing_shows_jinja() -> None:
+    """Owner and system come from Backstage's entity pickers, not free text; no field shows
+    cookiecutter's raw `{{ cookiecutter.project }}`; the service's repository URL (the
+    catalog's source-location) comes from the Repository page's picker."""
+    props = form_properties()
+    assert props["owner"]["ui:field"] == "OwnerPicker"
+    assert props["system"]["ui:field"] == "EntityPicker"
+    assert props["system"]["ui:options"]["catalogFilter"] == [{"kind": "System"}]
+    for name, prop in props.items():
+        assert "{{" not in json.dumps(prop) and "cookiecutter" not in json.dumps(prop), name
+    patterns = generator().hook_patterns()
+    assert patterns["SYSTEM_REF"].match("system:default/workers")  # what EntityPicker gives
+    assert patterns["ENTITY_REF"].match("group:default/orders-team")  # OwnerPicker
+    (step,) = [s for s in loaded_template()["spec"]["steps"] if s["action"] == "fetch:cookiecutter"]
+    assert "parseRepoUrl" in step["input"]["values"]["repo_url"]
+
+
+def test_the_readme_says_fetch_cookiecutter_needs_its_module() -> None:
+    readme = (TEMPLATE / "README.md").read_text()
+    assert "@backstage/plugin-scaffolder-backend-module-cookiecutter" in readme
 
 
 def page_schema(page: dict[str, Any]) -> dict[str, Any]:
@@ -121,6 +146,16 @@ def test_catalog_info_is_a_valid_component_linking_dashboard_and_runbook(
     assert "//d/" not in links["dashboard"]
     runbook = re.fullmatch(r".+/blob/[^/]+/(.+)", links["runbook"])
     assert runbook and (TEMPLATE / runbook.group(1)).is_file(), links["runbook"]
+    # Day one: experimental; TechDocs from the bake's own mkdocs.yml and docs/; its source.
+    assert entity["spec"]["lifecycle"] == "experimental"
+    annotations = entity["metadata"]["annotations"]
+    assert annotations["backstage.io/techdocs-ref"] == "dir:."
+    mkdocs = yaml.safe_load((project / "mkdocs.yml").read_text())
+    assert all((project / "docs" / page).is_file()
+               for item in mkdocs["nav"] for page in item.values())
+    assert annotations["backstage.io/source-location"] == (
+        f"url:https://github.com/example-org/{project.name}/"
+    )
 
 
 @pytest.mark.usefixtures("node_tools")

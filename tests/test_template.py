@@ -87,7 +87,8 @@ BAD_ANSWERS = [
     ({"image": "Registry.example.com/Foo"}, "must be a lowercase image repository"),
     ({"template_repo": "not a url"}, "template_repo 'not a url': must be a git URL"),
     ({"owner": "team with spaces"}, "owner 'team with spaces': must be a Backstage entity reference"),
-    ({"system": "a/b"}, "system 'a/b': must be a Backstage entity name"),
+    ({"system": "team/a b"}, "system 'team/a b': must be a Backstage System name or reference"),
+    ({"repo_url": "github.com/x"}, "repo_url 'github.com/x': must be an http(s) URL"),
     ({"grafana_url": "grafana"}, "grafana_url 'grafana': must be an http(s) URL"),
 ]
 
