@@ -6,13 +6,18 @@ what to run instead."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import signal
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import redis
 import yaml
-from bakery import TEMPLATE, bake_project
+from bakery import PYTHON, TEMPLATE, TEST_DATABASE_URL, add_actors, bake_project, free_port
 
 
 def make(project: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -32,7 +37,7 @@ def test_a_bare_make_prints_help_and_installs_nothing(project: Path) -> None:
     done = make(project)
     assert done.returncode == 0, done.stderr
     targets = [line.split()[0] for line in done.stdout.splitlines()[1:]]
-    assert {"help", "install", "run", "test", "lint", "infra-install",
+    assert {"help", "install", "run", "dev", "test", "lint", "infra-install",
             "manifests", "docs"} <= set(targets), done.stdout
     assert all(len(line.split(maxsplit=1)) == 2 for line in done.stdout.splitlines()[1:])
     assert not (project / ".venv").exists()
@@ -100,3 +105,91 @@ def test_infra_install_from_a_local_checkout_renders_dev(tmp_path: Path) -> None
     objects = [o for o in yaml.safe_load_all((project / "build/manifests/dev.yaml").read_text())
                if o]
     assert sum(o["kind"] == "Deployment" for o in objects) >= 5
+
+
+NAP = '''
+import time
+from pathlib import Path
+
+import dramatiq
+
+
+@dramatiq.actor(queue_name="notifications")
+def nap(marker: str, seconds: float) -> None:
+    Path(marker).write_text("started")
+    time.sleep(seconds)
+'''
+
+
+def lines_of(log: Path) -> list[str]:
+    return log.read_text(errors="replace").splitlines()
+
+
+def wait_for_line(log: Path, predicate: Callable[[str], bool], what: str,
+                  after: int = 0, timeout: float = 90) -> int:
+    """The index of the first line of ``log`` past ``after`` that ``predicate`` accepts."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for index, line in enumerate(lines_of(log)[after:], start=after):
+            if predicate(line):
+                return index
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}:\n" + "\n".join(lines_of(log)[-30:]))
+
+
+@pytest.mark.slow
+def test_make_dev_runs_redis_and_the_pool_and_reloads_after_the_drain(tmp_path: Path) -> None:
+    """`make dev` in a fresh bake: its own redis-server, the pool with console logs; an
+    edit of an actor's module while a job runs drains that job (it ends done, not
+    interrupted) before the worker starts again; Ctrl-C drains and stops it all, then Redis."""
+    project = add_actors(bake_project(tmp_path / "bake", project="dev-worker"), nap=NAP)
+    redis_port, metrics_port = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("VIRTUAL_ENV", "PYTHON", "MAKE", "MFLAGS", "REDIS_", "WORKER_",
+                                "LOG_", "METRICS_"))}
+    env["DATABASE_URL"] = TEST_DATABASE_URL  # the interactive pool of this bake uses postgres
+    log = tmp_path / "dev.log"
+    with log.open("wb") as out:
+        make_dev = subprocess.Popen(
+            ["make", "dev", f"PYTHON={PYTHON}", f"DEV_REDIS_PORT={redis_port}",
+             f"DEV_METRICS_PORT={metrics_port}", f"WORKER_STATE_ROOT={tmp_path / 'state'}"],
+            cwd=project, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        console = re.compile(r"\d\d:\d\d:\d\d\.\d{3} (INFO|WARNING|ERROR) +(.*)")
+        started = wait_for_line(log, lambda line: " worker started " in line, "the start")
+        assert f"make dev: starting redis-server on port {redis_port}" in log.read_text()
+        assert console.fullmatch(lines_of(log)[started])
+        assert not [line for line in lines_of(log) if line.startswith("{")], "JSON lines"
+        # A 3 s job running when its module is edited: the reload drains it.
+        marker = tmp_path / "nap-started"
+        send = (f"from dev_worker.actors.nap import nap; nap.send({str(marker)!r}, 3.0)")
+        subprocess.run([PYTHON, "-c", send], cwd=project, check=True, timeout=60,
+                       env={**env, "PYTHONPATH": str(project / "src"),
+                            "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0"})
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            assert time.monotonic() < deadline, "the job never started"
+            time.sleep(0.05)
+        module = project / "src" / "dev_worker" / "actors" / "nap.py"
+        module.write_text(module.read_text() + "\n# edited\n")
+        reloading = wait_for_line(log, lambda line: "source changed: reloading" in line,
+                                  "the reload", after=started)
+        drained = wait_for_line(log, lambda line: " drained " in line, "the drain", reloading)
+        assert "finished=1" in lines_of(log)[drained] and "interrupted=0" in lines_of(log)[drained]
+        ended = [line for line in lines_of(log)[reloading:drained] if "event=job_end" in line]
+        assert len(ended) == 1 and "actor=nap" in ended[0] and "outcome=success" in ended[0]
+        again = wait_for_line(log, lambda line: " worker started " in line, "the restart",
+                              after=drained)
+        # Ctrl-C: SIGINT to the terminal's foreground process group.
+        os.killpg(make_dev.pid, signal.SIGINT)
+        # make itself says "Interrupt" and dies of the SIGINT (as `make run` does); what
+        # ran under it drained and stopped cleanly first.
+        assert make_dev.wait(timeout=120) in (0, -signal.SIGINT), "\n".join(lines_of(log)[-20:])
+        stopped = [line for line in lines_of(log)[again:] if " worker stopped " in line]
+        assert len(stopped) == 1 and "exit_code=0" in stopped[0], lines_of(log)[again:]
+        with pytest.raises(redis.ConnectionError):  # its redis-server stopped too
+            redis.Redis(port=redis_port, socket_connect_timeout=1).ping()
+    finally:
+        if make_dev.poll() is None:
+            os.killpg(make_dev.pid, signal.SIGKILL)
+        print(log.read_text()[-5000:])

@@ -3,7 +3,8 @@
 Run as ``python -m {{ cookiecutter.package }}`` or as the console script
 ``{{ cookiecutter.project }}``:
 
-    worker                              run the pool (processes, threads, queues from settings)
+    worker [--watch]                    run the pool (processes, threads, queues from settings);
+                                        --watch: restart on source changes (make dev)
     config                              validate and print the effective config, secrets masked
     healthcheck live [--stalled-after S]  exit 0 live, 1 not; local state only
     healthcheck ready                   exit 0 when Redis (and the database) answer
@@ -58,6 +59,12 @@ def _worker(args: argparse.Namespace) -> int:
         report_refusals_to(Path(args.boot_report))
     settings = load_settings()
     logs.configure(settings.otel_service_name, settings.log_level, settings.log_format)
+    if args.watch:
+        from .pools import default_pools_path
+        from .watch import Watcher
+
+        command = [sys.executable, "-m", __package__ or "", "worker"]
+        return Watcher(command, [Path(__file__).resolve().parent, default_pools_path()]).run()
     if args.process:
         return _worker_process(settings)
     from .supervisor import Supervisor
@@ -132,6 +139,11 @@ def parser() -> argparse.ArgumentParser:
     commands = root.add_subparsers(dest="command", required=True)
 
     worker = commands.add_parser("worker", help="run the pool")
+    worker.add_argument(
+        "--watch",
+        action="store_true",
+        help="at a desk: restart (after the drain) when a source file or pools.toml changes",
+    )
     worker.add_argument("--process", action="store_true", help=argparse.SUPPRESS)
     worker.add_argument("--boot-report", metavar="PATH", help=argparse.SUPPRESS)
     worker.set_defaults(run=_worker)
