@@ -65,7 +65,15 @@ SUBSTITUTED = {
         "this machine's PostgreSQL is TEST_DATABASE_URL (socket, trust auth): exported instead"
     ),
 }
+#: The second pool the README runs beside the first, and the port its line names.
+SECOND, SECOND_PORT = "external", "9192"
+SECOND_RUN = f"make run POOL={SECOND} METRICS_PORT={SECOND_PORT}"
 FOREGROUND = {
+    SECOND_RUN: (
+        "a second pool beside the first, run as written but on a free metrics port (9192 "
+        "may be taken on this shared machine); it must leave the first pool's state alone "
+        "(its /readyz and its metrics still answer) and drain on Ctrl-C too"
+    ),
     f"make run POOL={POOL}": (
         "holds its terminal: started, waited for until it logs its start, kept running while "
         "the later commands run (a second terminal), then stopped with Ctrl-C (SIGINT to its "
@@ -242,6 +250,7 @@ class Runbook:
     baked: dict[str, str]
     foreground: dict[str, tuple[subprocess.Popen[bytes], Path]] = field(default_factory=dict)
     results: dict[str, subprocess.CompletedProcess[str]] = field(default_factory=dict)
+    second_port: str = ""
 
     def pool(self) -> dict[str, Any]:
         pools: dict[str, Any] = tomllib.loads((self.project / "pools.toml").read_text())
@@ -302,8 +311,13 @@ class Runbook:
         (site / "shared-venv.pth").write_text(f"import site; site.addsitedir({shared!r})\n")
 
     def start_foreground(self, command: str) -> None:
-        log = self.project.parent / "foreground.log"
-        process = self.terminal.start(command, log)
+        second = command == SECOND_RUN
+        log = self.project.parent / ("second.log" if second else "foreground.log")
+        run = command
+        if second:
+            self.second_port = str(BAKED_FIXTURES.free_port())
+            run = command.replace(f"METRICS_PORT={SECOND_PORT}", f"METRICS_PORT={self.second_port}")
+        process = self.terminal.start(run, log)
         self.foreground[command] = (process, log)
         started = wait_for(
             f"`{command}` to log its start",
@@ -311,22 +325,35 @@ class Runbook:
             or any(line.get("event") == "start" for line in json_lines(log)),
         )
         assert process.poll() is None and started, f"`{command}` exited:\n{log.read_text()}"
+        if second:  # both pools run side by side, each ready, each with its own state
+            wait_for(f"`{command}` to be ready (/readyz)",
+                     lambda: self.readyz(self.second_port) == 200)
+            assert self.readyz() == 200, "the first pool lost its state to the second"
+            # The first pool's metrics live in its state folder: a shared folder wiped them.
+            gauge = re.compile(r"^worker_concurrency(\{.*\})? [1-9]", re.M)
+            assert gauge.search(self.metrics(self.terminal.env["METRICS_PORT"]))
+            assert gauge.search(self.metrics(self.second_port))
+            return
         # Ready once its processes have booted (/readyz), and then `healthcheck ready` says so.
         wait_for(f"`{command}` to be ready (/readyz)", lambda: self.readyz() == 200)
         ready = self.terminal.run(f"WORKER_POOL={POOL} {PROJECT} healthcheck ready")
         assert ready.returncode == 0, ready.stderr
 
-    def readyz(self) -> int:
-        url = f"http://127.0.0.1:{self.terminal.env['METRICS_PORT']}/readyz"
+    def metrics(self, port: str) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            return str(response.read().decode())
+
+    def readyz(self, port: str | None = None) -> int:
+        url = f"http://127.0.0.1:{port or self.terminal.env['METRICS_PORT']}/readyz"
         try:
             with urllib.request.urlopen(url, timeout=2) as response:
                 return int(response.status)
         except (OSError, urllib.error.HTTPError):
             return 0
 
-    def ctrl_c(self) -> list[dict[str, Any]]:
+    def ctrl_c(self, command: str = f"make run POOL={POOL}") -> list[dict[str, Any]]:
         """Ctrl-C in the foreground command's terminal: SIGINT to its process group."""
-        process, log = self.foreground[f"make run POOL={POOL}"]
+        process, log = self.foreground[command]
         os.killpg(process.pid, signal.SIGINT)
         try:
             wait_for("the worker to stop after Ctrl-C",
@@ -484,7 +511,8 @@ def runbook(request: pytest.FixtureRequest, tmp_path: Path,
     subprocess.run(["git", "init", "-q"], cwd=project, check=True, timeout=60)
     baked = {path: (project / path).read_text() for path in ("README.md", "ops/alerts.yaml")}
     env = {**fresh_environment(), "METRICS_PORT": str(BAKED_FIXTURES.free_port()),
-           "WORKER_STATE_DIR": str(tmp_path / "state")}
+           # the Makefile's root of the pools' state folders (/tmp/<project> by default)
+           "WORKER_STATE_ROOT": str(tmp_path / "state")}
     book = Runbook(project, options["database"] == "postgres", redis_url,
                    Terminal(project, env), baked)
     try:
@@ -504,12 +532,15 @@ def test_a_fresh_bake_follows_its_readme(runbook: Runbook) -> None:
     try:
         for step in steps:
             runbook.step(step)
+        second = runbook.ctrl_c(SECOND_RUN)
         lines = runbook.ctrl_c()
     except AssertionError:
         print("\n\n".join(runbook.terminal.log[-6:]))
         raise
     stopped = [line for line in lines if line.get("event") == "stop"]
     assert [line["exit_code"] for line in stopped] == [0], stopped
+    stopped = [line for line in second if line.get("event") == "stop"]
+    assert [(line["pool"], line["exit_code"]) for line in stopped] == [(SECOND, 0)], stopped
     assert any(line.get("msg") == "drained" for line in lines), lines[-5:]
     print("\n".join(f"{seconds:6.1f} s  {command}" for command, seconds in runbook.terminal.timings))
     run = {step.command for step in steps} - set(SKIPPED)
