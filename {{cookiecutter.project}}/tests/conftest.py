@@ -3,6 +3,7 @@ primary, replica and three Sentinels (:class:`Sentinels`) for the failover tests
 
 from __future__ import annotations
 
+import functools
 import shutil
 import socket
 import subprocess
@@ -173,12 +174,14 @@ class Sentinels:
             )
         for port in self.ports:
             with redis.Redis(port=port) as sentinel:
-                _wait(lambda s=sentinel: self._knows_everyone(s), f"sentinel {port}")
+                _wait(functools.partial(self._knows_everyone, sentinel), f"sentinel {port}")
 
     def _knows_everyone(self, sentinel: redis.Redis) -> bool:
         try:
             state = sentinel.sentinel_master(self.SERVICE)
         except redis.RedisError:
+            return False
+        if not isinstance(state, dict):
             return False
         return bool(
             state["num-slaves"] >= 1 and state["num-other-sentinels"] >= len(self.ports) - 1

@@ -98,7 +98,7 @@ def test_consumer_thread_logs_an_unexpected_error_and_goes_on(
             raise RuntimeError("injected")
         return real(*args, **kwargs)
 
-    broker.fetch_script = flaky  # type: ignore[assignment]
+    broker.fetch_script = flaky
     for n in range(5):
         record.send(n)
     worker = dramatiq.Worker(broker, worker_threads=2, worker_timeout=50)

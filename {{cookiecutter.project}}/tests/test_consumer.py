@@ -368,4 +368,4 @@ def _bodies(redis_url: str, queue: str) -> list[bytes]:
     """The bodies of the messages waiting on ``queue``, in order."""
     client = redis.Redis.from_url(redis_url)
     ids = client.lrange(layout.queue_key(queue), 0, -1)
-    return [body for body in client.hmget(layout.bodies_key(queue), ids) if body is not None]
+    return [body for body in client.hmget(layout.bodies_key(queue), ids) if isinstance(body, bytes)]

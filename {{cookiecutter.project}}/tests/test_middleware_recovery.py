@@ -44,6 +44,7 @@ def hold(client: redis.Redis, worker: str, redis_id: str, **options: int) -> Non
 def stored_options(client: redis.Redis, redis_id: str) -> dict[str, object]:
     body = client.hget(layout.bodies_key(QUEUE), redis_id)
     assert body is not None
+    assert isinstance(body, bytes)
     return dict(Message.decode(body).options)
 
 
@@ -66,7 +67,9 @@ def test_a_pass_heartbeats_and_recovers_the_messages_of_dead_workers(
     assert [layout.text(i) for i in client.lrange(layout.queue_key(QUEUE), 0, -1)] == ["lost"]
     assert stored_options(client, "lost")[layout.CRASHES] == 1, "a crash is counted"
     assert client.zscore(dead, "poison") is not None, "its crashes used up the attempts"
-    reason = Message.decode(client.hget(dead_bodies, "poison") or b"").options
+    poison = client.hget(dead_bodies, "poison")
+    assert isinstance(poison, bytes)
+    reason = Message.decode(poison).options
     assert "WORKER_MAX_ATTEMPTS=3" in str(reason[layout.DEAD_LETTER_REASON])
     assert client.smembers(layout.acks_key("w-dead", QUEUE)) == set()
     assert client.zscore(layout.HEARTBEATS, "w-dead") is None, "a recovered worker is forgotten"

@@ -8,6 +8,7 @@ the settlement, never enqueued from the hook.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import dramatiq
 from dramatiq import Message
@@ -31,6 +32,11 @@ from stub_brokers import SettlingStubBroker, work_off
 
 MAX_RETRIES = 2  # WORKER_MAX_ATTEMPTS = 3
 BACKOFF_MS = 60_000
+
+
+def options(pairs: dict[str, Any]) -> dict[str, Any]:
+    """Message options keyed by our constants, typed for ``send_with_options(**...)``."""
+    return pairs
 
 
 def retrying_broker() -> SettlingStubBroker:
@@ -83,9 +89,10 @@ def test_crashes_use_up_the_same_budget() -> None:
     def fails(n: int) -> None:
         raise ValueError(f"boom {n}")
 
-    fails.send_with_options(args=(1,), **{CRASHES: MAX_RETRIES - 1})  # one attempt left
-    fails.send_with_options(args=(2,), **{CRASHES: MAX_RETRIES})  # the last attempt
-    fails.send_with_options(args=(3,), **{CRASHES: 1, RETRIES: MAX_RETRIES - 1})  # the last
+    fails.send_with_options(args=(1,), **options({CRASHES: MAX_RETRIES - 1}))  # one attempt left
+    fails.send_with_options(args=(2,), **options({CRASHES: MAX_RETRIES}))  # the last attempt
+    last = options({CRASHES: 1, RETRIES: MAX_RETRIES - 1})  # the last attempt too
+    fails.send_with_options(args=(3,), **last)
     kinds = [s.kind for s in settle_all(broker, "crashed")]
     assert kinds == ["retry", "dead_letter", "dead_letter"]
     dead = broker.settlements()[1:]
@@ -104,7 +111,7 @@ def test_an_actor_may_lower_the_budget_but_not_raise_it() -> None:
         raise ValueError("again")
 
     frail.send()
-    greedy.send_with_options(**{RETRIES: MAX_RETRIES})
+    greedy.send_with_options(**options({RETRIES: MAX_RETRIES}))
     assert [s.kind for s in settle_all(broker, "budget")] == ["dead_letter", "dead_letter"]
 
 
@@ -128,7 +135,8 @@ def test_a_shutdown_is_not_a_failure() -> None:
     def stopped() -> None:
         raise Requeue("shutdown")
 
-    stopped.send_with_options(**{RETRIES: MAX_RETRIES})  # would be dead-lettered as a failure
+    # would be dead-lettered as a failure
+    stopped.send_with_options(**options({RETRIES: MAX_RETRIES}))
     (settlement,) = settle_all(broker, "stopped")
     assert settlement == Settlement("requeue")
     assert broker.dead_letters == []

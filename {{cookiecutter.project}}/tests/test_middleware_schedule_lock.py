@@ -5,6 +5,7 @@ a redelivery takes its own lock over, the lease is renewed while the run goes on
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import dramatiq
 import pytest
@@ -14,6 +15,7 @@ from prometheus_client import REGISTRY
 from {{ cookiecutter.package }}.layout import (
     schedule_lock_key,
     schedule_state_key,
+    text,
 )
 from {{ cookiecutter.package }}.middleware import Metrics
 from {{ cookiecutter.package }}.middleware.schedule_lock import ScheduleLock
@@ -28,18 +30,18 @@ from stub_brokers import RedisStubBroker, work_off
 LEASE_MS = 60_000
 
 
-def scheduled(schedule: str) -> dict[str, object]:
+def scheduled(schedule: str) -> dict[str, Any]:
     """The options the scheduler gives a run of ``schedule``."""
     return {OPTION_SCHEDULE: schedule, OPTION_LEASE_MS: LEASE_MS}
 
 
 def state(client: redis.Redis, schedule: str) -> dict[str, str]:
-    return {k.decode(): v.decode() for k, v in client.hgetall(schedule_state_key(schedule)).items()}
+    return {text(k): text(v) for k, v in client.hgetall(schedule_state_key(schedule)).items()}
 
 
 def test_a_run_holds_its_schedules_lock_while_it_runs(client: redis.Redis) -> None:
     broker = RedisStubBroker([ScheduleLock()], client)
-    held: list[tuple[bytes | None, int]] = []
+    held: list[tuple[bytes | str | None, int]] = []
     key = schedule_lock_key("nightly")
 
     @dramatiq.actor(broker=broker)

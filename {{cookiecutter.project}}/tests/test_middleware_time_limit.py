@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import dramatiq
 import pytest
@@ -27,7 +28,7 @@ def broker() -> Iterator[StubBroker]:
     broker.close()
 
 
-def proxy(actor: dramatiq.Actor[..., None], **options: int) -> MessageProxy:
+def proxy(actor: dramatiq.Actor[..., None], **options: Any) -> MessageProxy:
     message: Message[None] = actor.message_with_options(**options)
     return MessageProxy(message)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -104,11 +105,12 @@ def test_stack_overrides_are_validated_by_the_same_model(tmp_path: Path) -> None
     base = load_pools(path)
     merged = base.with_overrides({"pools": {"a": {"concurrency": 6}}}, "Pulumi.prod.yaml")
     assert merged.pools["a"].concurrency == 6 and merged.pools["a"].processes == 1
-    for overrides, problem in [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"pools": {"a": {"concurrency": 999}}}, "Pulumi.prod.yaml: pools.a.concurrency"),
         ({"pools": {"b": {"concurrency": 2}}}, "pools.b: no such entry in pools.toml"),
         ({"pools": {"s": {"sandbox": False}}}, "cannot turn off the sandbox"),
         ({"pools": {"a": {"db_pool_size": 1, "concurrency": 4}}}, "db_pool_size (1) is below"),
-    ]:
+    ]
+    for overrides, problem in cases:
         with pytest.raises(PoolsFileError, match=re.escape(problem)):
             base.with_overrides(overrides, "Pulumi.prod.yaml")

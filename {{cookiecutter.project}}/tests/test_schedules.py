@@ -13,6 +13,7 @@ from zoneinfo import ZoneInfo
 import pytest
 import redis
 
+from {{ cookiecutter.package }}.layout import read_states
 from {{ cookiecutter.package }}.layout import scheduler_leader_key as leader_key
 from {{ cookiecutter.package }}.pools import (
     PoolsFileError,
@@ -22,7 +23,6 @@ from {{ cookiecutter.package }}.scheduler import (
     Scheduler,
     SchedulerSettings,
     Target,
-    read_states,
 )
 from {{ cookiecutter.package }}.schedules import (
     Schedule,

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from {{ cookiecutter.package }}.exitcodes import EX_CONFIG
 from {{ cookiecutter.package }}.pools import (
     SPARE_REDIS_CONNECTIONS,
     load_pools,
@@ -20,7 +21,6 @@ from {{ cookiecutter.package }}.redisclient import (
     parse_sentinel_url,
 )
 from {{ cookiecutter.package }}.settings import (
-    EX_CONFIG,
     Settings,
     config_errors,
     mask_url,
