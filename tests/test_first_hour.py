@@ -193,3 +193,18 @@ def test_make_dev_runs_redis_and_the_pool_and_reloads_after_the_drain(tmp_path: 
         if make_dev.poll() is None:
             os.killpg(make_dev.pid, signal.SIGKILL)
         print(log.read_text()[-5000:])
+
+
+def test_ci_actions_are_pinned_by_commit_and_kept_current(project: Path) -> None:
+    """Every action of the baked CI is pinned to a commit SHA (its tag in a comment), and
+    the bake's Dependabot config updates the actions, the base image and both Python
+    dependency sets."""
+    workflow = (project / ".github" / "workflows" / "ci.yml").read_text()
+    uses = re.findall(r"uses: (\S+)(.*)", workflow)
+    assert uses, "no action in ci.yml"
+    for action, comment in uses:
+        assert re.fullmatch(r"[\w-]+/[\w-]+@[0-9a-f]{40}", action), action
+        assert re.fullmatch(r"\s+# v\d+\.\d+\.\d+", comment), (action, comment)
+    config = yaml.safe_load((project / ".github" / "dependabot.yml").read_text())
+    covered = {(u["package-ecosystem"], u["directory"]) for u in config["updates"]}
+    assert {("github-actions", "/"), ("docker", "/"), ("pip", "/"), ("pip", "/infra")} <= covered
