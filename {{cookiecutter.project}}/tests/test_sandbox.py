@@ -586,9 +586,10 @@ def test_limits_are_validated() -> None:
 # descriptors) before and after. As "nonroot" both run as uid/gid 65534 with no groups.
 
 DRIVER = r"""
-import ctypes, json, os, resource, subprocess, sys, tempfile, threading
+import ctypes, json, os, resource, subprocess, sys, tempfile, threading, time
 sys.path.insert(0, sys.argv[1])
 spec = json.loads(sys.argv[2])
+import {package}.__main__  # what the real supervisor and worker processes run first
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 IOPRIO_GET = {"x86_64": 252, "aarch64": 31}.get(os.uname().machine)
@@ -623,6 +624,12 @@ for attack in spec["runs"]:
     payload = {"worker": os.getpid(), "supervisor": os.getppid(), **attack.get("payload", {})}
     limits = sandbox.Limits(**attack["limits"])
     before = state()
+    sibling = None
+    if attack.get("sibling"):  # another tenant's run, in flight beside the attack
+        sibling = threading.Thread(target=sandbox.run_untrusted, args=(attack["sibling"], None),
+                                   kwargs={"limits": sandbox.Limits(wall_seconds=30),
+                                           "allow_uncontained_writes": attack["allow"]})
+        sibling.start()
     try:
         if attack.get("check"):
             layers = sandbox.check_sandbox(allow_uncontained_writes=attack["allow"])
@@ -634,6 +641,10 @@ for attack in spec["runs"]:
     except sandbox.SandboxUnavailableError as exc:
         result = {"status": "refused", "output": None, "error": str(exc), "logs": "",
                   "layers": []}
+    if sibling is not None:
+        sibling.join()
+        while os.path.exists(f"/proc/self/task/{sibling.native_id}"):  # the OS thread's exit
+            time.sleep(0.01)
     after = state()
     sandbox._DISABLED_LAYERS = frozenset()
     benign = sandbox.run_untrusted("def main(p):\n    return p + 1\n", 41)
@@ -822,6 +833,7 @@ CONFIGS: dict[str, tuple[str, frozenset[str]]] = {
     "root-no-landlock": ("root", frozenset({"landlock"})),
     "nonroot-no-userns": ("nonroot", frozenset({"userns"})),  # a restricted pod
     "nonroot-no-userns-no-landlock": ("nonroot", frozenset({"userns", "landlock"})),
+    "nonroot-no-landlock": ("nonroot", frozenset({"landlock"})),  # gVisor: userns, no Landlock
 }
 
 
@@ -926,7 +938,7 @@ def drive(
     spec = {"role": "supervisor", "workdirs": str(workdirs), "runs": runs}
     done = subprocess.run(
         [python, "-I", str(tree / "driver.py"), str(tree), json.dumps(spec)],
-        capture_output=True, text=True, timeout=1200, **kwargs,
+        capture_output=True, text=True, timeout=1200, env={**os.environ, **SECRETS}, **kwargs,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout)
@@ -1053,6 +1065,86 @@ def test_threads_work_up_to_max_threads(config: str, driver_tree: Path, workdirs
     assert bomb["status"] == "forbidden", bomb["error"]
     assert "thread limit" in bomb["error"]
     assert (unfiltered["status"], unfiltered["output"]) == ("ok", 5), unfiltered["error"]
+
+
+#: Another tenant's run, in flight while PROC_ATTACK runs.
+SIBLING = "import time\ndef main(p):\n    time.sleep(6)\n"
+
+#: Reads the environment and writes the memory of the supervisor, the worker and a sibling
+#: run (found by its command line once its seccomp filter is loaded, that is, once set up),
+#: and lists their working directory and descriptors. Every one must be refused.
+PROC_ATTACK = PRELUDE + """
+import time
+def probe(path, flags):
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        return ["refused", exc.errno]
+    try:
+        return ["opened", os.read(fd, 4096).decode(errors="replace")]
+    except OSError as exc:
+        return ["opened", repr(exc)]
+    finally:
+        os.close(fd)
+def listing(path):
+    try:
+        return ["opened", os.listdir(path)]
+    except OSError as exc:
+        return ["refused", exc.errno]
+def find_sibling(marker):
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        for name in os.listdir("/proc"):
+            if not name.isdigit() or int(name) == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    cmdline = f.read()
+                with open(f"/proc/{name}/status") as f:
+                    status = f.read()
+            except OSError:
+                continue
+            if b"_sandbox_child.py" in cmdline and marker.encode() in cmdline \\
+                    and "Seccomp:\\t2" in status:
+                return int(name)
+        time.sleep(0.02)
+    return None
+def main(p):
+    out = {}
+    sibling = find_sibling(p["marker"])
+    for role, pid in (("supervisor", p["supervisor"]), ("worker", p["worker"]),
+                      ("sibling", sibling)):
+        if pid is None:
+            out[role] = "not found"
+            continue
+        out[role + "-environ"] = probe(f"/proc/{pid}/environ", os.O_RDONLY)
+        out[role + "-mem"] = probe(f"/proc/{pid}/mem", os.O_RDWR)
+        out[role + "-cwd"] = listing(f"/proc/{pid}/cwd")
+        out[role + "-fd"] = listing(f"/proc/{pid}/fd")
+    return out
+"""
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+@pytest.mark.usefixtures("files_left_behind")
+def test_no_other_process_of_the_pod_is_open_to_a_snippet(
+    config: str, driver_tree: Path, workdirs: Path
+) -> None:
+    """Issue #25: with the worker's uid (no user namespaces, or no Landlock), a snippet read
+    the supervisor's secrets from /proc/<pid>/environ, wrote code into it through
+    /proc/<pid>/mem, and listed a sibling run's private directory through /proc/<pid>/cwd.
+    Every process of the pod but the snippet is non-dumpable (the supervisor and the worker
+    processes from __main__'s first lines, the launcher from its own), so each is refused."""
+    limits = asdict(Limits(cpu_seconds=5, wall_seconds=30))
+    runs = [{"source": PROC_ATTACK, "limits": limits, "sibling": SIBLING,
+             "payload": {"marker": str(workdirs)}}]  # fmt: skip
+    (result,) = drive(driver_tree, config, runs, workdirs)
+    assert result["status"] == "ok", (result["error"], result["logs"][-2000:])
+    output = result["output"]
+    assert "sibling" not in output, "the sibling run was not found"
+    opened = {name: pair for name, pair in output.items() if pair[0] != "refused"}
+    assert opened == {}
+    assert "hunter2" not in json.dumps(output)
 
 
 TENANT_A = (

@@ -20,6 +20,7 @@ not import Dramatiq or the actors.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import sys
@@ -30,6 +31,25 @@ from .exitcodes import EX_FAILURE, EX_OK
 
 if TYPE_CHECKING:
     from .settings import Settings
+
+#: prctl(2): whether another process of the same uid may open this one's
+#: ``/proc/<pid>/environ``, ``mem``, ``cwd`` and ``fd`` (ptrace access).
+_PR_SET_DUMPABLE = 4
+
+
+def _nondumpable() -> None:
+    """Make this process non-dumpable, before anything else runs.
+
+    Every process of the service (the supervisor, its worker processes, the probes) holds
+    the secrets in its environment, and a sandboxed snippet may have the same uid
+    (docs/sandbox.md, "What each configuration guarantees"). Non-dumpable, its ``/proc``
+    entries need ``CAP_SYS_PTRACE``, which no snippet has. Costs: no core dumps, and a
+    profiler that attaches with ptrace (py-spy) needs ``CAP_SYS_PTRACE``.
+    """
+    ctypes.CDLL(None).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
+_nondumpable()
 
 
 def _worker_process(settings: Settings) -> int:

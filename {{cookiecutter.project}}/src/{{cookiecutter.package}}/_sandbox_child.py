@@ -93,6 +93,12 @@ _READABLE_SYSTEM_PATHS = (
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
+_PR_SET_DUMPABLE = 4
+# First of all: non-dumpable, so no other process of the worker's uid (a sibling run's
+# snippet, where snippets keep that uid) can open this one's /proc/<pid>/mem, environ, cwd
+# or fd, before the snippet runs (no seccomp yet) or while it does. A new identity
+# (setresuid, user namespace capabilities) would reset it to fs.suid_dumpable, 0 by default.
+_libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
 
 
 class SetupError(Exception):
@@ -160,9 +166,20 @@ def _errno_text() -> str:
 # -- Identity and namespaces -----------------------------------------------------------
 
 
-def _write_proc(name: str, text: str) -> None:
-    with open(f"/proc/self/{name}", "w") as handle:
-        handle.write(text)
+def _map_ids(uid: int, gid: int) -> None:
+    """Map ``uid``/``gid`` to :data:`NAMESPACE_ID` in the new user namespace. The map files
+    of a non-dumpable process belong to root: dumpable for the three ``open`` calls only,
+    non-dumpable again before they are written."""
+    texts = {"setgroups": "deny", "uid_map": f"{NAMESPACE_ID} {uid} 1",
+             "gid_map": f"{NAMESPACE_ID} {gid} 1"}  # fmt: skip
+    _libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
+    try:  # a failure ends the launcher (SetupError): nothing to close
+        handles = [open(f"/proc/self/{name}", "w") for name in texts]  # noqa: SIM115
+    finally:
+        _libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+    for handle, text in zip(handles, texts.values(), strict=True):
+        with handle:
+            handle.write(text)
 
 
 def _own_namespaces(
@@ -193,9 +210,7 @@ def _own_namespaces(
     if _libc.unshare(flags) != 0:
         return [], None  # typical for a restricted pod: RuntimeDefault seccomp refuses it
     try:  # map our own ids to NAMESPACE_ID, or files can no longer be created (EOVERFLOW)
-        _write_proc("setgroups", "deny")
-        _write_proc("uid_map", f"{NAMESPACE_ID} {uid} 1")
-        _write_proc("gid_map", f"{NAMESPACE_ID} {gid} 1")
+        _map_ids(uid, gid)
     except OSError as exc:
         raise SetupError(f"cannot map ids in the new user namespace: {exc}") from exc
     layers = ["userns", "own-uid", "ipcns", *([] if "netns" in off else ["netns"])]
@@ -519,6 +534,10 @@ def main() -> int:
     try:
         config = json.loads(sys.argv[1])
         workdir, limits = str(config["workdir"]), dict(config["limits"])
+        # Started in "/" with neither HOME nor TMPDIR naming the private directory: until the
+        # line above this process was dumpable (the interpreter's start-up).
+        os.chdir(workdir)
+        os.environ.update(HOME=workdir, TMPDIR=workdir)
         with open(os.path.join(workdir, "snippet.py"), encoding="utf-8") as handle:
             source = handle.read()
         program, payload_text = _read_stdin()

@@ -536,8 +536,8 @@ def run_untrusted(
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                cwd=workdir,
-                env={**_CHILD_ENV, "HOME": workdir, "TMPDIR": workdir},
+                cwd="/",  # the launcher moves to workdir once it is non-dumpable
+                env=_CHILD_ENV,
                 start_new_session=True,  # own process group: killed as a whole at the end
                 close_fds=True,
             )
