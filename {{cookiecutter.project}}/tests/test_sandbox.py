@@ -507,6 +507,81 @@ def test_without_landlock_the_worker_environ_stays_unreadable(
     assert "hunter2" not in repr(result.output) + result.logs
 
 
+UNIX_ATTACK = """
+import array, socket
+def attempt(kind, address, fds):
+    try:
+        left, right = socket.socketpair(socket.AF_UNIX, kind)
+    except OSError as exc:
+        return ["refused", "socketpair", exc.errno]
+    with left, right:
+        try:
+            if fds:
+                rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+                left.sendmsg([b"fds"], rights, 0, address)
+            else:
+                left.sendto(b"injected log line", address)
+        except OSError as exc:
+            return ["refused", "send", exc.errno]
+    return ["sent"]
+def main(p):
+    out = {}
+    for name, address in (("path", p["path"]), ("abstract", "\\0" + p["abstract"])):
+        for kind in ("SOCK_DGRAM", "SOCK_SEQPACKET"):
+            family = getattr(socket, kind)
+            out[f"{name}-{kind}"] = attempt(family, address, [])
+            out[f"{name}-{kind}-fds"] = attempt(family, address, [0, 1, 2, 3])
+    left, right = socket.socketpair()  # a stream pair in the run, as asyncio makes one
+    with left, right:
+        left.sendall(b"ping")
+        out["stream-pair"] = right.recv(4).decode()
+    return out
+"""
+
+
+@pytest.mark.parametrize("off", [(), ("landlock", "netns")], ids=["all-layers", "seccomp-only"])
+def test_no_datagram_or_descriptor_reaches_a_unix_socket_of_the_host(
+    off: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue #25: socketpair(AF_UNIX, SOCK_DGRAM) then sendto() a filesystem socket reached a
+    listener of the host (mode 0666, like /dev/log) and passed it descriptors, the run's
+    own result channel included; neither the network namespace nor Landlock stops a send to a
+    path. Real listeners here: datagram and seqpacket, at a path (outside the places a run
+    gets private) and at an abstract name (which netns alone hides: 'seccomp-only' shows
+    the filter is what refuses it)."""
+    monkeypatch.setattr(sandbox, "_DISABLED_LAYERS", frozenset(off))
+    parent = "/run" if os.access("/run", os.W_OK) else str(Path.home())
+    directory = Path(tempfile.mkdtemp(prefix="sandbox-unix-", dir=parent))
+    directory.chmod(0o755)
+    abstract = f"sandbox-test-{uuid.uuid4().hex}"
+    listeners = []
+    try:
+        for kind in (socket.SOCK_DGRAM, socket.SOCK_SEQPACKET):
+            for address in (str(directory / f"{kind}.sock"), f"\0{abstract}-{kind}"):
+                listener = socket.socket(socket.AF_UNIX, kind)
+                listener.bind(address)
+                if kind == socket.SOCK_SEQPACKET:
+                    listener.listen()
+                if not address.startswith("\0"):
+                    os.chmod(address, 0o666)
+                listener.setblocking(False)
+                listeners.append(listener)
+        path = str(directory / f"{socket.SOCK_DGRAM}.sock")
+        result = run(UNIX_ATTACK, {"path": path, "abstract": f"{abstract}-{socket.SOCK_DGRAM}"})
+        assert result.status == "ok", (result.error, result.logs[-2000:])
+        output = result.output
+        assert output.pop("stream-pair") == "ping"
+        assert {name: pair for name, pair in output.items() if pair[0] != "refused"} == {}
+        for listener in listeners:  # nothing arrived, no connection is waiting
+            with pytest.raises(BlockingIOError):
+                listener.recvmsg(100, 100) if listener.type == socket.SOCK_DGRAM \
+                    else listener.accept()
+    finally:
+        for listener in listeners:
+            listener.close()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 # -- The worker side --------------------------------------------------------------------------
 
 

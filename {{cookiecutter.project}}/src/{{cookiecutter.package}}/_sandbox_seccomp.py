@@ -9,8 +9,10 @@ nothing but the standard library.
 
 The list is what a CPython interpreter running the standard library needs (file I/O
 on descriptors it may open, memory, time, threads, its own signals, ``AF_UNIX``
-socket pairs for ``asyncio``), minus everything that reaches another process or state
-shared with it. Calls that can name another process are allowed only on the snippet
+stream socket pairs for ``asyncio``), minus everything that reaches another process or
+state shared with it: ``socketpair`` makes ``AF_UNIX`` ``SOCK_STREAM`` pairs only (a datagram
+or seqpacket socket could ``sendto`` any path or abstract name, descriptors included), and
+``sendto`` takes no address. Calls that can name another process are allowed only on the snippet
 itself: ``prlimit64``, ``{get,set}priority``, ``sched_*``, ``ioprio_*``, ``getpgid``,
 ``getsid`` with pid 0 or its own pid; ``kill`` to itself or its own process group
 (``0``, ``pid``, ``-pid``); ``tgkill``/``rt_{tg,}sigqueueinfo`` to its own thread
@@ -62,8 +64,10 @@ ALLOWED: Final[tuple[str, ...]] = (
     "fgetxattr", "listxattr", "llistxattr", "flistxattr", "pipe", "pipe2",
     "select", "pselect6", "poll", "ppoll", "epoll_create", "epoll_create1", "epoll_ctl",
     "epoll_wait", "epoll_pwait", "epoll_pwait2", "eventfd", "eventfd2",
-    # operations on the AF_UNIX pairs it made (socket() and connect() are not listed)
-    "sendto", "recvfrom", "sendmsg", "recvmsg", "shutdown", "getsockname", "getpeername",
+    # operations on the AF_UNIX stream pairs it made (socket() and connect() are not
+    # listed; sendto only without an address, below; a stream socket refuses sendmsg with
+    # one: EISCONN)
+    "recvfrom", "sendmsg", "recvmsg", "shutdown", "getsockname", "getpeername",
     "getsockopt", "setsockopt",
     # time
     "clock_gettime", "clock_getres", "clock_nanosleep", "nanosleep", "gettimeofday",
@@ -108,6 +112,8 @@ IOCTL_REQUESTS: Final[tuple[int, ...]] = (0x5401, 0x5413, 0x541B, 0x5421, 0x5450
 PRCTL_OPTIONS: Final[tuple[int, ...]] = (3, 15, 16, 21, 23, 39, 0x53564D41)
 
 _AF_UNIX = 1
+_SOCK_STREAM = 1
+_SOCK_TYPE_MASK = 0xF  # the rest of socketpair's type: SOCK_NONBLOCK, SOCK_CLOEXEC
 _PRIO_PROCESS = 0
 _IOPRIO_WHO_PROCESS = 1
 _CLONE_THREAD = 0x00010000
@@ -188,7 +194,12 @@ def compile_filter(pid: int, max_processes: int) -> bytes:
         _add(flt, allow, "ioctl", seccomp.Arg(1, seccomp.MASKED_EQ, 0xFFFFFFFF, request))
     for option in PRCTL_OPTIONS:
         _add(flt, allow, "prctl", seccomp.Arg(0, seccomp.EQ, option))
-    _add(flt, allow, "socketpair", seccomp.Arg(0, seccomp.EQ, _AF_UNIX))
+    # Stream pairs only: a datagram or seqpacket socket can send to any address (a
+    # filesystem path, or an abstract name in the same network namespace) and pass it
+    # descriptors (SCM_RIGHTS); a stream pair reaches only its other end, in the run.
+    _add(flt, allow, "socketpair", seccomp.Arg(0, seccomp.EQ, _AF_UNIX),
+         seccomp.Arg(1, seccomp.MASKED_EQ, _SOCK_TYPE_MASK, _SOCK_STREAM))  # fmt: skip
+    _add(flt, allow, "sendto", seccomp.Arg(4, seccomp.EQ, 0))  # no destination address
     never = _CLONE_NAMESPACES | _CLONE_PARENT
     if max_processes <= 1:
         _add(flt, allow, "clone",
