@@ -563,7 +563,7 @@ def test_no_datagram_or_descriptor_reaches_a_unix_socket_of_the_host(
                 if kind == socket.SOCK_SEQPACKET:
                     listener.listen()
                 if not address.startswith("\0"):
-                    os.chmod(address, 0o666)
+                    os.chmod(address, 0o666)  # noqa: S103 - like /dev/log
                 listener.setblocking(False)
                 listeners.append(listener)
         path = str(directory / f"{socket.SOCK_DGRAM}.sock")
@@ -574,8 +574,10 @@ def test_no_datagram_or_descriptor_reaches_a_unix_socket_of_the_host(
         assert {name: pair for name, pair in output.items() if pair[0] != "refused"} == {}
         for listener in listeners:  # nothing arrived, no connection is waiting
             with pytest.raises(BlockingIOError):
-                listener.recvmsg(100, 100) if listener.type == socket.SOCK_DGRAM \
-                    else listener.accept()
+                if listener.type == socket.SOCK_DGRAM:
+                    listener.recvmsg(100, 100)
+                else:
+                    listener.accept()
     finally:
         for listener in listeners:
             listener.close()
@@ -646,11 +648,104 @@ def test_sandbox_actor_serves_the_untrusted_queue(redis_url: str) -> None:
     assert done.stdout.strip().splitlines()[-1] == "['cpu', 'ok']"
 
 
-def test_limits_are_validated() -> None:
-    with pytest.raises(ValueError, match="cpu_seconds"):
-        Limits(cpu_seconds=0)
-    with pytest.raises(ValueError, match="memory_bytes"):
-        Limits(memory_bytes=1024)
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("cpu_seconds", 0), ("memory_bytes", 1024), ("wall_seconds", float("inf")),
+     ("wall_seconds", float("nan")), ("wall_seconds", -1.0), ("cpu_seconds", 1.5),
+     ("max_open_files", True), ("max_file_bytes", "1024"), ("memory_bytes", 2**70),
+     ("cpu_seconds", float("inf"))],
+)  # fmt: skip
+def test_limits_are_validated(name: str, value: Any) -> None:
+    """A bad value is one clear error naming the field, where Limits is built."""
+    with pytest.raises(ValueError, match=f"Limits.{name} must be") as refused:
+        Limits(**{name: value})
+    assert "\n" not in str(refused.value)
+
+
+def test_limits_that_bypassed_validation_are_an_error_result_not_a_value_error() -> None:
+    """Issue #25: NaN raised ValueError out of run_untrusted. Limits built around their
+    validation (object.__setattr__ on the frozen dataclass) end as the status error."""
+    limits = Limits()
+    object.__setattr__(limits, "wall_seconds", float("nan"))
+    result = run_untrusted("def main(p):\n    return 1\n", limits=limits)
+    assert result.status == "error"
+    assert "Limits.wall_seconds" in (result.error or "")
+
+
+def test_the_actor_answers_bad_limits_with_an_error_result() -> None:
+    """A message's bad limits are the sender's mistake: a result, never retried."""
+    from {{ cookiecutter.package }}.actors import sandbox as actor
+
+    for limits in ({"wall_seconds": float("inf")}, {"cpu_seconds": -1}, {"no_such_limit": 1}):
+        result = actor.run_customer_code.fn("def main(p):\n    return 1\n", None, limits)
+        assert result["status"] == "error", result
+        assert result["error"].startswith("invalid limits: ")
+
+
+def test_a_result_nested_50000_deep_is_an_error() -> None:
+    """Issue #25: it ended crashed (the child's json.dumps raised RecursionError)."""
+    result = run(
+        """
+        def main(payload):
+            value = []
+            for _ in range(50_000):
+                value = [value]
+            return value
+        """
+    )
+    assert result.status == "error", (result.error, result.logs[-500:])
+    assert "nested" in (result.error or "")
+
+
+def test_pending_signals_are_capped() -> None:
+    """Issue #25: a snippet queued its uid's whole RLIMIT_SIGPENDING (96,363 real-time
+    signals), after which another process of that uid failed timer_create."""
+    result = run(
+        """
+        import errno, signal, threading
+        def main(payload):
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGRTMIN})
+            queued, me = 0, threading.get_ident()
+            while queued < 200_000:
+                try:  # tgkill: a real-time signal queued with its info, or EAGAIN
+                    signal.pthread_kill(me, signal.SIGRTMIN)
+                except OSError as exc:
+                    return [queued, exc.errno == errno.EAGAIN]
+                queued += 1
+            return [queued, False]
+        """,
+        limits=Limits(cpu_seconds=5, wall_seconds=30),
+    )
+    assert result.status == "ok", result.error
+    queued, refused = result.output
+    assert refused and queued <= sandbox_child().MAX_PENDING_SIGNALS, result.output
+
+
+def sandbox_child() -> Any:
+    """The launcher module (standard library only: importing it is harmless)."""
+    import importlib
+
+    return importlib.import_module(f"{sandbox.__name__.rpartition('.')[0]}._sandbox_child")
+
+
+def test_max_rss_is_the_childs_own_peak_not_the_workers() -> None:
+    """Issue #25: a trivial snippet reported 319 MiB beside a 300 MiB worker (wait4's
+    ru_maxrss counts the memory the child held before its exec); its own peak was 12.5 MiB."""
+    ballast = bytearray(b"\x01") * (300 << 20)  # resident in this "worker"
+    try:
+        trivial = run("def main(payload):\n    return 1\n")
+        grown = run(
+            """
+            def main(payload):
+                block = bytearray(b"\\x01") * (150 << 20)
+                return len(block)
+            """
+        )
+    finally:
+        del ballast
+    assert trivial.status == "ok" and grown.status == "ok", (trivial.error, grown.error)
+    assert 0 < trivial.max_rss_bytes < 100 << 20, trivial.max_rss_bytes
+    assert 150 << 20 <= grown.max_rss_bytes < 290 << 20, grown.max_rss_bytes
 
 
 # -- The escape matrix, as root and as non-root, checking the worker after each --------------
@@ -1148,7 +1243,9 @@ SIBLING = "import time\ndef main(p):\n    time.sleep(6)\n"
 #: Reads the environment and writes the memory of the supervisor, the worker and a sibling
 #: run (found by its command line once its seccomp filter is loaded, that is, once set up),
 #: and lists their working directory and descriptors. Every one must be refused.
-PROC_ATTACK = PRELUDE + """
+PROC_ATTACK = (
+    PRELUDE
+    + """
 import time
 def probe(path, flags):
     try:
@@ -1198,6 +1295,7 @@ def main(p):
         out[role + "-fd"] = listing(f"/proc/{pid}/fd")
     return out
 """
+)
 
 
 @pytest.mark.parametrize("config", list(CONFIGS))

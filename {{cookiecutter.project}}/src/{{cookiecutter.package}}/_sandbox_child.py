@@ -43,6 +43,8 @@ import sys
 from typing import Any
 
 SETUP_FAILED = 70
+#: ``RLIMIT_SIGPENDING`` of the snippet: signals queued to it at once (CPython queues none).
+MAX_PENDING_SIGNALS = 64
 #: Exit code of a refusal: no layer contains the snippet's file writes (``EX_CONFIG``).
 UNCONTAINED = 78
 _MAX_ERROR_CHARS = 4000
@@ -310,6 +312,9 @@ def _set_rlimits(limits: dict[str, Any], own_uid: bool) -> list[str]:
         (resource.RLIMIT_NOFILE, int(limits["max_open_files"]), int(limits["max_open_files"])),
         (resource.RLIMIT_FSIZE, int(limits["max_file_bytes"]), int(limits["max_file_bytes"])),
         (resource.RLIMIT_MSGQUEUE, 0, 0),
+        # Queued signals count per uid: without a cap, a snippet with the worker's uid could
+        # queue them all and leave the worker none (timer_create, sigqueue fail).
+        (resource.RLIMIT_SIGPENDING, MAX_PENDING_SIGNALS, MAX_PENDING_SIGNALS),
         (resource.RLIMIT_MEMLOCK, 0, 0),
     ]
     if own_uid:
@@ -509,7 +514,21 @@ def _run_snippet(source: str, payload_text: bytes) -> dict[str, Any]:
         json.dumps(output, allow_nan=False)
     except (TypeError, ValueError) as exc:
         return {"status": "error", "error": f"main() returned data that is not JSON: {exc}"}
+    except RecursionError:
+        return {"status": "error", "error": "main() returned data nested too deeply"}
     return {"status": "ok", "output": output}
+
+
+def _peak_rss() -> int:
+    """This process's peak resident memory (``VmHWM``), 0 when it cannot be read."""
+    try:
+        with open("/proc/self/status", "rb") as handle:
+            for line in handle:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def _write_line(fd: int, document: dict[str, Any]) -> None:
@@ -564,7 +583,8 @@ def main() -> int:
     except (SetupError, OSError, ValueError, KeyError, IndexError) as exc:
         print(f"sandbox setup failed: {exc}", file=sys.stderr)
         return SETUP_FAILED
-    _write_line(result_fd, _run_snippet(source, payload_text))
+    outcome = _run_snippet(source, payload_text)
+    _write_line(result_fd, {**outcome, "max_rss_bytes": _peak_rss()})
     return 0
 
 

@@ -85,6 +85,8 @@ _LAUNCHER = Path(__file__).with_name("_sandbox_child.py")
 _SETUP_FAILED = EX_SOFTWARE  # _sandbox_child.SETUP_FAILED (a test checks they agree)
 _UNCONTAINED = EX_CONFIG  # _sandbox_child.UNCONTAINED (a test checks they agree)
 _MAX_LOG_BYTES = 64 * 1024
+#: Largest value of a :class:`Limits` field: what a resource limit (``rlim_t``) can hold.
+_MAX_LIMIT: Final = 2**62
 #: Deepest nesting of arrays and objects a result may have; deeper is the status ``error``.
 MAX_RESULT_DEPTH: Final = 100
 #: How often the worker counts a snippet's threads where the snippet has the worker's uid
@@ -178,15 +180,34 @@ class Limits:
     wall_seconds: float = 10.0
 
     def __post_init__(self) -> None:
+        problem = next(iter(self.problems()), None)
+        if problem is not None:
+            raise ValueError(problem)
+
+    def problems(self) -> list[str]:
+        """What is wrong with these limits, one line each (empty when they are valid)."""
+        problems = []
         for name, value in asdict(self).items():
-            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-                raise ValueError(f"Limits.{name} must be a positive number, got {value!r}")
+            whole = name != "wall_seconds"
+            kind = "a whole number" if whole else "a finite number"
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int if whole else int | float)
+                or not math.isfinite(value)
+                or not 0 < value <= _MAX_LIMIT
+            ):
+                problems.append(
+                    f"Limits.{name} must be {kind} above 0 and at most {_MAX_LIMIT}, got {value!r}"
+                )
+        if problems:
+            return problems
         if self.max_open_files < 8:
-            raise ValueError("Limits.max_open_files must be at least 8 (Python needs a few)")
+            problems.append("Limits.max_open_files must be at least 8 (Python needs a few)")
         if self.memory_bytes < 64 * 1024 * 1024:
-            raise ValueError("Limits.memory_bytes must be at least 64 MiB (Python needs it)")
+            problems.append("Limits.memory_bytes must be at least 64 MiB (Python needs it)")
         if self.max_threads < self.max_processes:
-            raise ValueError("Limits.max_threads must be at least Limits.max_processes")
+            problems.append("Limits.max_threads must be at least Limits.max_processes")
+        return problems
 
 
 @dataclass(frozen=True)
@@ -198,7 +219,8 @@ class SandboxResult:
       output(Any): what ``main(payload)`` returned (``None`` unless ``status == "ok"``).
       error(str|None): why the run did not end ``ok``, with the snippet's traceback.
       cpu_seconds(float): user plus system CPU time of the child.
-      max_rss_bytes(int): peak resident memory of the child.
+      max_rss_bytes(int): peak resident memory of the child itself (its ``VmHWM``; not
+        the worker's memory it shared before its exec).
       wall_seconds(float): wall-clock time of the run, start-up included.
       layers(tuple[str, ...]): the isolation layers that were active, e.g.
         ``("clean-env", "private-tmp", "process-group", "netns", "landlock-fs",
@@ -241,6 +263,9 @@ class _Run:
         self.breach_reason = ""
         self.status = 0
         self.rusage: Any = None
+        #: The child's own peak resident memory (VmHWM, bytes) as last read; wait4's
+        #: ru_maxrss also counts the worker's memory the child had before its exec.
+        self.peak_rss = 0
         self.layers: list[str] | None = None  # from the child's first line, once it came
 
     def communicate(self, deadline: float) -> None:
@@ -261,20 +286,22 @@ class _Run:
                         self._feed(selector)
                     else:
                         self._drain(selector, key)
-                self._watch_threads()
+                self._watch()
         if self.breach is None:
             self._wait_exit(deadline)
 
-    def _watch_threads(self) -> None:
-        """Count the snippet's threads where no ``RLIMIT_NPROC`` of its own caps them."""
+    def _watch(self) -> None:
+        """Read the child's peak memory, and count the snippet's threads where no
+        ``RLIMIT_NPROC`` of its own caps them."""
         if self.layers is None and b"\n" in self.stdout:
             self.layers = _layers(bytes(self.stdout.split(b"\n", 1)[0]))
-        if self.layers is None or "own-uid" in self.layers or self.breach is not None:
-            return
+        count_threads = self.layers is not None and "own-uid" not in self.layers
         try:
             with open(f"/proc/{self.process.pid}/status", "rb") as handle:
                 for line in handle:
-                    if line.startswith(b"Threads:"):
+                    if line.startswith(b"VmHWM:"):
+                        self.peak_rss = max(self.peak_rss, int(line.split()[1]) * 1024)
+                    elif count_threads and line.startswith(b"Threads:"):
                         if int(line.split()[1]) > self.limits.max_threads:
                             self.breach = "forbidden"
                             self.breach_reason = (
@@ -320,7 +347,7 @@ class _Run:
             if time.monotonic() >= deadline:
                 self.breach = "timeout"
                 return
-            self._watch_threads()
+            self._watch()
             if self.breach is not None:
                 return
             time.sleep(pause)
@@ -413,6 +440,17 @@ def _docs(stdout: bytes) -> tuple[dict[str, Any] | None, dict[str, Any] | None, 
     if len(lines) > 2 and lines[2]:
         return docs[0], None, "unexpected data after the result"
     return docs[0], docs[1], None
+
+
+def _peak_rss(run: _Run, result_doc: dict[str, Any] | None) -> int:
+    """The child's own peak resident memory: the highest ``VmHWM`` the worker read while it
+    ran (every 20 ms at most) or the launcher's last reading of it, whichever is higher; the
+    latter is the child's word, so never above ``ru_maxrss`` (which also counts the worker's
+    memory the child held before its exec: what this used to report)."""
+    reported = result_doc.get("max_rss_bytes") if result_doc is not None else None
+    if isinstance(reported, bool) or not isinstance(reported, int) or reported < 0:
+        reported = 0
+    return max(run.peak_rss, min(reported, int(run.rusage.ru_maxrss) * 1024))
 
 
 def _status_from_exit(status: int, cpu: float, limits: Limits) -> tuple[Status, str]:
@@ -512,6 +550,9 @@ def run_untrusted(
         ``allow_uncontained_writes`` is False.
     """
     limits = limits or Limits()
+    problems = limits.problems()
+    if problems:  # built around __post_init__ (object.__setattr__, pickle): never ValueError
+        return SandboxResult("error", error=f"invalid limits: {'; '.join(problems)}")
     payload_bytes = json.dumps(payload, allow_nan=False).encode()
     if not sys.executable:
         raise SandboxError("no Python executable to start the sandbox with")
@@ -614,7 +655,7 @@ def _result(
             layers += tuple(str(layer) for layer in reported)
     common: dict[str, Any] = {
         "cpu_seconds": round(cpu, 4),
-        "max_rss_bytes": run.rusage.ru_maxrss * 1024,
+        "max_rss_bytes": _peak_rss(run, result_doc),
         "wall_seconds": round(wall, 4),
         "layers": layers,
         "logs": run.stderr[:_MAX_LOG_BYTES].decode(errors="replace"),
