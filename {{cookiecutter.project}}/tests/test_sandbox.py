@@ -7,6 +7,7 @@ keeps its network and keeps its secrets.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import resource
@@ -1139,13 +1140,25 @@ LEFT_BEHIND = [
 ]
 
 
+@functools.cache
+def world_writable_dirs() -> list[str]:
+    """Every world-writable directory of this machine (find(1), not the sandbox's own walk),
+    what lies below one left out; /proc and /sys too."""
+    found = subprocess.run(
+        ["find", "/", "(", "-path", "/proc", "-o", "-path", "/sys", ")", "-prune", "-o",
+         "-type", "d", "-perm", "-0002", "-print", "-prune"],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    return sorted(line for line in found.stdout.splitlines() if line)
+
+
 @pytest.fixture
 def files_left_behind() -> Iterator[None]:
     """Removes what the attacks try to leave in shared directories, after the test (they
     do, in the one configuration without any filesystem wall), so no later test sees it."""
     yield
-    for path in LEFT_BEHIND:
-        with contextlib.suppress(FileNotFoundError):
+    for path in LEFT_BEHIND + [f"{place}/tenant-a" for place in world_writable_dirs()]:
+        with contextlib.suppress(FileNotFoundError, PermissionError):
             os.unlink(path)
 
 
@@ -1326,7 +1339,8 @@ TENANT_A = (
 def main(p):
     secret = "tenant-a-secret"
     left = {}
-    for path in ("/tmp/tenant-a", "/dev/shm/tenant-a", "/var/tmp/tenant-a", "left.txt"):
+    places = p.get("places", ["/tmp", "/dev/shm", "/var/tmp"])
+    for path in [f"{place}/tenant-a" for place in places] + ["left.txt"]:
         try:
             with open(path, "w") as f:
                 f.write(secret)
@@ -1345,8 +1359,9 @@ TENANT_B = (
     + """
 def main(p):
     found = {}
-    for path in ("/tmp/tenant-a", "/dev/shm/tenant-a", "/var/tmp/tenant-a", "left.txt",
-                 os.path.join(os.path.dirname(os.getcwd()))):
+    places = p.get("places", ["/tmp", "/dev/shm", "/var/tmp"])
+    for path in [f"{place}/tenant-a" for place in places] + [
+            "left.txt", os.path.join(os.path.dirname(os.getcwd()))]:
         try:
             found[path] = os.listdir(path) if os.path.isdir(path) else open(path).read()
         except OSError as exc:
@@ -1362,15 +1377,72 @@ def main(p):
 @pytest.mark.parametrize("config", [config for config in CONFIGS if config != NO_FILE_WALL])
 @pytest.mark.usefixtures("files_left_behind")
 def test_tenant_b_finds_nothing_of_tenant_a(config: str, driver_tree: Path, workdirs: Path) -> None:
+    """Tenant A writes into every world-writable directory of the machine (found by find(1):
+    /tmp, /var/tmp, /dev/shm, /run/lock here), B looks there. Issue #25: /run/lock (1777)
+    was not private for a root worker without Landlock; A's file reached B and stayed."""
     limits = asdict(FAST)
-    runs = [{"source": TENANT_A, "limits": limits}, {"source": TENANT_B, "limits": limits}]
+    places = {"places": world_writable_dirs()}
+    assert "/tmp" in places["places"], places  # noqa: S108
+    runs = [{"source": TENANT_A, "limits": limits, "payload": places},
+            {"source": TENANT_B, "limits": limits, "payload": places}]  # fmt: skip
     a, b = drive(driver_tree, config, runs, workdirs)
     assert a["status"] == "ok", a["error"]
     assert b["status"] == "ok", b["error"]
     assert "tenant-a-secret" not in json.dumps(b["output"])
     assert not (b["output"]["shm"] or b["output"]["msg"] or b["output"]["mq"]), b["output"]
-    for path in ("/tmp/tenant-a", "/dev/shm/tenant-a", "/var/tmp/tenant-a"):  # noqa: S108
-        assert not os.path.exists(path), f"tenant A left {path}"
+    for place in places["places"]:
+        assert not os.path.exists(f"{place}/tenant-a"), f"tenant A left {place}/tenant-a"
+
+
+DISK_BYTES = """
+import errno
+def main(p):
+    n = 0
+    while True:  # in the private directory and in every shared place, 512 KiB at a time
+        for place in [".", *p["places"]]:
+            try:
+                with open(f"{place}/fill-{n}", "wb") as f:
+                    f.write(b"x" * (512 * 1024))
+            except OSError as exc:  # refused by Landlock, or a read-only place
+                if exc.errno == errno.ENOSPC:
+                    raise
+            n += 1
+"""
+
+DISK_FILES = """
+def main(p):
+    n = 0
+    while True:
+        open(f"empty-{n}", "w").close()
+        n += 1
+"""
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+@pytest.mark.usefixtures("files_left_behind")
+def test_what_a_run_writes_is_bounded_in_total(
+    config: str, driver_tree: Path, workdirs: Path
+) -> None:
+    """Issue #25: one run wrote 700 MiB to the worker's temp directory in under 2 s (only
+    the per-file limit applied) and 93,500 files. Now a run's writes, all files and places
+    together, stop at Limits.max_disk_bytes and max_files: the status disk. With a mount
+    namespace the run's own tmpfs bounds them; without one the worker measures the private
+    directory every 100 ms (where Landlock keeps the writes; the opt-in without any wall
+    bounds only that directory)."""
+    limits = asdict(Limits(cpu_seconds=10, wall_seconds=30, max_disk_bytes=4 << 20,
+                           max_files=200))  # fmt: skip
+    # the opt-in without any wall has no private places: files there are what it accepts
+    places = {"places": world_writable_dirs() if config != NO_FILE_WALL else []}
+    runs = [{"source": DISK_BYTES, "limits": limits, "payload": places},
+            {"source": DISK_FILES, "limits": limits}]  # fmt: skip
+    started = time.monotonic()
+    by_bytes, by_files = drive(driver_tree, config, runs, workdirs)
+    for result in (by_bytes, by_files):
+        assert result["status"] == "disk", (result["status"], result["error"])
+        assert "disk limit" in result["error"]
+    assert time.monotonic() - started < 120
+    for place in places["places"]:
+        assert not [name for name in os.listdir(place) if name.startswith("fill-")], place
 
 
 @pytest.mark.usefixtures("files_left_behind")

@@ -7,8 +7,10 @@ imported by the worker), confines itself and then runs the customer's snippet:
    payload (JSON) from stdin, and keeps a private copy of stdout for the result; the
    snippet's own ``print`` output goes to stderr;
 2. enters new network, IPC and mount namespaces where it can (``netns``, ``ipcns``,
-   ``private-mounts``: an empty tmpfs over /tmp, /var/tmp, /dev/shm), as root or inside a
-   new user namespace with a uid of its own (``userns``, ``own-uid``);
+   ``private-mounts``, ``disk-quota``: a tmpfs of ``Limits.max_disk_bytes`` over the private
+   directory, and a directory of it over every place the snippet could write, found by the
+   worker's walk of the filesystem: /tmp, /var/tmp, /dev/shm, /run/lock, ...), as root or
+   inside a new user namespace with a uid of its own (``userns``, ``own-uid``);
 3. sets ``no_new_privs`` and applies Landlock where the kernel has it: writes only
    under the private working directory, reads only from the Python installation,
    system libraries and the working directory (``landlock-fs``), no TCP bind or
@@ -61,10 +63,15 @@ _CLONE_NEWUSER = 0x10000000
 _CLONE_NEWNET = 0x40000000
 _CLONE_NEWIPC = 0x08000000
 _CLONE_NEWNS = 0x00020000
-_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND, _MS_REC, _MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
-#: Shared writable places that get a private, empty tmpfs in the snippet's mount namespace:
-#: what it leaves there (without Landlock) dies with the namespace at the end of the run.
-_PRIVATE_MOUNTS = ("/tmp", "/var/tmp", "/dev/shm")  # noqa: S108
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT = 1, 2, 4, 8, 32
+_MS_NOATIME, _MS_NODIRATIME, _MS_BIND, _MS_REC, _MS_RELATIME = 1024, 2048, 4096, 16384, 1 << 21
+_MS_PRIVATE = 1 << 18
+#: statvfs flags a remount must keep (a user namespace may not clear them: locked).
+_KEPT_FLAGS = _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC | _MS_NOATIME | _MS_NODIRATIME
+_ST_RELATIME = 4096
+_SYS_MOUNT_SETATTR = {"x86_64": 442, "aarch64": 442}
+_AT_RECURSIVE = 0x8000
+_MOUNT_ATTR_RDONLY = 1
 #: A root worker runs the snippet as uid = gid = ``ID_BASE + pid``: an identity of its own
 #: (no file, process or IPC object on the host has it), so ``RLIMIT_NPROC`` counts
 #: exactly the snippet's threads and nothing of the worker's.
@@ -185,7 +192,7 @@ def _map_ids(uid: int, gid: int) -> None:
 
 
 def _own_namespaces(
-    workdir: str, limits: dict[str, Any], off: set[str]
+    workdir: str, limits: dict[str, Any], off: set[str], places: dict[str, list[str]]
 ) -> tuple[list[str], int | None]:
     """New network and IPC namespaces, and an identity of the snippet's own.
 
@@ -200,7 +207,7 @@ def _own_namespaces(
         if _libc.unshare(_CLONE_NEWIPC) == 0:
             layers.append("ipcns")
         if _libc.unshare(_CLONE_NEWNS) == 0:
-            layers += _private_mounts(workdir, limits)
+            layers += _private_mounts(workdir, limits, places)
         ident = ID_BASE + os.getpid()
         os.chown(workdir, ident, ident)
         return layers, ident
@@ -216,7 +223,7 @@ def _own_namespaces(
     except OSError as exc:
         raise SetupError(f"cannot map ids in the new user namespace: {exc}") from exc
     layers = ["userns", "own-uid", "ipcns", *([] if "netns" in off else ["netns"])]
-    return layers + _private_mounts(workdir, limits), None
+    return layers + _private_mounts(workdir, limits, places), None
 
 
 def _mount(source: str, target: str, fstype: str | None, flags: int, data: str | None) -> None:
@@ -225,24 +232,66 @@ def _mount(source: str, target: str, fstype: str | None, flags: int, data: str |
         raise SetupError(f"cannot mount {target}: {_errno_text()}")
 
 
-def _private_mounts(workdir: str, limits: dict[str, Any]) -> list[str]:
-    """An empty tmpfs over /tmp, /var/tmp and /dev/shm (in a new mount namespace), with
-    the private directory bound back at its own path."""
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
+                ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]  # fmt: skip
+
+
+def _read_only(target: str) -> None:
+    """Bind ``target`` onto itself read-only, the mounts below it included where the kernel
+    has ``mount_setattr`` (5.12+; else the top mount only)."""
+    _mount(target, target, None, _MS_BIND | _MS_REC, None)
+    number = _SYS_MOUNT_SETATTR.get(os.uname().machine)
+    attr = _MountAttr(attr_set=_MOUNT_ATTR_RDONLY)
+    if number is not None:
+        args = (-100, target.encode(), _AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr))
+        if _libc.syscall(number, *args) == 0:  # AT_FDCWD
+            return
+    flags = os.statvfs(target).f_flag
+    kept = (flags & _KEPT_FLAGS) | (_MS_RELATIME if flags & _ST_RELATIME else 0)
+    _mount("none", target, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | kept, None)
+
+
+def _private_mounts(
+    workdir: str, limits: dict[str, Any], places: dict[str, list[str]]
+) -> list[str]:
+    """The run's own size-limited filesystem, and every place it could write made its own.
+
+    In the new mount namespace: a tmpfs of ``Limits.max_disk_bytes`` and ``max_files``
+    inodes over the private directory (``disk-quota``: everything the run writes counts
+    against it); an empty directory of that tmpfs bound over each directory the snippet's
+    identity could write (``places["private"]``, enumerated by the worker: /tmp, /var/tmp,
+    /dev/shm, /run/lock, a writable emptyDir, ...), so what it leaves there dies with the run
+    and shares the one bound; those that hold the Python installation are bound read-only
+    instead (``places["readonly"]``). The private directory is bound back at its path.
+    """
     _mount("none", "/", None, _MS_REC | _MS_PRIVATE, None)  # nothing propagates out
-    keep = os.open(workdir, os.O_PATH | os.O_DIRECTORY)
-    size = 4 * int(limits["max_file_bytes"])
+    for target in places.get("readonly", ()):  # first: the run's tmpfs stays writable
+        if os.path.isdir(target) and not os.path.islink(target):
+            _read_only(target)
+    size, inodes = int(limits["max_disk_bytes"]), int(limits["max_files"])
+    _mount("tmpfs", workdir, "tmpfs", _MS_NOSUID | _MS_NODEV,
+           f"size={size},nr_inodes={inodes},mode=0700")  # fmt: skip
+    keep = os.open(workdir, os.O_PATH | os.O_DIRECTORY)  # the tmpfs's root
     try:
-        for target in _PRIVATE_MOUNTS:
-            if os.path.isdir(target) and not os.path.islink(target):
-                _mount("tmpfs", target, "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
-                       f"size={size},nr_inodes=4096,mode=1777")  # fmt: skip
-        if not os.path.isdir(workdir):  # it was under one of them: bind it back
+        os.mkdir("run", 0o700, dir_fd=keep)  # the private directory, as the snippet sees it
+        os.mkdir("shared", 0o711, dir_fd=keep)
+        for index, target in enumerate(places.get("private", ())):
+            if not os.path.isdir(target) or os.path.islink(target):
+                continue
+            shared = f"/proc/self/fd/{keep}/shared/{index}"
+            os.mkdir(shared)
+            os.chmod(shared, 0o1777)  # noqa: S103 - like the place it stands for, in the run
+            _mount(shared, target, None, _MS_BIND, None)
+        if not os.path.isdir(workdir):  # it was under one of them
             os.makedirs(workdir, mode=0o711)
-            _mount(f"/proc/self/fd/{keep}", workdir, None, _MS_BIND, None)
+        _mount(f"/proc/self/fd/{keep}/run", workdir, None, _MS_BIND, None)
+    except OSError as exc:
+        raise SetupError(f"cannot make the run's places private: {exc}") from exc
     finally:
         os.close(keep)
     os.chdir(workdir)
-    return ["private-mounts"]
+    return ["private-mounts", "disk-quota"]
 
 
 def _reachable_by_others(path: str) -> bool:
@@ -478,6 +527,8 @@ def _classify(exc: BaseException) -> tuple[str, str]:
         code = exc.errno
         if code == errno.EFBIG:
             return "forbidden", "file size limit reached"
+        if code in (errno.ENOSPC, errno.EDQUOT):
+            return "disk", "disk limit reached (Limits.max_disk_bytes or Limits.max_files)"
         if code in (errno.EMFILE, errno.ENFILE):
             return "forbidden", "open files limit reached"
         if code == errno.ENOMEM:
@@ -564,7 +615,13 @@ def main() -> int:
         os.dup2(2, 1)
         sys.stdout = sys.stderr
         off = set(config.get("off", ()))  # tests switch layers off to prove the others
-        layers, ident = _own_namespaces(workdir, limits, off)
+        layers, ident = _own_namespaces(workdir, limits, off, dict(config.get("places", {})))
+        if "disk-quota" in layers:  # the file is under the tmpfs now: tracebacks read it
+            try:
+                with open("snippet.py", "w", encoding="utf-8") as handle:
+                    handle.write(source)
+            except OSError:  # above the disk limit itself: tracebacks show no source lines
+                pass
         if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             raise SetupError(f"PR_SET_NO_NEW_PRIVS failed: {_errno_text()}")
         layers += [] if "landlock" in off else _landlock(workdir)
