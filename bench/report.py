@@ -72,9 +72,13 @@ def metrics(results: dict[str, Any]) -> Iterator[Row]:
 
 
 def sandbox(results: dict[str, Any]) -> Iterator[Row]:
-    yield ("sandbox: trivial run_untrusted vs a plain child process",
+    yield ("sandbox: trivial run_untrusted vs a plain child process (python -I -c pass)",
            f"{_f(results['sandbox_ms'], 1)} ms", f"{_f(results['plain_ms'], 1)} ms",
            f"{_f(results['ratio'])} x")
+    if "bare_ms" in results:
+        yield ("sandbox: trivial run_untrusted vs python -I -S -c pass (no site)",
+               f"{_f(results['sandbox_ms'], 1)} ms", f"{_f(results['bare_ms'], 1)} ms",
+               f"{_f(results['ratio_to_bare'])} x")
 
 
 def calls(results: dict[str, Any]) -> Iterator[Row]:

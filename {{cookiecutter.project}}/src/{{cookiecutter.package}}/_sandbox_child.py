@@ -35,14 +35,27 @@ A failure before step 7 exits with :data:`SETUP_FAILED` and a message on stderr.
 from __future__ import annotations
 
 import ctypes
-import errno
-import json
-import os
-import resource
-import signal
-import stat
-import sys
-from typing import Any
+
+# First of all, before the other imports: non-dumpable, so no other process of the worker's
+# uid (a sibling run's snippet, where snippets keep that uid) can open this one's
+# /proc/<pid>/mem, environ, cwd or fd, before the snippet runs (no seccomp yet) or while it
+# does. A new identity (setresuid, capset) sets it to fs.suid_dumpable: main() clears it again.
+ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
+
+import _json  # noqa: E402
+import _signal  # type: ignore[import-not-found]  # noqa: E402 - not signal: see below
+import errno  # noqa: E402
+import os  # noqa: E402
+import resource  # noqa: E402
+import stat  # noqa: E402
+import sys  # noqa: E402
+
+# Start-up time is the sandbox's overhead on every run (bench/sandbox_overhead.py): the
+# launcher imports no module that pulls in enum, re or typing (json, signal, typing: about
+# half of its import time). JSON goes through the C accelerator that json itself uses.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 SETUP_FAILED = 70
 #: ``RLIMIT_SIGPENDING`` of the snippet: signals queued to it at once (CPython queues none).
@@ -102,12 +115,7 @@ _READABLE_SYSTEM_PATHS = (
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
-_PR_SET_DUMPABLE = 4
-# First of all: non-dumpable, so no other process of the worker's uid (a sibling run's
-# snippet, where snippets keep that uid) can open this one's /proc/<pid>/mem, environ, cwd
-# or fd, before the snippet runs (no seccomp yet) or while it does. A new identity
-# (setresuid, user namespace capabilities) would reset it to fs.suid_dumpable, 0 by default.
-_libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+_PR_GET_DUMPABLE, _PR_SET_DUMPABLE = 3, 4
 
 
 class SetupError(Exception):
@@ -379,7 +387,7 @@ def _set_rlimits(limits: dict[str, Any], own_uid: bool) -> list[str]:
             resource.setrlimit(which, (soft, hard))
         except (OSError, ValueError) as exc:
             raise SetupError(f"cannot set resource limit {which}: {exc}") from exc
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a too-large write raises EFBIG instead
+    _signal.signal(_signal.SIGXFSZ, _signal.SIG_IGN)  # a too-large write raises EFBIG instead
     return ["rlimits"]
 
 
@@ -547,7 +555,7 @@ def _classify(exc: BaseException) -> tuple[str, str]:
 
 def _run_snippet(source: str, payload_text: bytes) -> dict[str, Any]:
     try:
-        payload = json.loads(payload_text)
+        payload = _loads(payload_text)
         code = compile(source, "snippet.py", "exec")
         namespace: dict[str, Any] = {"__name__": "__snippet__", "__file__": "snippet.py"}
         sys.addaudithook(_audit)
@@ -562,7 +570,7 @@ def _run_snippet(source: str, payload_text: bytes) -> dict[str, Any]:
         status, reason = _classify(exc)
         return {"status": status, "error": f"{reason}\n{_snippet_traceback(exc)}"}
     try:
-        json.dumps(output, allow_nan=False)
+        _dumps(output)
     except (TypeError, ValueError) as exc:
         return {"status": "error", "error": f"main() returned data that is not JSON: {exc}"}
     except RecursionError:
@@ -582,8 +590,53 @@ def _peak_rss() -> int:
     return 0
 
 
+class _Strict:
+    """What ``_json.make_scanner`` reads from its context (json.JSONDecoder's attributes)."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    memo: dict[str, Any] = {}  # noqa: RUF012
+
+    @staticmethod
+    def parse_constant(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+
+
+_scan = _json.make_scanner(_Strict())  # type: ignore[arg-type]
+_JSON_SPACE = " \t\n\r"
+
+
+def _loads(text: str | bytes) -> Any:
+    """``json.loads``, strict (no NaN/Infinity), without importing json."""
+    if isinstance(text, bytes):
+        text = text.decode()
+    text = text.strip(_JSON_SPACE)
+    try:
+        value, end = _scan(text, 0)
+    except StopIteration as exc:
+        raise ValueError(f"not JSON at {exc.value}") from None
+    if end != len(text):
+        raise ValueError(f"extra data after JSON at {end}")
+    return value
+
+
+def _not_json(value: Any) -> Any:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def _dumps(value: Any) -> str:
+    """``json.dumps(value, allow_nan=False)``, without importing json."""
+    encode = _json.make_encoder(
+        {}, _not_json, _json.encode_basestring_ascii, None, ": ", ", ", False, False, False
+    )
+    return "".join(encode(value, 0))
+
+
 def _write_line(fd: int, document: dict[str, Any]) -> None:
-    data = (json.dumps(document, allow_nan=False) + "\n").encode()
+    data = (_dumps(document) + "\n").encode()
     while data:
         written = os.write(fd, data)
         data = data[written:]
@@ -602,7 +655,7 @@ def _read_stdin() -> tuple[bytes, bytes]:
 def main() -> int:
     """Set up the sandbox from ``sys.argv[1]`` (JSON), then run the snippet."""
     try:
-        config = json.loads(sys.argv[1])
+        config = _loads(sys.argv[1])
         workdir, limits = str(config["workdir"]), dict(config["limits"])
         # Started in "/" with neither HOME nor TMPDIR naming the private directory: until the
         # line above this process was dumpable (the interpreter's start-up).
@@ -631,6 +684,10 @@ def main() -> int:
             layers += _drop_to(ident)
         layers += _drop_capabilities()
         layers += _set_rlimits(limits, own_uid="own-uid" in layers)
+        _libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)  # again: the uid's change set suid_dumpable
+        if _libc.prctl(_PR_GET_DUMPABLE, 0, 0, 0, 0) != 0:
+            raise SetupError("the launcher is still dumpable: its /proc entries would be open")
+        layers.append("nondumpable")
         if "seccomp" not in off:
             layers += _install_seccomp(program)
         _write_line(result_fd, {"layers": layers})
