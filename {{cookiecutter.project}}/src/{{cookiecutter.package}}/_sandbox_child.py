@@ -284,6 +284,15 @@ def _private_mounts(
     try:
         os.mkdir("run", 0o700, dir_fd=keep)  # the private directory, as the snippet sees it
         os.mkdir("shared", 0o711, dir_fd=keep)
+        # /proc shows this process alone: no other process of the pod, not even one that is
+        # still dumpable because it has just started (a probe, a sibling's launcher). Its own
+        # /proc/<pid> is staged in the tmpfs (by path: workdir is not covered yet).
+        os.mkdir("proc-self", 0o555, dir_fd=keep)
+        _mount(f"/proc/{os.getpid()}", f"{workdir}/proc-self", None, _MS_BIND | _MS_REC, None)
+        _mount("tmpfs", "/proc", "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
+               "size=4k,nr_inodes=8,mode=0555")  # fmt: skip
+        os.mkdir("/proc/self", 0o555)
+        _mount(f"{workdir}/proc-self", "/proc/self", None, _MS_BIND | _MS_REC, None)
         for index, target in enumerate(places.get("private", ())):
             if not os.path.isdir(target) or os.path.islink(target):
                 continue
@@ -299,7 +308,7 @@ def _private_mounts(
     finally:
         os.close(keep)
     os.chdir(workdir)
-    return ["private-mounts", "disk-quota"]
+    return ["private-mounts", "disk-quota", "private-proc"]
 
 
 def _reachable_by_others(path: str) -> bool:
