@@ -152,8 +152,10 @@ class Settings(BaseSettings):
     """json (one object per line, for production) or console (readable at a desk)."""
 {%- if cookiecutter.sandbox_pool == "yes" %}
     sandbox_allow_uncontained_writes: bool = False
-    """Sandbox pool: run even with neither Landlock nor user namespaces (files a snippet
-    leaves in /tmp or /dev/shm then outlive its run); false: refuse to boot (exit 78)."""
+    """Sandbox pool: run even with neither Landlock nor user namespaces, where a snippet has
+    the worker uid's file rights (what it leaves in /tmp outlives its run; it can read and
+    write other runs' files and the pod's state files: docs/sandbox.md); false: refuse to
+    boot (exit 78)."""
 {%- endif %}
 
     @model_validator(mode="before")
