@@ -679,16 +679,6 @@ def test_limits_that_bypassed_validation_are_an_error_result_not_a_value_error()
     assert "Limits.wall_seconds" in (result.error or "")
 
 
-def test_the_actor_answers_bad_limits_with_an_error_result() -> None:
-    """A message's bad limits are the sender's mistake: a result, never retried."""
-    from {{ cookiecutter.package }}.actors import sandbox as actor
-
-    for limits in ({"wall_seconds": float("inf")}, {"cpu_seconds": -1}, {"no_such_limit": 1}):
-        result = actor.run_customer_code.fn("def main(p):\n    return 1\n", None, limits)
-        assert result["status"] == "error", result
-        assert result["error"].startswith("invalid limits: ")
-
-
 def test_a_result_nested_50000_deep_is_an_error() -> None:
     """Issue #25: it ended crashed (the child's json.dumps raised RecursionError)."""
     result = run(

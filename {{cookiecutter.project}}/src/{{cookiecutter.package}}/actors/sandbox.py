@@ -21,7 +21,7 @@ import dramatiq
 
 from .. import layout
 from ..broker import POOL_ENV
-from ..sandbox import Limits, SandboxError, SandboxResult, check_sandbox, run_untrusted
+from ..sandbox import Limits, SandboxError, check_sandbox, run_untrusted
 from ..settings import load_settings, refuse
 
 logger = logging.getLogger(__name__)
@@ -63,17 +63,14 @@ def run_customer_code(
       source(str): the customer's Python source; it defines ``main(payload)``.
       payload(Any): JSON data passed to ``main``.
       limits(dict|None): overrides of :class:`..sandbox.Limits` fields, e.g.
-        ``{"cpu_seconds": 2}``; defaults to ``Limits()``. A bad one (unknown field, a
-        value that is not finite and positive) is the status ``error``, not retried.
+        ``{"cpu_seconds": 2}``; defaults to ``Limits()``.
     """
-    try:
-        checked = Limits(**(limits or {}))
-    except (TypeError, ValueError) as exc:  # the sender's mistake: a result, never retried
-        result = SandboxResult("error", error=f"invalid limits: {exc}")
-    else:
-        result = run_untrusted(
-            source, payload, limits=checked, allow_uncontained_writes=bool(_ALLOWED)
-        )
+    result = run_untrusted(
+        source,
+        payload,
+        limits=Limits(**(limits or {})),
+        allow_uncontained_writes=bool(_ALLOWED),
+    )
     logger.info(
         "sandbox run finished",
         extra={
