@@ -673,6 +673,7 @@ def run_untrusted(
     worker_layers = _protect_worker()
     if limits.max_processes > 1:
         worker_layers += _become_subreaper()
+    places = _writable_places()  # walked once per process, before the run's clock starts
     started = time.monotonic()
     workdir = tempfile.mkdtemp(prefix="sandbox-")
     try:
@@ -683,7 +684,7 @@ def run_untrusted(
                 "limits": asdict(limits),
                 "off": sorted(_DISABLED_LAYERS),
                 "allow_uncontained_writes": allow_uncontained_writes,
-                "places": _writable_places(),
+                "places": places,
             }
         )
         try:
