@@ -5,6 +5,11 @@ queue's bodies hash): the worker exits 78 with one line naming the policy and th
 before any process starts; ``REDIS_ALLOW_EVICTION=true`` accepts it (one warning) and the
 worker runs. Where ``CONFIG GET`` is refused, by an ACL or a renamed command as managed
 Redis services do, the worker says so once and runs its jobs.
+
+Persistence, where the operator asks for it: with ``REDIS_REQUIRE_PERSISTENCE=true`` a Redis
+started with ``--save '' --appendonly no`` refuses to boot (78, one line naming what Redis
+reports and the fix); ``--appendonly yes`` or RDB save points boot; unset, the bare Redis
+boots; where ``CONFIG GET`` is refused the one warning names both checks and jobs run.
 """
 
 from __future__ import annotations
@@ -97,3 +102,76 @@ def test_a_refused_config_get_is_said_once_and_the_worker_runs(
     finally:
         worker.kill()
         jobs.client.close()
+
+
+@pytest.fixture
+def bare_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A Redis that persists nothing (as many managed caches run)."""
+    yield from server(tmp_path, "bare", "--save", "", "--appendonly", "no")
+
+
+def test_required_persistence_refuses_a_redis_that_persists_nothing(
+        lc_project: Path, bare_redis: RedisServer, tmp_path: Path) -> None:
+    with redis.Redis.from_url(bare_redis.url) as client:  # the premise
+        assert client.config_get("save") == {"save": ""}
+        assert client.config_get("appendonly") == {"appendonly": "no"}
+    worker = Worker(lc_project, bare_redis.url, tmp_path / "w", REDIS_REQUIRE_PERSISTENCE="true")
+    done = run_cli(lc_project, "worker", env=worker.env, timeout=60)
+    assert done.returncode == 78, done.stdout[-2000:] + done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "Redis persists nothing (appendonly no, save '')" in lines[0], lines
+    assert "appendonly yes" in lines[0] and "REDIS_REQUIRE_PERSISTENCE=false" in lines[0], lines
+    assert "Traceback" not in done.stdout + done.stderr
+    assert not (worker.state_dir / "progress").exists(), "no worker process was started"
+
+
+@pytest.mark.parametrize("options", [("--save", "", "--appendonly", "yes"),
+                                     ("--save", "3600 1", "--appendonly", "no")],
+                         ids=["aof", "rdb"])
+def test_required_persistence_boots_on_a_redis_that_persists(
+        lc_project: Path, tmp_path: Path, options: tuple[str, ...]) -> None:
+    for persisting in server(tmp_path, "persisting", *options):
+        jobs = Jobs(persisting.url)
+        worker = Worker(lc_project, persisting.url, tmp_path / "w",
+                        REDIS_REQUIRE_PERSISTENCE="true").start()
+        try:
+            jobs.enqueue("lc_quick", "p1")
+            wait_for(lambda: jobs.dones("p1"), 30, "the job to run")
+            assert not worker.records("redis_config_unchecked"), worker.log()[-2000:]
+            assert worker.stop(timeout=30) == 0
+        finally:
+            worker.kill()
+            jobs.client.close()
+
+
+def test_persistence_is_not_required_by_default(
+        lc_project: Path, bare_redis: RedisServer, tmp_path: Path) -> None:
+    jobs = Jobs(bare_redis.url)
+    worker = Worker(lc_project, bare_redis.url, tmp_path / "w").start()
+    try:
+        jobs.enqueue("lc_quick", "d1")
+        wait_for(lambda: jobs.dones("d1"), 30, "the job to run")
+        assert worker.stop(timeout=30) == 0
+    finally:
+        worker.kill()
+        jobs.client.close()
+
+
+def test_required_persistence_where_config_get_is_refused_is_said_once(
+        lc_project: Path, tmp_path: Path) -> None:
+    for refused in server(tmp_path, "renamed", "--save", "", "--appendonly", "no",
+                          "--rename-command", "CONFIG", ""):
+        jobs = Jobs(refused.url)
+        worker = Worker(lc_project, refused.url, tmp_path / "w", WORKER_PROCESSES="2",
+                        REDIS_REQUIRE_PERSISTENCE="true").start()
+        try:
+            jobs.enqueue("lc_quick", "r1")
+            wait_for(lambda: jobs.dones("r1"), 30, "the job to run")
+            unchecked = worker.records("redis_config_unchecked")
+            assert len(unchecked) == 1, worker.log()[-3000:]
+            assert "maxmemory-policy and persistence" in unchecked[0]["msg"], unchecked
+            assert worker.stop(timeout=30) == 0
+        finally:
+            worker.kill()
+            jobs.client.close()

@@ -3,10 +3,13 @@
 Faults around the worker lose work silently unless someone looks:
 
 * **Eviction.** A Redis whose ``maxmemory-policy`` is not ``noeviction`` drops keys
-  when it is full, a queue's whole bodies hash among them. :func:`check_eviction_policy`
-  refuses to boot on it (exit 78, one line naming the policy and the fix) unless
+  when it is full, a queue's whole bodies hash among them. :func:`check_config` refuses
+  to boot on it (exit 78, one line naming the policy and the fix) unless
   ``REDIS_ALLOW_EVICTION=true`` accepts the risk. Where ``CONFIG GET`` is refused (a
   renamed command, an ACL, as managed Redis services do) it says so once and goes on.
+* **Persistence**, where the operator asks for it (``REDIS_REQUIRE_PERSISTENCE=true``):
+  a Redis with neither AOF nor RDB save points loses every queued message when it
+  restarts; :func:`check_config` refuses to boot on it the same way.
 * **A reset.** A Redis restarted without persistence, failed over to an empty replica or
   flushed has lost every queue, acks set and heartbeat. Each worker process writes an
   *epoch* key per broker namespace (:func:`.layout.epoch_key`, a random token, ``SET
@@ -84,34 +87,62 @@ def _oom_text(error: BaseException) -> str:
 # -- configuration, checked at boot ------------------------------------------------------
 
 
-def check_eviction_policy(client: redis.Redis, allow_eviction: bool) -> str | None:
-    """The refusal line when Redis may evict keys and ``allow_eviction`` is false; else None.
+def check_config(
+    client: redis.Redis, allow_eviction: bool, require_persistence: bool = False
+) -> list[str]:
+    """The refusal lines for Redis's configuration, one per problem (empty: boot).
 
-    Logs one warning when the policy cannot be read (``CONFIG GET`` refused or Redis not
-    answering: the worker goes on), and one when an evicting policy is accepted.
+    * Eviction: a ``maxmemory-policy`` other than ``noeviction`` is refused unless
+      ``allow_eviction`` (then one warning).
+    * Persistence, when ``require_persistence``: a Redis with neither AOF
+      (``appendonly yes``) nor RDB save points (``save ""``) loses every queued message
+      when it restarts; refused.
+
+    Logs one warning when the configuration cannot be read (``CONFIG GET`` refused by an
+    ACL or a renamed command, or Redis not answering): the worker goes on unchecked.
 
     Parameters:
       client: a client of the broker.
       allow_eviction: ``REDIS_ALLOW_EVICTION``.
+      require_persistence: ``REDIS_REQUIRE_PERSISTENCE`` (default False: not checked).
     """
+    checked = "maxmemory-policy" + (" and persistence" if require_persistence else "")
     try:
-        reply = client.config_get("maxmemory-policy")
+        config = dict(client.config_get("maxmemory-policy"))
+        if require_persistence:  # one name per CONFIG GET: Redis 6 takes no more
+            config.update(client.config_get("appendonly"))
+            config.update(client.config_get("save"))
     except redis.ResponseError as error:  # renamed or disabled CONFIG, an ACL (NOPERM)
         logger.warning(
-            "cannot check Redis's maxmemory-policy, CONFIG GET is refused (%s); make sure it "
-            "is noeviction, an eviction drops queued messages",
+            "cannot check Redis's %s, CONFIG GET is refused (%s); make sure it is "
+            "noeviction%s, or queued messages are lost",
+            checked,
             error,
+            " and persists (appendonly yes or save points)" if require_persistence else "",
             extra={"event": "redis_config_unchecked"},
         )
-        return None
+        return []
     except redis.RedisError as error:
         logger.warning(
-            "cannot check Redis's maxmemory-policy now (%s)",
+            "cannot check Redis's %s now (%s)",
+            checked,
             error,
             extra={"event": "redis_config_unchecked"},
         )
-        return None
-    policy = layout.text(reply.get("maxmemory-policy", NO_EVICTION))
+        return []
+    found = {layout.text(name): layout.text(value) for name, value in config.items()}
+    refusals = []
+    policy = _eviction_refusal(found.get("maxmemory-policy", NO_EVICTION), allow_eviction)
+    if policy is not None:
+        refusals.append(policy)
+    if require_persistence:
+        persistence = _persistence_refusal(found.get("appendonly"), found.get("save"))
+        if persistence is not None:
+            refusals.append(persistence)
+    return refusals
+
+
+def _eviction_refusal(policy: str, allow_eviction: bool) -> str | None:
     if policy == NO_EVICTION:
         return None
     if allow_eviction:
@@ -126,6 +157,20 @@ def check_eviction_policy(client: redis.Redis, allow_eviction: bool) -> str | No
         f"REDIS_URL: Redis's maxmemory-policy is {policy}: it evicts keys when full, queued "
         "messages among them; set maxmemory-policy noeviction on that Redis, or "
         "REDIS_ALLOW_EVICTION=true to accept the loss"
+    )
+
+
+def _persistence_refusal(appendonly: str | None, save: str | None) -> str | None:
+    """The refusal when Redis persists nothing: neither AOF nor an RDB save point (a Redis
+    that does not report one of them is taken at its word for the other)."""
+    if appendonly is None and save is None:
+        return None  # neither reported: nothing to judge
+    if appendonly == "yes" or (save or "").strip():
+        return None
+    return (
+        f"REDIS_URL: Redis persists nothing (appendonly {appendonly or 'no'}, save "
+        f"{save!r}): a restart loses every queued message; set appendonly yes (or save "
+        "points) on that Redis, or REDIS_REQUIRE_PERSISTENCE=false to accept the loss"
     )
 
 

@@ -136,6 +136,9 @@ class Settings(BaseSettings):
     redis_allow_eviction: bool = False
     """Boot on a Redis whose maxmemory-policy is not noeviction (it then drops queued
     messages when full); false: refuse to boot (exit 78)."""
+    redis_require_persistence: bool = False
+    """Refuse to boot (exit 78) on a Redis with neither AOF nor RDB save points (a restart
+    loses every queued message); false: not checked."""
     dlq_retention_days: Annotated[int, Field(ge=1, le=3650)] = DLQ_RETENTION_DAYS
     """Days a dead letter is kept before the worker deletes it."""
 {%- if cookiecutter.database == "postgres" %}

@@ -16,9 +16,10 @@ Each worker process slot is in one :class:`ChildState`:
   reason, drains the other processes and exits 78 itself;
 * during a shutdown nothing is replaced.
 
-Before anything starts, the supervisor checks Redis's ``maxmemory-policy``
-(:func:`.brokerstate.check_eviction_policy`): a Redis that evicts keys refuses to boot,
-exit 78, unless ``REDIS_ALLOW_EVICTION=true``.
+Before anything starts, the supervisor checks Redis's configuration
+(:func:`.brokerstate.check_config`): a Redis that evicts keys refuses to boot, exit 78,
+unless ``REDIS_ALLOW_EVICTION=true``; with ``REDIS_REQUIRE_PERSISTENCE=true``, so does a
+Redis that persists nothing (neither AOF nor RDB save points).
 
 The supervisor also records, in ``<WORKER_STATE_DIR>/supervisor.json``, how many
 worker processes run and since when fewer than ``WORKER_PROCESSES`` do: liveness
@@ -144,9 +145,13 @@ class Supervisor:
         )
 
     def run(self) -> int:
-        refusal = brokerstate.check_eviction_policy(self.redis, self.settings.redis_allow_eviction)
-        if refusal is not None:
-            refuse([refusal])
+        refusals = brokerstate.check_config(
+            self.redis,
+            self.settings.redis_allow_eviction,
+            self.settings.redis_require_persistence,
+        )
+        if refusals:
+            refuse(refusals)
         self._prepare_state_dir()
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(self.metrics_dir)
         from . import exporter
