@@ -39,6 +39,14 @@ down at that moment. :class:`SettlingRedisBroker` and :class:`SettlingConsumer` 
 * A consumer outlives the restarts of its consumer thread (one per queue), so its
   count of held messages stays right after an outage; the delay queue's consumer
   hands back what its thread dropped from memory on a connection error.
+* One clock: a delayed message's ``eta`` (``send_with_options(delay=...)``, a retry's
+  backoff) and a new message's ``message_timestamp`` are written on Redis's clock
+  (:meth:`SettlingRedisBroker.redis_millis`: this host's clock plus the offset the last
+  heartbeat's ``TIME`` measured), and the delay queue's consumer turns each ``eta`` back
+  into this host's clock as it hands the message to Dramatiq's consumer thread, which
+  compares it with ``time.time()``. A worker (or producer) whose clock is minutes off
+  neither runs a retry early nor holds it back, and the backlog's age (:mod:`.exporter`,
+  also on Redis's clock) is right.
 * A fetch or settlement whose reply is lost after Redis ran it (a socket timeout, a
   dropped connection) took messages this process never saw, and its retry takes
   others. The Recovery pass requeues them once they have stayed unknown for
@@ -52,6 +60,8 @@ import contextlib
 import logging
 import re
 import threading
+import time
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -60,7 +70,7 @@ import redis
 from dramatiq import Message
 from dramatiq.broker import MessageProxy
 from dramatiq.brokers.redis import RedisBroker, _RedisConsumer
-from dramatiq.common import compute_backoff, current_millis
+from dramatiq.common import compute_backoff, current_millis, dq_name
 from dramatiq.errors import ConnectionClosed
 from dramatiq.middleware import Middleware, MiddlewareError
 
@@ -89,6 +99,10 @@ _SETTLE_TRIED = "_settle_tried"
 #: settlement can be on its way (the client's socket timeout is 10 s), so a take whose
 #: reply is still coming is never mistaken for an orphan.
 ORPHAN_AFTER_S = 60.0
+
+#: How old (s) the measured offset of Redis's clock may be before :meth:`redis_millis`
+#: reads ``TIME`` again (a worker's heartbeat measures it every 5 s at most).
+CLOCK_FRESH_S = 10.0
 
 #: Longest pause (ms) between two fetches of an empty queue (Dramatiq's default timeout);
 #: a wake-up (:class:`WakeUps`) or the drain ends it at once.
@@ -238,6 +252,11 @@ class SettlingConsumer(_RedisConsumer):
         if message is None:
             self._release(redis_id)
             return None
+        if self.delayed:
+            eta = message.options.get("eta")
+            if isinstance(eta, int | float) and not isinstance(eta, bool):
+                # Dramatiq's consumer thread compares it with this host's clock.
+                message.options["eta"] = self.broker.host_millis(eta)
         proxy = MessageProxy(message)
         setattr(proxy, _RESETS_AT_FETCH, self.broker.epoch.resets)
         return proxy
@@ -513,8 +532,11 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
         self._hooked_size = 0
         self._consumers: dict[str, SettlingConsumer] = {}
         self._consumers_lock = threading.Lock()
-        #: Redis's clock minus this host's, ms, as of the last heartbeat (:meth:`keep_time`).
+        #: Redis's clock minus this host's, ms, as of the last heartbeat (:meth:`keep_time`)
+        #: or ``TIME`` read by :meth:`redis_millis`.
         self.clock_offset_ms = 0
+        #: ``time.monotonic()`` when the offset was last measured (None: never).
+        self._clock_measured: float | None = None
         self._wake_ups: WakeUps | None = None
 
     def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 5000) -> SettlingConsumer:
@@ -589,13 +611,34 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
         """Dramatiq's enqueue; a Redis that refuses it for being full raises
         :class:`.brokerstate.BrokerFull`, one line naming the actor and the fix."""
         try:
-            sent: Message[Any] = super().enqueue(message, delay=delay)
+            sent = self._enqueue(message, delay)
         except redis.ResponseError as error:
             if brokerstate.is_oom(error):
                 what = f"message for actor {message.actor_name!r}"
                 raise brokerstate.full_error(what, error) from None
             raise
         return sent
+
+    def _enqueue(self, message: Message[Any], delay: int | None) -> Message[Any]:
+        """Dramatiq 2's ``RedisBroker.enqueue``, on Redis's clock (:meth:`redis_millis`): the
+        ``eta`` of a delayed message, and the ``message_timestamp`` of a new one (not yet
+        enqueued: no redis id; one moved from the delay queue keeps its own), from which
+        the backlog's age is counted."""
+        now = self.redis_millis()
+        options: dict[str, Any] = {layout.REDIS_MESSAGE_ID: str(uuid.uuid4())}
+        changes: dict[str, Any] = {}
+        if layout.REDIS_MESSAGE_ID not in message.options:
+            changes["message_timestamp"] = now
+        queue_name = message.queue_name
+        if delay is not None:
+            queue_name = dq_name(queue_name)
+            options["eta"] = now + delay
+            changes["queue_name"] = queue_name
+        message = message.copy(options=options, **changes)
+        self.emit_before("enqueue", message, delay)
+        self.do_enqueue(queue_name, options[layout.REDIS_MESSAGE_ID], message.encode())
+        self.emit_after("enqueue", message, delay)
+        return message
 
     def held_deliveries(self) -> set[tuple[str, str]]:
         """Every delivery this process holds now (fetched, not settled): (queue, redis id)."""
@@ -624,6 +667,27 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
         handler, a delayed message moved to its queue), is given Redis's time, not a skewed
         host's, which would make this worker look dead (or alive for ever) to the others."""
         self.clock_offset_ms = redis_ms - layout.now_ms()
+        self._clock_measured = time.monotonic()
+
+    def redis_millis(self) -> int:
+        """Redis's clock now (ms since the epoch): this host's plus the offset measured at
+        the last heartbeat; a process without heartbeats (a producer), or whose last one is
+        older than :data:`CLOCK_FRESH_S`, reads ``TIME`` first (one round trip, at most
+        once per :data:`CLOCK_FRESH_S`). Never raises: while Redis does not answer, the
+        last offset measured stands (this host's clock when none was)."""
+        measured = self._clock_measured
+        if measured is None or time.monotonic() - measured > CLOCK_FRESH_S:
+            try:
+                self.keep_time(layout.redis_now_ms(self.client))
+            except redis.RedisError as error:
+                self._clock_measured = time.monotonic()  # tried again in CLOCK_FRESH_S
+                logger.warning("cannot read Redis's clock now, the last offset stands: %s", error)
+        return current_millis() + self.clock_offset_ms
+
+    def host_millis(self, redis_ms: float) -> float:
+        """``redis_ms`` (an instant on Redis's clock) on this host's clock."""
+        self.redis_millis()  # the offset, measured within CLOCK_FRESH_S
+        return redis_ms - self.clock_offset_ms
 
     def _dispatch(self, command: str) -> Callable[..., Any]:
         """Dramatiq's dispatch script (enqueue, qsize, purge), run on the namespace of the
@@ -636,7 +700,7 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
         def do_dispatch(queue_name: str, *args: Any) -> Any:
             arguments = [
                 command,
-                current_millis() + self.clock_offset_ms,
+                self.redis_millis(),
                 queue_name,
                 self.broker_id,
                 self.heartbeat_timeout,

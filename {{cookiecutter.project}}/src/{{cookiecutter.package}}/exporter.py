@@ -15,7 +15,8 @@ which serves from a daemon thread:
   else 503 with the reasons (the same rule as ``healthcheck ready``).
 
 Backlog, per queue ``q`` of the pool, with one Lua call per scrape
-(:data:`.layout.BACKLOG`: constant work per queue, however many messages wait):
+(:data:`.layout.BACKLOG`: constant work per queue, however many messages wait) and one
+``TIME``: ages are judged by Redis's clock, as the worker writes them, never this host's:
 
 * ``queue_depth{queue="q"}``: messages ready to run, ``LLEN dramatiq:q`` (the list
   a KEDA ``redis`` trigger watches); ``queue_depth{queue="q.DQ"}``: delayed
@@ -41,7 +42,6 @@ import glob
 import logging
 import os
 import threading
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -111,8 +111,11 @@ def read_backlog(
     queues: Sequence[str],
     now: float | None = None,
 ) -> list[Backlog]:
-    """The backlog of ``queues`` with a single Redis call (constant work per queue)."""
-    now_ms = (time.time() if now is None else now) * 1000
+    """The backlog of ``queues`` with a single Lua call (constant work per queue), its ages
+    judged at ``now`` (epoch s; default: Redis's clock, ``TIME``, the clock every ``eta`` and
+    ``message_timestamp`` the worker writes is on: a host whose clock is off reports the
+    right ages)."""
+    now_ms = (layout.redis_now(client) if now is None else now) * 1000
     found = []
     records = layout.read_backlog_records(client, queues, HEAD_PROBE)
     for queue, record in zip(queues, records, strict=True):

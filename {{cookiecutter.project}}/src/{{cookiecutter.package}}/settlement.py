@@ -24,6 +24,7 @@ tests' stub brokers import it.
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any, Final, Literal
 
 from dramatiq import Broker, Message
@@ -154,6 +155,11 @@ class SettlingBroker:
 
     def keep_time(self, redis_ms: int) -> None:
         """Redis's clock (``TIME``, ms) as a heartbeat just read it; ignored here."""
+
+    def redis_millis(self) -> int:
+        """Redis's clock now, ms since the epoch (the one clock of every worker: a retry's
+        ``eta`` is judged by it); this host's clock here."""
+        return int(time.time() * 1000)
 
     def observe_epochs(self, epochs: dict[str, Any]) -> None:
         """Each namespace's epoch token as a heartbeat just read it (:mod:`.brokerstate`);

@@ -4,16 +4,22 @@ while Redis is down: the retry copy is stored together with the ack, never befor
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, cast
 
 import dramatiq.middleware
 from dramatiq import Broker, Message
 from dramatiq.broker import MessageProxy
-from dramatiq.common import current_millis, dq_name
+from dramatiq.common import dq_name
 
 from ..layout import REDIS_MESSAGE_ID, crashes
 from ..lifecycle import Requeue
-from ..settlement import Settlement, dead_letter_delivery, failure_reason, settle_with
+from ..settlement import (
+    Settlement,
+    SettlingBroker,
+    dead_letter_delivery,
+    failure_reason,
+    settle_with,
+)
 
 
 class _Capture:
@@ -43,7 +49,9 @@ class CrashAwareRetries(dramatiq.middleware.Retries):
     * The retry copy is not enqueued from this hook (where Dramatiq swallows a Redis
       error and then acks the original: the retry was lost). It becomes the
       delivery's settlement (:mod:`..settlement`), stored in one Lua call with the ack;
-      while Redis is down the message stays held and the settlement is retried.
+      while Redis is down the message stays held and the settlement is retried. Its
+      ``eta`` is on Redis's clock (the broker's ``redis_millis``), as the consumer of the
+      delay queue judges it: a worker whose clock is off neither delays nor hastens it.
 
     Parameters:
       max_retries: ``WORKER_MAX_ATTEMPTS - 1``; an actor's own ``max_retries`` may lower it.
@@ -77,7 +85,8 @@ class CrashAwareRetries(dramatiq.middleware.Retries):
         options: dict[str, Any] = {REDIS_MESSAGE_ID: str(uuid.uuid4())}
         if delay is not None:
             queue = dq_name(queue)
-            options["eta"] = current_millis() + delay
+            # Redis's clock, not this host's: the worker that runs it judges it by the same.
+            options["eta"] = cast(SettlingBroker, broker).redis_millis() + delay
         copy = message.copy(queue_name=queue, options=options)
         broker.emit_before("enqueue", copy, delay)
         return Settlement(
