@@ -53,7 +53,9 @@ pytestmark = pytest.mark.slow
 
 SHIFT_S = 300
 SITECUSTOMIZE = '''\
-"""Shift this process's wall clock by TEST_CLOCK_SHIFT_S seconds (tests only)."""
+"""Shift this process's wall clock by TEST_CLOCK_SHIFT_S seconds, and what redis-py's
+TIME returns by the seconds written in the file TEST_REDIS_TIME_SHIFT_FILE, read at each
+call (tests only)."""
 
 import os
 import time
@@ -63,6 +65,23 @@ if _shift:
     _time, _time_ns = time.time, time.time_ns
     time.time = lambda: _time() + _shift
     time.time_ns = lambda: _time_ns() + int(_shift * 1e9)
+
+_shift_file = os.environ.get("TEST_REDIS_TIME_SHIFT_FILE")
+if _shift_file:
+    import redis.commands.core
+
+    _redis_time = redis.commands.core.ManagementCommands.time
+
+    def _shifted_time(self, **kwargs):
+        seconds, micros = _redis_time(self, **kwargs)
+        try:
+            with open(_shift_file) as file:
+                shift = float(file.read() or 0)
+        except (OSError, ValueError):
+            shift = 0.0
+        return divmod(int(seconds) * 1_000_000 + int(micros) + int(shift * 1e6), 1_000_000)
+
+    redis.commands.core.ManagementCommands.time = _shifted_time
 '''
 
 #: Actors of the clock tests: each run records its attempt and Redis's TIME (the one clock
