@@ -12,6 +12,11 @@ worker's prefetch); the old primary restarted empty comes back as a replica (Sen
 loses nothing. A worker whose plain ``REDIS_URL`` names a replica is not ready, says why,
 and fails no job. Redis's FAILOVER under a plain URL whose name then moves: READONLY is a
 reconnect, not a job's error.
+
+Sentinels that need a password (``requirepass`` in sentinel.conf, ``?sentinel_password=`` in
+``REDIS_URL``): the worker and a producer follow a failover through them, the password is
+masked in the config the worker logs; a wrong or missing one stops the worker at boot, exit
+78, one line, the password not in it.
 """
 
 from __future__ import annotations
@@ -25,7 +30,15 @@ from pathlib import Path
 import pytest
 import redis
 from _lifecycle import NS, QUEUE, Jobs, Worker, get, wait_for
-from bakery import BAKED_FIXTURES, PYTHON, RedisServer, copy_project, package_of, project_env
+from bakery import (
+    BAKED_FIXTURES,
+    PYTHON,
+    RedisServer,
+    copy_project,
+    package_of,
+    project_env,
+    run_cli,
+)
 from test_malformed import counted
 
 pytestmark = pytest.mark.slow
@@ -100,6 +113,20 @@ def sentinels(tmp_path: Path) -> Iterator[object]:
     directory = tmp_path / "sentinels"
     directory.mkdir()
     group = Sentinels(directory)
+    group.start()
+    yield group
+    group.stop()
+
+
+SENTINEL_PASSWORD = "s3ntinel-Pass"
+
+
+@pytest.fixture
+def guarded_sentinels(tmp_path: Path) -> Iterator[object]:
+    """Sentinels with ``requirepass`` (:data:`SENTINEL_PASSWORD`)."""
+    directory = tmp_path / "sentinels"
+    directory.mkdir()
+    group = Sentinels(directory, sentinel_password=SENTINEL_PASSWORD)
     group.start()
     yield group
     group.stop()
@@ -327,3 +354,73 @@ def test_readonly_after_a_failover_is_a_reconnect_not_a_job_failure(
         jobs.broker.close()
         second.stop()
         first.stop()
+
+
+ENQUEUE_ONE = """
+import sys
+from {package}.producer import enqueue
+enqueue("fo_work", sys.argv[1])
+"""
+
+
+def test_sentinels_with_a_password_are_followed_through_a_failover(
+        failover_project: Path, guarded_sentinels: object, effects: redis.Redis,
+        tmp_path: Path) -> None:
+    group = guarded_sentinels
+    with redis.Redis(port=group.ports[0]) as bare, pytest.raises(redis.AuthenticationError):  # type: ignore[attr-defined]
+        bare.ping()  # the premise: the Sentinels refuse a client without the password
+    env = {"EFFECTS_URL": effects_url(effects)}
+    url: str = group.url  # type: ignore[attr-defined]
+    worker = Worker(failover_project, url, tmp_path / "w", **env).start()
+    producer_env = project_env(failover_project, REDIS_URL=url, **env)
+
+    def send(job_id: str) -> None:
+        done = subprocess.run(
+            [PYTHON, "-c", ENQUEUE_ONE.format(package=package_of(failover_project)), job_id],
+            cwd=failover_project, env=producer_env, capture_output=True, text=True,
+            timeout=60, check=False)
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    old_port = group.primary.port  # type: ignore[attr-defined]
+    try:
+        send("before")
+        wait_for(lambda: "before" in stamps(effects, "done"), 60, "a job before the failover")
+        group.primary.kill()  # type: ignore[attr-defined]
+        wait_for(lambda: group.primary_port() not in (None, old_port), 60,  # type: ignore[attr-defined]
+                 "a Sentinel to name the promoted replica")
+        send("after")
+        wait_for(lambda: "after" in stamps(effects, "done"), 60, "a job after the failover")
+        ready = worker.healthcheck("ready")
+        assert ready.returncode == 0, ready.stderr
+        log = worker.log()
+        assert SENTINEL_PASSWORD not in log, "the Sentinels' password is in the worker's log"
+        started = worker.records("start")
+        assert started and "sentinel_password=***" in started[0]["config"]["REDIS_URL"], started
+        assert worker.stop(timeout=40) == 0, worker.log()[-3000:]
+    finally:
+        worker.kill()
+
+
+@pytest.mark.parametrize("password", [None, "not-the-password"], ids=["missing", "wrong"])
+def test_a_refused_sentinel_password_is_one_line_at_boot(
+        failover_project: Path, guarded_sentinels: object, tmp_path: Path,
+        password: str | None) -> None:
+    group = guarded_sentinels
+    url = group.url.split("?")[0]  # type: ignore[attr-defined]
+    if password is not None:
+        url += f"?sentinel_password={password}"
+    # EFFECTS_URL lets the actors import (no connection is made), so that only the password
+    # can stop the boot.
+    worker = Worker(failover_project, url, tmp_path / "w", EFFECTS_URL="redis://127.0.0.1:9/0")
+    done = run_cli(failover_project, "worker", env=worker.env, timeout=60)
+    assert done.returncode == 78, done.stdout[-2000:] + done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("config error: REDIS_URL: the Sentinels refuse"), lines
+    assert "?sentinel_password=" in lines[0], lines
+    given = "the sentinel_password given" if password else "a connection without sentinel_pass"
+    assert given in lines[0] and "(3 of 3; 127.0.0.1:" in lines[0], lines
+    assert "Traceback" not in done.stdout + done.stderr
+    if password is not None:
+        assert password not in done.stdout + done.stderr
+    assert not (worker.state_dir / "progress").exists(), "no worker process was started"

@@ -10,6 +10,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -125,6 +126,9 @@ class Sentinels:
       count: Sentinels (default 3, quorum 2).
       down_after_ms: how long the primary must not answer before it is judged down.
       failover_timeout_ms: Sentinel's ``failover-timeout``.
+      sentinel_password: the Sentinels' ``requirepass`` (and ``sentinel sentinel-pass``, so
+        they talk to each other), carried by :attr:`url` as ``?sentinel_password=``
+        (default None: none).
     """
 
     SERVICE = "primary"
@@ -135,6 +139,7 @@ class Sentinels:
         count: int = 3,
         down_after_ms: int = 1000,
         failover_timeout_ms: int = 2000,
+        sentinel_password: str | None = None,
     ) -> None:
         (directory / "primary").mkdir()
         (directory / "replica").mkdir()
@@ -145,8 +150,11 @@ class Sentinels:
         self.down_after_ms = down_after_ms
         self.failover_timeout_ms = failover_timeout_ms
         self.processes: list[subprocess.Popen[bytes]] = []
+        self.sentinel_password = sentinel_password
         hosts = ",".join(f"127.0.0.1:{port}" for port in self.ports)
         self.url = f"redis+sentinel://{hosts}/{self.SERVICE}/0"
+        if sentinel_password is not None:
+            self.url += f"?sentinel_password={sentinel_password}"
 
     def start(self) -> None:
         """Start the primary, its replica (synced) and the Sentinels, and wait until every
@@ -168,12 +176,18 @@ class Sentinels:
                 f"sentinel failover-timeout {self.SERVICE} {self.failover_timeout_ms}\n"
                 f"sentinel parallel-syncs {self.SERVICE} 1\n"
             )
+            if self.sentinel_password is not None:
+                with config.open("a") as file:
+                    file.write(
+                        f"requirepass {self.sentinel_password}\n"
+                        f"sentinel sentinel-pass {self.sentinel_password}\n"
+                    )
             log = (self.directory / f"sentinel-{index}.log").open("ab")
             self.processes.append(
                 subprocess.Popen([executable, str(config)], stdout=log, stderr=subprocess.STDOUT)
             )
         for port in self.ports:
-            with redis.Redis(port=port) as sentinel:
+            with self.sentinel(port) as sentinel:
                 _wait(functools.partial(self._knows_everyone, sentinel), f"sentinel {port}")
 
     def _knows_everyone(self, sentinel: redis.Redis) -> bool:
@@ -187,11 +201,15 @@ class Sentinels:
             state["num-slaves"] >= 1 and state["num-other-sentinels"] >= len(self.ports) - 1
         )
 
+    def sentinel(self, port: int, **options: Any) -> redis.Redis:
+        """A client of the Sentinel on ``port``, with its password."""
+        return redis.Redis(port=port, password=self.sentinel_password, **options)
+
     def primary_port(self) -> int | None:
         """The port of the primary as the first Sentinel that answers names it (None: none)."""
         for port in self.ports:
             try:
-                with redis.Redis(port=port, socket_timeout=1) as sentinel:
+                with self.sentinel(port, socket_timeout=1) as sentinel:
                     address = sentinel.sentinel_get_master_addr_by_name(self.SERVICE)
             except redis.RedisError:
                 continue

@@ -111,6 +111,11 @@ def test_environment_overrides_the_pool(monkeypatch: pytest.MonkeyPatch) -> None
             {"REDIS_URL": "redis+sentinel://s1/primary/zero"},
             "database must be a number, got 'zero'",
         ),
+        (
+            {"REDIS_URL": "redis+sentinel://s1/primary?password=pw"},
+            "REDIS_URL='redis+sentinel://s1/primary?password=***': has an unknown option "
+            "'password' (known: sentinel_password, sentinel_username)",
+        ),
         ({"MAX_MESSAGE_BYTES": "10"}, "MAX_MESSAGE_BYTES='10': Input should be greater than"),
         ({"HEALTH_STALLED_AFTER_S": "-1"}, "HEALTH_STALLED_AFTER_S='-1'"),
         ({"WORKER_PREFETCH": "4"}, "WORKER_PREFETCH='4': must be at least WORKER_CONCURRENCY (8)"),
@@ -160,6 +165,29 @@ def test_a_sentinel_url_names_the_sentinels_the_service_and_the_database(
         password="s@cret",  # noqa: S106  (a test value)
     )
     assert parse_sentinel_url("redis+sentinel://s:1/orders").db == 0
+
+
+def test_a_sentinel_url_carries_the_sentinels_own_credentials(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    url = "redis+sentinel://:node-pw@s1:26379,s2/orders?sentinel_password=s%26pw&sentinel_username=mon"
+    settings = settings_with(monkeypatch, WORKER_POOL="interactive", REDIS_URL=url)
+    masked = settings.masked()["REDIS_URL"]
+    assert masked == (
+        "redis+sentinel://:***@s1:26379,s2/orders?sentinel_password=***&sentinel_username=mon"
+    )
+    address = parse_sentinel_url(url)
+    assert (address.password, address.sentinel_password, address.sentinel_username) == (
+        "node-pw",
+        "s&pw",
+        "mon",
+    )
+    assert address.sentinel_kwargs(socket_timeout=1.0) == {
+        "socket_timeout": 1.0,
+        "password": "s&pw",
+        "username": "mon",
+    }
+    assert parse_sentinel_url("redis+sentinel://s1/orders").sentinel_kwargs() == {}
 
 
 def test_the_client_pool_is_sized_for_queues_and_threads() -> None:

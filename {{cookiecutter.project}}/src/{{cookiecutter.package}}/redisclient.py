@@ -4,10 +4,18 @@
 
 * ``redis://[user:password@]host:port/<db>``, ``rediss://...`` (TLS) or
   ``unix:///path/to/socket?db=<db>``: one node;
-* ``redis+sentinel://[user:password@]host:port[,host:port...]/<service>[/<db>]``: the
-  primary of ``<service>`` as the Sentinels name it, through redis-py's own
+* ``redis+sentinel://[user:password@]host:port[,host:port...]/<service>[/<db>]``
+  ``[?sentinel_password=<password>[&sentinel_username=<user>]]``: the primary of
+  ``<service>`` as the Sentinels name it, through redis-py's own
   :class:`redis.sentinel.Sentinel` (a failover moves every client to the promoted
-  replica; the credentials are the Redis nodes', the Sentinels are asked without them).
+  replica). The userinfo is the Redis nodes' credentials; Sentinels that need a password
+  (``requirepass`` in sentinel.conf) get ``sentinel_password`` (and ``sentinel_username``
+  for an ACL user) through redis-py's ``sentinel_kwargs``; without it they are asked
+  without credentials.
+
+At boot, :func:`credentials_problem` turns credentials that Redis or the Sentinels refuse
+into one line (the worker exits 78), instead of a worker that retries a refused AUTH for
+ever.
 
 A node that was demoted to a replica answers writes with ``READONLY``: nothing was written,
 so the command is sent again on a new connection (redis-py's :class:`~redis.retry.Retry`,
@@ -22,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 import redis
 from redis.backoff import ExponentialWithJitterBackoff
@@ -40,6 +48,8 @@ READONLY_RETRIES = 5
 READONLY_BACKOFF_S = (0.1, 1.0)
 #: A Sentinel's port when the URL gives none (Redis's own default).
 SENTINEL_PORT = 26379
+#: The query options of a ``redis+sentinel://`` URL: the Sentinels' own credentials.
+SENTINEL_OPTIONS = ("sentinel_password", "sentinel_username")
 
 
 @dataclass(frozen=True)
@@ -51,6 +61,8 @@ class SentinelAddress:
       service: the name the Sentinels monitor the primary under (``sentinel monitor <name>``).
       db: the database number (default 0).
       username, password: the Redis nodes' credentials (None: none).
+      sentinel_username, sentinel_password: the Sentinels' own (``?sentinel_username=``,
+        ``?sentinel_password=``; None: the Sentinels are asked without credentials).
     """
 
     sentinels: tuple[tuple[str, int], ...]
@@ -58,11 +70,23 @@ class SentinelAddress:
     db: int = 0
     username: str | None = None
     password: str | None = None
+    sentinel_username: str | None = None
+    sentinel_password: str | None = None
+
+    def sentinel_kwargs(self, **timeouts: float) -> dict[str, Any]:
+        """redis-py's ``sentinel_kwargs``: how each Sentinel is connected to."""
+        found: dict[str, Any] = dict(timeouts)
+        if self.sentinel_password is not None:
+            found["password"] = self.sentinel_password
+        if self.sentinel_username is not None:
+            found["username"] = self.sentinel_username
+        return found
 
 
 def parse_sentinel_url(url: str) -> SentinelAddress:
     """``url`` (``redis+sentinel://...``) parsed; ``ValueError`` with one line when it is not
-    ``redis+sentinel://[user:password@]host:port[,host:port...]/<service>[/<db>]``."""
+    ``redis+sentinel://[user:password@]host:port[,host:port...]/<service>[/<db>]`` with at
+    most the query options of :data:`SENTINEL_OPTIONS`."""
     parts = urlsplit(url)
     if parts.scheme != SENTINEL_SCHEME:
         raise ValueError(f"must start with {SENTINEL_SCHEME}://")
@@ -88,7 +112,22 @@ def parse_sentinel_url(url: str) -> SentinelAddress:
         if not path[1].isdigit():
             raise ValueError(f"database must be a number, got {path[1]!r}")
         db = int(path[1])
-    return SentinelAddress(tuple(sentinels), unquote(path[0]), db, username, password)
+    options: dict[str, str] = {}
+    for name, value in parse_qsl(parts.query, keep_blank_values=True):
+        if name not in SENTINEL_OPTIONS:
+            raise ValueError(
+                f"has an unknown option {name!r} (known: {', '.join(SENTINEL_OPTIONS)})"
+            )
+        options[name] = value
+    return SentinelAddress(
+        tuple(sentinels),
+        unquote(path[0]),
+        db,
+        username,
+        password,
+        sentinel_username=options.get("sentinel_username") or None,
+        sentinel_password=options.get("sentinel_password") or None,
+    )
 
 
 def url_problem(url: str) -> str | None:
@@ -165,9 +204,11 @@ def connect(
     if urlsplit(url).scheme != SENTINEL_SCHEME:
         return redis.Redis.from_url(url, **options)
     address = parse_sentinel_url(url)
-    timeouts = {"socket_timeout": socket_timeout, "socket_connect_timeout": socket_connect_timeout}
+    kwargs = address.sentinel_kwargs(
+        socket_timeout=socket_timeout, socket_connect_timeout=socket_connect_timeout
+    )
     sentinels = list(address.sentinels)
-    sentinel = Sentinel(sentinels, sentinel_kwargs=timeouts)  # type: ignore[no-untyped-call]
+    sentinel = Sentinel(sentinels, sentinel_kwargs=kwargs)  # type: ignore[no-untyped-call]
     client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
         address.service,
         redis_class=redis.Redis,
@@ -193,3 +234,62 @@ def role_problem(client: redis.Redis) -> str | None:
         f"connected to a replica (role {role}, of {primary}): writes are refused; point "
         f"REDIS_URL at the primary, or use {SENTINEL_SCHEME}:// to follow failovers"
     )
+
+
+#: The starts of Redis's replies to a refused AUTH or to a command sent without one.
+AUTH_REFUSALS = ("WRONGPASS", "NOAUTH", "invalid password", "invalid username-password")
+
+
+def _refused_auth(error: redis.RedisError) -> bool:
+    text = str(error)
+    return isinstance(error, redis.AuthenticationError) or any(
+        text.startswith(prefix) for prefix in AUTH_REFUSALS
+    )
+
+
+def credentials_problem(url: str, client: redis.Redis, timeout_s: float = 2.0) -> str | None:
+    """Why Redis, or the Sentinels of a ``redis+sentinel://`` ``url``, refuse its credentials:
+    one line for the refusal at boot; None when they take them, and when nothing answers
+    (an outage is not a configuration error: the worker waits for Redis).
+
+    Parameters:
+      url: ``REDIS_URL``.
+      client: a client of ``url`` (:func:`connect`).
+      timeout_s: seconds each Sentinel gets to answer.
+    """
+    if urlsplit(url).scheme == SENTINEL_SCHEME:
+        address = parse_sentinel_url(url)
+        refusals = []
+        for host, port in address.sentinels:
+            kwargs = address.sentinel_kwargs(
+                socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+            )
+            try:
+                with redis.Redis(host=host, port=port, **kwargs) as sentinel:
+                    sentinel.ping()
+            except redis.RedisError as error:
+                if _refused_auth(error):
+                    refusals.append(f"{host}:{port}: {error}")
+                continue
+            refusals = []
+            break  # one Sentinel takes them: a wrong one elsewhere is that one's problem
+        if refusals:
+            given = (
+                "the sentinel_password given"
+                if address.sentinel_password
+                else "a connection without sentinel_password"
+            )
+            return (
+                f"REDIS_URL: the Sentinels refuse {given} ({len(refusals)} of "
+                f"{len(address.sentinels)}; {refusals[0]}); set ?sentinel_password= to their "
+                "requirepass"
+            )
+    try:
+        client.ping()
+    except redis.RedisError as error:
+        if _refused_auth(error):
+            return (
+                f"REDIS_URL: Redis refuses its credentials ({error}); set the user and "
+                "password of the URL to an ACL user's or requirepass"
+            )
+    return None

@@ -13,7 +13,7 @@ import sys
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal, NoReturn
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from pydantic import (
     Field,
@@ -87,13 +87,20 @@ DEFAULT_LOG_FORMAT: LogFormat = "json"
 
 
 def mask_url(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (even when the rest is malformed)."""
-    parts = urlsplit(url)
+    """``url`` with its passwords replaced by ``***`` (even when the rest is malformed): the
+    userinfo's, and a query option named like ``*password`` (``?sentinel_password=``)."""
+    parts = original = urlsplit(url)
     userinfo, at, host = parts.netloc.rpartition("@")
-    if not at or ":" not in userinfo:
-        return url
-    user = userinfo.split(":", 1)[0]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    if at and ":" in userinfo:
+        user = userinfo.split(":", 1)[0]
+        parts = parts._replace(netloc=f"{user}:***@{host}")
+    if "password" in parts.query:
+        query = [
+            (name, "***" if name.endswith("password") else value)
+            for name, value in parse_qsl(parts.query, keep_blank_values=True)
+        ]
+        parts = parts._replace(query=urlencode(query, safe="*"))
+    return url if parts == original else urlunsplit(parts)
 
 
 class Settings(BaseSettings):
@@ -130,7 +137,8 @@ class Settings(BaseSettings):
     """Port of /metrics, /livez and /readyz."""
     redis_url: SecretStr = SecretStr("redis://localhost:6379/0")
     """The broker: redis://, rediss:// (TLS), unix:// or
-    redis+sentinel://host:port[,host:port...]/<service>[/<db>]; the password is masked."""
+    redis+sentinel://host:port[,host:port...]/<service>[/<db>][?sentinel_password=...];
+    passwords are masked."""
     max_message_bytes: MaxMessageBytes = DEFAULT_MAX_MESSAGE_BYTES
     """Largest message accepted: bigger sends are refused, bigger fetches dead-lettered."""
     redis_allow_eviction: bool = False

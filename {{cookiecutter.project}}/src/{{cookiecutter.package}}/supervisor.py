@@ -16,7 +16,9 @@ Each worker process slot is in one :class:`ChildState`:
   reason, drains the other processes and exits 78 itself;
 * during a shutdown nothing is replaced.
 
-Before anything starts, the supervisor checks Redis's configuration
+Before anything starts, the supervisor checks that Redis (and, through Sentinel, the
+Sentinels) take ``REDIS_URL``'s credentials (:func:`.redisclient.credentials_problem`:
+refused, exit 78 and one line; not answering, it goes on and waits), then Redis's configuration
 (:func:`.brokerstate.check_config`): a Redis that evicts keys refuses to boot, exit 78,
 unless ``REDIS_ALLOW_EVICTION=true``; with ``REDIS_REQUIRE_PERSISTENCE=true``, so does a
 Redis that persists nothing (neither AOF nor RDB save points).
@@ -145,6 +147,11 @@ class Supervisor:
         )
 
     def run(self) -> int:
+        refused = redisclient.credentials_problem(
+            self.settings.redis_url.get_secret_value(), self.redis
+        )
+        if refused is not None:
+            refuse([refused])
         refusals = brokerstate.check_config(
             self.redis,
             self.settings.redis_allow_eviction,
