@@ -424,3 +424,16 @@ def test_a_refused_sentinel_password_is_one_line_at_boot(
     if password is not None:
         assert password not in done.stdout + done.stderr
     assert not (worker.state_dir / "progress").exists(), "no worker process was started"
+
+
+def test_a_refused_sentinel_password_stops_the_scheduler_at_boot(
+        failover_project: Path, guarded_sentinels: object, tmp_path: Path) -> None:
+    bare = guarded_sentinels.url.split("?")[0]  # type: ignore[attr-defined]
+    url = f"{bare}?sentinel_password=not-the-password"
+    env = project_env(failover_project, REDIS_URL=url, EFFECTS_URL="redis://127.0.0.1:9/0",
+                      WORKER_STATE_DIR=str(tmp_path / "state"))
+    done = run_cli(failover_project, "scheduler", env=env, timeout=60)
+    assert done.returncode == 78, done.stdout[-2000:] + done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "the Sentinels refuse" in lines[0], done.stderr
+    assert "not-the-password" not in done.stdout + done.stderr

@@ -211,7 +211,13 @@ class Scheduler:
     # -- process -------------------------------------------------------------------------------
 
     def run(self) -> int:
-        """Serve until SIGTERM/SIGINT; exit code 0 after a clean stop."""
+        """Serve until SIGTERM/SIGINT; exit code 0 after a clean stop (78 when Redis or the
+        Sentinels refuse ``REDIS_URL``'s credentials: :func:`.redisclient.credentials_problem`)."""
+        refused = redisclient.credentials_problem(
+            self.settings.redis_url.get_secret_value(), self.client
+        )
+        if refused is not None:
+            refuse([refused])
         self.signals.install()
         folder = progress_dir(self.settings.worker_state_dir)
         shutil.rmtree(folder, ignore_errors=True)  # boards of a previous run are stale
