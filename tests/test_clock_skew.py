@@ -18,6 +18,9 @@ monotonic clock is left alone, as a wrong wall clock leaves it).
   (ahead) or ran it at once (behind).
 * A producer 300 s ahead (or behind) sends with ``delay_ms=8000``: it runs 8 s later, and the
   message's ``message_timestamp`` is Redis's time of sending.
+* An actor's ``max_age`` (60 s) is judged by Redis's clock: a worker 300 s ahead runs a
+  fresh message (Dramatiq's AgeLimit dead-lettered it), one 300 s behind dead-letters a
+  message sent 120 s ago (Dramatiq's ran it).
 * The backlog's age (``queue_oldest_message_seconds``) is judged by Redis's clock: an
   exporter 300 s ahead (or behind) reports a message sent 60 s ago as 60 s old, not 360 s
   (or 0).
@@ -118,6 +121,11 @@ def skew_retry(job_id: str) -> None:
 
 @dramatiq.actor(queue_name="notifications", max_retries=0)
 def skew_record(job_id: str) -> None:
+    _record(job_id, 0)
+
+
+@dramatiq.actor(queue_name="notifications", max_retries=0, max_age=60_000)
+def skew_max_age(job_id: str) -> None:
     _record(job_id, 0)
 '''
 RETRY_DELAY_S = 12.0
@@ -329,3 +337,26 @@ def test_the_backlog_age_is_judged_by_redis_clock(
     expected = redis_now(client) - sent_ms / 1000
     assert abs(reported - expected) < 5, (
         f"queue_oldest_message_seconds {reported:.1f}, the message waited {expected:.1f} s")
+
+
+@pytest.mark.parametrize(("shift", "sent_ago_s", "runs_it"),
+                         [(SHIFT_S, 0, True), (-SHIFT_S, 120, False)], ids=["ahead", "behind"])
+def test_max_age_is_judged_by_redis_clock(
+        skew_project: Path, redis_url: str, jobs: Jobs, tmp_path: Path, shift: int,
+        sent_ago_s: int, runs_it: bool, skewed: Callable[[Path, int], dict[str, str]]) -> None:
+    worker = Worker(skew_project, redis_url, tmp_path / "w", **skewed(skew_project, shift)).start()
+    try:
+        wait_ready(jobs, 1)
+        sent_ms = int((redis_now(jobs.client) - sent_ago_s) * 1000)
+        jobs.broker.enqueue(dramatiq.Message(
+            queue_name=QUEUE, actor_name="skew_max_age", args=("a1",), kwargs={}, options={},
+            message_timestamp=sent_ms))
+        if runs_it:
+            wait_for(lambda: runs(jobs.client, "a1"), 30, "the fresh message to run")
+            assert not jobs.dead_letters()
+        else:
+            wait_for(lambda: jobs.dead_letters(), 30, "the stale message to be dead-lettered")
+            assert not runs(jobs.client, "a1")
+        assert worker.stop(timeout=30) == 0, worker.log()[-3000:]
+    finally:
+        worker.kill()

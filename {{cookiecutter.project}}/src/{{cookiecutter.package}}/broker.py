@@ -28,6 +28,7 @@ from .consumer import SettlingRedisBroker
 from .middleware import (
     Attempts,
     CappedTimeLimit,
+    ClockedAgeLimit,
     CrashAwareRetries,
     GracefulShutdown,
     MessageSize,
@@ -64,7 +65,7 @@ def middleware_stack(settings: Settings) -> list[Middleware]:
         Metrics(settings.worker_concurrency, queues=settings.worker_queues),
         Progress(),
         GracefulShutdown(),
-        AgeLimit(),
+        ClockedAgeLimit(),
         Callbacks(),
         Pipelines(),
         CrashAwareRetries(max_retries=settings.worker_max_attempts - 1),

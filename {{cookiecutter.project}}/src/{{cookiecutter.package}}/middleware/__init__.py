@@ -1,5 +1,6 @@
 """The service's Dramatiq middleware, one per module (see ``broker.middleware_stack``)."""
 
+from .age_limit import ClockedAgeLimit
 from .attempts import Attempts
 from .message_size import MessageSize, MessageTooLargeError
 from .metrics import Metrics
@@ -14,6 +15,7 @@ from .tracing import Tracing
 __all__ = [
     "Attempts",
     "CappedTimeLimit",
+    "ClockedAgeLimit",
     "CrashAwareRetries",
     "GracefulShutdown",
     "MessageSize",
