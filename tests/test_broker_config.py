@@ -137,7 +137,7 @@ def test_required_persistence_boots_on_a_redis_that_persists(
                         REDIS_REQUIRE_PERSISTENCE="true").start()
         try:
             jobs.enqueue("lc_quick", "p1")
-            wait_for(lambda: jobs.dones("p1"), 30, "the job to run")
+            wait_for(lambda j=jobs: j.dones("p1"), 30, "the job to run")
             assert not worker.records("redis_config_unchecked"), worker.log()[-2000:]
             assert worker.stop(timeout=30) == 0
         finally:
@@ -167,7 +167,7 @@ def test_required_persistence_where_config_get_is_refused_is_said_once(
                         REDIS_REQUIRE_PERSISTENCE="true").start()
         try:
             jobs.enqueue("lc_quick", "r1")
-            wait_for(lambda: jobs.dones("r1"), 30, "the job to run")
+            wait_for(lambda j=jobs: j.dones("r1"), 30, "the job to run")
             unchecked = worker.records("redis_config_unchecked")
             assert len(unchecked) == 1, worker.log()[-3000:]
             assert "maxmemory-policy and persistence" in unchecked[0]["msg"], unchecked

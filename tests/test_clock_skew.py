@@ -35,10 +35,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-import redis
 import dramatiq
 import dramatiq.brokers.redis
+import pytest
+import redis
 from _lifecycle import (  # noqa: F401  (fixtures)
     NS,
     QUEUE,

@@ -20,7 +20,7 @@ real process enqueues (no worker runs: the messages stay queued, each with its t
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
