@@ -21,6 +21,7 @@ monotonic clock is left alone, as a wrong wall clock leaves it).
 * An actor's ``max_age`` (60 s) is judged by Redis's clock: a worker 300 s ahead runs a
   fresh message (Dramatiq's AgeLimit dead-lettered it), one 300 s behind dead-letters a
   message sent 120 s ago (Dramatiq's ran it).
+* ``dlq replay`` from a host 300 s off stamps the replayed message with Redis's time.
 * The backlog's age (``queue_oldest_message_seconds``) is judged by Redis's clock: an
   exporter 300 s ahead (or behind) reports a message sent 60 s ago as 60 s old, not 360 s
   (or 0).
@@ -49,7 +50,7 @@ from _lifecycle import (  # noqa: F401  (fixtures)
     make_test_project,
     wait_ready,
 )
-from bakery import PYTHON, package_of, wait_for
+from bakery import PYTHON, package_of, project_env, run_cli, wait_for
 from test_scheduler import Cluster, Scheduler, cluster, every_second, sched_project  # noqa: F401
 
 pytestmark = pytest.mark.slow
@@ -360,3 +361,21 @@ def test_max_age_is_judged_by_redis_clock(
         assert worker.stop(timeout=30) == 0, worker.log()[-3000:]
     finally:
         worker.kill()
+
+
+@pytest.mark.parametrize("shift", [SHIFT_S, -SHIFT_S], ids=["ahead", "behind"])
+def test_dlq_replay_stamps_the_message_with_redis_clock(
+        lc_project: Path, redis_url: str, jobs: Jobs, shift: int,
+        skewed: Callable[[Path, int], dict[str, str]]) -> None:
+    from test_dlq import kill_letter
+
+    dead = kill_letter(redis_url, QUEUE, "lc_quick", "x1", reason="boom")
+    env = project_env(lc_project, WORKER_POOL="interactive", REDIS_URL=redis_url,
+                      **skewed(lc_project, shift))
+    before = redis_now(jobs.client)
+    done = run_cli(lc_project, "dlq", "replay", dead.options["redis_message_id"], env=env)
+    after = redis_now(jobs.client)
+    assert done.returncode == 0, done.stderr
+    [replayed] = jobs.queued()
+    assert before - 1 <= replayed.message_timestamp / 1000 <= after + 1, (
+        f"message_timestamp {replayed.message_timestamp / 1000 - after:+.1f} s from Redis's time")

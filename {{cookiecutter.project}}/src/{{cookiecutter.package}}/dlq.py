@@ -243,9 +243,12 @@ def fresh_copy(letter: DeadLetter, now_ms: int | None = None) -> Message[Any]:
     )
 
 
-def replay(client: redis.Redis, letter: DeadLetter) -> bool:
-    """Move ``letter`` back to the tail of its ready queue; False when it was already gone."""
-    message = fresh_copy(letter)
+def replay(client: redis.Redis, letter: DeadLetter, now_ms: int | None = None) -> bool:
+    """Move ``letter`` back to the tail of its ready queue; False when it was already gone.
+    Its ``message_timestamp`` is ``now_ms`` (default: Redis's clock, ``TIME``, as every
+    timestamp the worker writes: the backlog's age of the replayed message is then right
+    whatever the clock of the host that replays it)."""
+    message = fresh_copy(letter, layout.redis_now_ms(client) if now_ms is None else now_ms)
     new_id = message.options[layout.REDIS_MESSAGE_ID]
     return layout.replay_dead_letter(
         client, letter.queue, letter.redis_id, new_id, message.encode()
@@ -382,7 +385,8 @@ def _replay(client: redis.Redis, args: argparse.Namespace) -> int:
             print(f"would replay {letter.queue} {letter.redis_id} ({letter.actor})")
         print(f"would replay {_plural(len(letters))}")
         return EX_OK
-    moved = sum(replay(client, letter) for letter in letters)
+    now_ms = layout.redis_now_ms(client)
+    moved = sum(replay(client, letter, now_ms) for letter in letters)
     gone = len(letters) - moved
     print(f"replayed {_plural(moved)}" + (f" ({gone} already gone)" if gone else ""))
     return EX_OK
