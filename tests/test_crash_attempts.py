@@ -28,17 +28,20 @@ def test_sigkilled_worker_messages_are_delivered_again_to_another_worker(
     env = {"WORKER_HEARTBEAT_TIMEOUT_MS": str(HEARTBEAT_TIMEOUT_MS), "WORKER_PROCESSES": "2",
            "WORKER_CONCURRENCY": "2"}
     ids = jobs.many("lc_sleep", 8, 2.5)
-    # A message due in 6 s: the worker prefetches it from the delay queue and holds it.
+    first = workers(**env)
+    wait_for(lambda: jobs.started_count() == 4, 20, "four jobs to start")
+    # A message due in 6 s, sent once the worker runs (a boot slower than 6 s under load
+    # would release it before the kill): the worker prefetches it from the delay queue and
+    # holds it.
     delayed = jobs.broker.enqueue(dramatiq.Message(
         queue_name=QUEUE, actor_name="lc_quick", args=("later",), kwargs={}, options={}),
         delay=6000)
-    first = workers(**env)
-    wait_for(lambda: jobs.started_count() == 4, 20, "four jobs to start")
     wait_for(lambda: not jobs.client.llen(f"dramatiq:{QUEUE}.DQ"), 5,
              "the delayed message to be prefetched")
     held = set(jobs.stranded())
     assert any(key.endswith(".DQ") for key in held), held
-    in_flight = [job_id for job_id in ids if jobs.starts(job_id)]
+    in_flight = [job_id for job_id in ids if jobs.starts(job_id) and not jobs.dones(job_id)]
+    assert in_flight, "jobs in flight at the kill"
     killed = first.signal(signal.SIGKILL, group=True)
     first.wait(timeout=10)
 
