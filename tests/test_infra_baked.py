@@ -129,7 +129,11 @@ def test_capacity_inequality_holds_in_the_rendered_objects(
         for s in of_kind(objects, "ScaledObject")
     }
     deployments = workers(objects)
-    budgets = pod_pools_file(objects, deployments[0]).get("downstream", {})
+    budgets = {
+        name: budget
+        for deployment in deployments
+        for name, budget in pod_pools_file(objects, deployment).get("downstream", {}).items()
+    }
     used = dict.fromkeys(budgets, 0)
     for deployment in deployments:
         pool = pod_pool(objects, deployment)
@@ -337,13 +341,7 @@ def boot(
     env = {k: v for k, v in pod_env(deployment).items() if isinstance(v, str)}
     refs = {k for k, v in pod_env(deployment).items() if not isinstance(v, str)}
     path = tmp / f"{deployment['metadata']['name']}.toml"
-    namespace = deployment["metadata"]["namespace"]
-    (config_map,) = [
-        o
-        for o in of_kind(objects, "ConfigMap")
-        if o["metadata"]["namespace"] == namespace
-    ]
-    path.write_text(config_map["data"]["pools.toml"])
+    path.write_text(mounted_text(objects, deployment))
     env["WORKER_POOLS_FILE"] = str(path)
     if "REDIS_URL" in refs:
         env["REDIS_URL"] = "redis://:pw@redis:6379/0"
@@ -363,6 +361,25 @@ def boot(
     return config
 
 
+def mounted_config_map(objects: Objects, deployment: dict[str, Any]) -> dict[str, Any]:
+    """The ConfigMap of the pools file a Deployment's pods mount."""
+    (volume,) = [
+        v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "pools"
+    ]
+    (config_map,) = [
+        c
+        for c in of_kind(objects, "ConfigMap")
+        if c["metadata"]["namespace"] == deployment["metadata"]["namespace"]
+        and c["metadata"]["name"] == volume["configMap"]["name"]
+    ]
+    return config_map
+
+
+def mounted_text(objects: Objects, deployment: dict[str, Any]) -> str:
+    text: str = mounted_config_map(objects, deployment)["data"]["pools.toml"]
+    return text
+
+
 def deployment_of(objects: Objects, pool: str) -> dict[str, Any]:
     (found,) = [d for d in workers(objects) if pod_env(d)["WORKER_POOL"] == pool]
     return found
@@ -380,11 +397,7 @@ def test_every_rendered_pod_boots_with_the_pool_the_guards_checked(
         assert config["WORKER_CONCURRENCY"] == pool["concurrency"]
         assert config["WORKER_PROCESSES"] == pool["processes"]
         annotations = deployment["spec"]["template"]["metadata"]["annotations"]
-        text = next(
-            c["data"]["pools.toml"]
-            for c in of_kind(objects, "ConfigMap")
-            if c["metadata"]["namespace"] == deployment["metadata"]["namespace"]
-        )
+        text = mounted_text(objects, deployment)
         assert (
             annotations["worker-template/pools-sha256"]
             == hashlib.sha256(text.encode()).hexdigest()
@@ -746,31 +759,33 @@ def test_the_pools_file_is_an_immutable_config_map_named_by_its_content(
     rendered: Any, context: str, stack: str
 ) -> None:
     """Each ReplicaSet reads its own file: a changed file is a new ConfigMap (and so a new
-    pod template), never an edit under running pods."""
+    pod template), never an edit under running pods. Each pool mounts its own
+    (``<project>-<pool>-pools-<sha>``), the scheduler the routing and schedules
+    (``<project>-pools-<sha>``)."""
     project, objects = rendered[context, stack]
     for config_map in of_kind(objects, "ConfigMap"):
         text = config_map["data"]["pools.toml"]
         digest = hashlib.sha256(text.encode()).hexdigest()
         assert config_map["immutable"] is True
-        assert config_map["metadata"]["name"] == f"{project.name}-pools-{digest[:10]}"
+        assert config_map["metadata"]["name"].startswith(project.name)
+        assert config_map["metadata"]["name"].endswith(f"-pools-{digest[:10]}")
+    mounted = set()
     for deployment in of_kind(objects, "Deployment"):
-        namespace = deployment["metadata"]["namespace"]
-        (volume,) = [
-            v
-            for v in deployment["spec"]["template"]["spec"]["volumes"]
-            if v["name"] == "pools"
-        ]
-        (config_map,) = [
-            c
-            for c in of_kind(objects, "ConfigMap")
-            if c["metadata"]["namespace"] == namespace
-        ]
-        assert volume["configMap"]["name"] == config_map["metadata"]["name"]
+        config_map = mounted_config_map(objects, deployment)
+        pool = pod_env(deployment).get("WORKER_POOL")
+        slug = f"-{pool.replace('_', '-')}" if pool else ""
+        digest = hashlib.sha256(config_map["data"]["pools.toml"].encode()).hexdigest()
+        assert config_map["metadata"]["name"] == f"{project.name}{slug}-pools-{digest[:10]}"
+        mounted.add(config_map["metadata"]["name"])
+    assert mounted == {c["metadata"]["name"] for c in of_kind(objects, "ConfigMap")}
 
 
-def test_a_stack_override_is_a_new_config_map(
+def test_a_stack_override_of_one_pool_is_a_new_config_map_of_that_pool_alone(
     rendered: Any, default_project: Path, tmp_path: Path
 ) -> None:
+    """bulk's backlog target changed in the stack file: bulk's ConfigMap is new, every
+    other pool's and the scheduler's are the same, so no other Deployment rolls."""
+
     def younger(config: dict[str, Any]) -> None:
         config["pools"]["bulk"]["backlog_age_target_s"] = 7
 
@@ -780,7 +795,15 @@ def test_a_stack_override_is_a_new_config_map(
         {c["metadata"]["name"] for c in of_kind(o, "ConfigMap")}
         for o in (before, after)
     ]
-    assert len(names[0]) == len(names[1]) == 1 and names[0] != names[1]
+    (gone,), (new,) = names[0] - names[1], names[1] - names[0]
+    assert "-bulk-pools-" in gone and "-bulk-pools-" in new
+    templates = [
+        {d["metadata"]["name"]: d["spec"]["template"] for d in of_kind(o, "Deployment")}
+        for o in (before, after)
+    ]
+    assert [n for n in templates[0] if templates[0][n] != templates[1][n]] == [
+        next(n for n in templates[0] if n.endswith("-bulk"))
+    ]
 
 
 def rollout_rows(objects: Objects) -> list[tuple[str, int, int, int, int]]:

@@ -3,57 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from poolmodel import POOL_ENV, TIMING, pools_file
+from poolmodel import POOL_ENV, SERVICE_POOLS, TIMING, pool_files, pools_file
 
 from worker_infra import BrokerSpec, SandboxSpec, ServiceSpec
-
-SERVICE_POOLS = {
-    "downstream": {
-        "postgres": {"capacity": 150, "reserved": 40},
-        "partner_api": {"capacity": 60, "reserved": 4, "per_process": "concurrency"},
-    },
-    "pools": {
-        "interactive": {
-            "queues": ["notifications"],
-            "concurrency": 8,
-            "memory": "640Mi",
-            "handler_memory": "32Mi",
-            "min_replicas": 2,
-            "max_replicas": 4,
-            "uses": ["postgres"],
-        },
-        "bulk": {
-            "queues": ["reports"],
-            "processes": 2,
-            "concurrency": 2,
-            "job_timeout_ms": 300_000,
-            "shutdown_timeout_ms": 330_000,
-            "memory": "1280Mi",
-            "cpu": "1",
-            "handler_memory": "192Mi",
-            "max_replicas": 3,
-            "uses": ["postgres"],
-        },
-        "external": {
-            "queues": ["partner"],
-            "concurrency": 4,
-            "job_timeout_ms": 60_000,
-            "shutdown_timeout_ms": 70_000,
-            "memory": "384Mi",
-            "max_replicas": 5,
-            "uses": ["partner_api"],
-        },
-        "sandbox": {
-            "queues": ["untrusted"],
-            "concurrency": 2,
-            "memory": "1Gi",
-            "handler_memory": "256Mi",
-            "max_replicas": 4,
-            "sandbox": True,
-        },
-    },
-}
-
 
 @pytest.fixture
 def service() -> ServiceSpec:
@@ -67,6 +19,7 @@ def service() -> ServiceSpec:
         downstream=resources,
         broker=BrokerSpec(host="redis-master.redis", password="s3cret"),
         pools_file=text,
+        pool_files=pool_files(SERVICE_POOLS),
         pool_env=POOL_ENV,
         timing=TIMING,
         database_url="postgresql://app:pw@db/app",

@@ -74,3 +74,66 @@ def pools_file(
         tuple(DownstreamSpec.of(n, d) for n, d in model.downstream.items()),
         tomli_w.dumps(model.model_dump(mode="json", exclude_none=True)),
     )
+
+
+def pool_files(data: dict[str, Any]) -> dict[str, str]:
+    """Pool -> the TOML text its pods read (the model's ``PoolsFile.for_pool``), as the
+    infra program hands them to worker_infra (``ServiceSpec.pool_files``)."""
+    import tomli_w
+
+    model = pools_module().PoolsFile.model_validate(data)
+    return {
+        name: tomli_w.dumps(
+            model.for_pool(name).model_dump(mode="json", exclude_none=True, exclude_unset=True)
+        )
+        for name in model.pools
+    }
+
+
+#: A pools file shaped like the template's default pools.toml (the ``service`` fixture's).
+SERVICE_POOLS = {
+    "downstream": {
+        "postgres": {"capacity": 150, "reserved": 40},
+        "partner_api": {"capacity": 60, "reserved": 4, "per_process": "concurrency"},
+    },
+    "pools": {
+        "interactive": {
+            "queues": ["notifications"],
+            "concurrency": 8,
+            "memory": "640Mi",
+            "handler_memory": "32Mi",
+            "min_replicas": 2,
+            "max_replicas": 4,
+            "uses": ["postgres"],
+        },
+        "bulk": {
+            "queues": ["reports"],
+            "processes": 2,
+            "concurrency": 2,
+            "job_timeout_ms": 300_000,
+            "shutdown_timeout_ms": 330_000,
+            "memory": "1280Mi",
+            "cpu": "1",
+            "handler_memory": "192Mi",
+            "max_replicas": 3,
+            "uses": ["postgres"],
+        },
+        "external": {
+            "queues": ["partner"],
+            "concurrency": 4,
+            "job_timeout_ms": 60_000,
+            "shutdown_timeout_ms": 70_000,
+            "memory": "384Mi",
+            "max_replicas": 5,
+            "uses": ["partner_api"],
+        },
+        "sandbox": {
+            "queues": ["untrusted"],
+            "concurrency": 2,
+            "memory": "1Gi",
+            "handler_memory": "256Mi",
+            "max_replicas": 4,
+            "sandbox": True,
+        },
+    },
+}

@@ -19,6 +19,8 @@ from worker_infra.render import render
 from worker_infra.rollout import POD_START_S, TIMEOUT_ANNOTATION, rollout_timeout_s
 from worker_infra.workload import CHECKOV_SKIPS
 
+from poolmodel import SERVICE_POOLS, pool_files, pools_file
+
 Objects = list[dict[str, Any]]
 
 
@@ -40,35 +42,115 @@ def mounted_config_map(d: dict[str, Any]) -> str:
 # ---- the pools file: immutable, named by its content ---------------------------------------
 
 
-def test_the_pools_file_is_an_immutable_config_map_named_by_its_content(
+def spec_of(service: ServiceSpec, data: dict[str, Any]) -> ServiceSpec:
+    """``service`` with the pools file ``data`` (validated by the model), as the infra
+    program hands it over: the specs, the whole file and each pool's own file."""
+    pools, resources, text = pools_file(data)
+    return dataclasses.replace(
+        service, pools=pools, downstream=resources, pools_file=text, pool_files=pool_files(data)
+    )
+
+
+def config_maps(objects: Objects) -> dict[tuple[str, str], dict[str, Any]]:
+    return {
+        (m["metadata"]["namespace"], m["metadata"]["name"]): m
+        for m in of_kind(objects, "ConfigMap")
+    }
+
+
+def test_each_pool_mounts_an_immutable_config_map_of_its_own_file_named_by_its_content(
     service: ServiceSpec,
 ) -> None:
-    """A changed file is a new ConfigMap (old pods keep reading theirs: nothing is edited in
-    place), every pod mounts the one of its own file, and the same file gives the same
-    name again (a rollback restores the old ConfigMap and pod template exactly)."""
-    before = rendered(service)
-    changed = dataclasses.replace(service, pools_file=service.pools_file + "# changed\n")
-    after = rendered(changed)
-    names = {}
-    for label, objects, text in (
-        ("before", before, service.pools_file),
-        ("after", after, changed.pools_file),
-    ):
-        maps = of_kind(objects, "ConfigMap")
-        assert len(maps) == 2  # the service's namespace and the sandbox's
-        for config_map in maps:
-            assert config_map["immutable"] is True
-            assert config_map["data"]["pools.toml"] == text
-            assert config_map["metadata"]["name"] == f"orders-worker-pools-{checksum(text)[:10]}"
-            validate_strict(config_map)
-        (names[label],) = {m["metadata"]["name"] for m in maps}
-        for d in of_kind(objects, "Deployment"):
-            assert mounted_config_map(d) == names[label], d["metadata"]["name"]
-    assert names["before"] != names["after"]
-    again = rendered(dataclasses.replace(changed, pools_file=service.pools_file))
-    assert {m["metadata"]["name"] for m in of_kind(again, "ConfigMap")} == {names["before"]}
-    old = deployment(before, "orders-worker-bulk")["spec"]["template"]
-    assert deployment(again, "orders-worker-bulk")["spec"]["template"] == old
+    """Every Deployment mounts ``<project>-<pool>-pools-<sha[:10]>`` holding exactly the
+    file of its pool (``pool_files``), immutable; the same files give the same names again
+    (a rollback restores the old ConfigMaps and pod templates exactly)."""
+    objects = rendered(service)
+    maps = config_maps(objects)
+    pools = {p.name: p for p in service.pools}
+    for d in of_kind(objects, "Deployment"):
+        pool_name = next(
+            e["value"]
+            for e in d["spec"]["template"]["spec"]["containers"][0]["env"]
+            if e["name"] == "WORKER_POOL"
+        )
+        text = service.pool_files[pool_name]
+        name = mounted_config_map(d)
+        assert name == f"orders-worker-{pools[pool_name].slug}-pools-{checksum(text)[:10]}"
+        config_map = maps[d["metadata"]["namespace"], name]
+        assert config_map["immutable"] is True
+        assert config_map["data"]["pools.toml"] == text
+        annotations = d["spec"]["template"]["metadata"]["annotations"]
+        assert annotations["worker-template/pools-sha256"] == checksum(text)
+        validate_strict(config_map)
+    assert len(maps) == len(service.pools)  # no scheduler here: no whole-file ConfigMap
+    again = rendered(dataclasses.replace(service))
+    assert config_maps(again).keys() == maps.keys()
+
+
+def test_a_change_to_one_pool_rolls_that_pool_alone(service: ServiceSpec) -> None:
+    """interactive's concurrency 8 -> 6: only interactive's file, ConfigMap and pod
+    template change; every other Deployment (the sandbox's in its namespace too) keeps its
+    pod template and its ConfigMap, so Kubernetes does not roll it. (With one ConfigMap of
+    the whole file for all pools, every pool's template changed.)"""
+    import copy
+
+    data = copy.deepcopy(SERVICE_POOLS)
+    data["pools"]["interactive"]["concurrency"] = 6
+    changed = spec_of(service, data)
+    before, after = rendered(spec_of(service, SERVICE_POOLS)), rendered(changed)
+    templates = [
+        {d["metadata"]["name"]: d["spec"]["template"] for d in of_kind(o, "Deployment")}
+        for o in (before, after)
+    ]
+    rolled = sorted(name for name in templates[0] if templates[0][name] != templates[1][name])
+    assert rolled == ["orders-worker-interactive"]
+    gone = config_maps(before).keys() - config_maps(after).keys()
+    new = config_maps(after).keys() - config_maps(before).keys()
+    assert [name for _, name in gone] == [
+        mounted_config_map(deployment(before, "orders-worker-interactive"))
+    ]
+    assert [name for _, name in new] == [
+        mounted_config_map(deployment(after, "orders-worker-interactive"))
+    ]
+    # The old file is the one the old pods validated: concurrency 8 in full, other pools
+    # by their queues.
+    (old,) = [config_maps(before)[key] for key in gone]
+    assert 'concurrency = 8' in old["data"]["pools.toml"]
+
+
+def test_a_pool_file_holds_its_pool_in_full_and_the_others_queues(service: ServiceSpec) -> None:
+    """What a pod needs and nothing that changes with another pool: its own entry and the
+    resources it uses in full; the other pools' queues (the worker refuses an actor whose
+    queue no pool serves); no schedules. Each file passes the service's pool model."""
+    import tomllib
+
+    from poolmodel import pools_module
+
+    for name, text in service.pool_files.items():
+        data = tomllib.loads(text)
+        pools_module().PoolsFile.model_validate(data)
+        own = next(p for p in service.pools if p.name == name)
+        assert set(data["pools"]) == {p.name for p in service.pools}
+        for other, entry in data["pools"].items():
+            if other != name:
+                assert set(entry) <= {"queues", "sandbox"}, (name, other, entry)
+        assert data["pools"][name]["concurrency"] == own.concurrency
+        assert set(data.get("downstream", {})) == set(own.uses)
+        assert "schedules" not in data
+
+
+def test_a_queue_change_changes_every_pool_file(service: ServiceSpec) -> None:
+    """Queues are shared routing: a queue added to one pool reaches every pool's file (the
+    other pools' workers then know who serves it)."""
+    import copy
+
+    data = copy.deepcopy(SERVICE_POOLS)
+    data["pools"]["bulk"]["queues"] = ["reports", "exports"]
+    changed = spec_of(service, data)
+    assert all(
+        changed.pool_files[p] != service.pool_files[p] and "exports" in changed.pool_files[p]
+        for p in service.pool_files
+    )
 
 
 # ---- bounded waits, sized from each rollout -------------------------------------------------

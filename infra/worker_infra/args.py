@@ -13,6 +13,7 @@ only what the infrastructure reads, with no defaults of their own.
 from __future__ import annotations
 
 import importlib.metadata
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, Protocol
 
@@ -388,7 +389,14 @@ class ServiceSpec:
       namespace: namespace of the ordinary pools.
       pools, downstream: the validated, stack-merged pools file's entries.
       broker: the Redis broker.
-      pools_file: that file's text (TOML), mounted into every pod at ``WORKER_POOLS_FILE``.
+      pools_file: the pools file the scheduler's pods read at ``WORKER_POOLS_FILE`` (TOML:
+        every pool's queues and the schedules; the baked program passes the service's
+        ``PoolsFile.for_scheduler``); also a pool's file when ``pool_files`` lacks the pool
+        (then it must hold that pool in full, e.g. the whole merged file).
+      pool_files: pool name -> the file that pool's pods read (the service's
+        ``PoolsFile.for_pool``: its entry in full, the other pools' queues), each in a
+        ConfigMap of its own, so a change to one pool rolls that pool alone (default: none,
+        every pool reads ``pools_file``).
       pool_env: the environment variables a pool shapes, as the service's pool model names
         them (``pools.pool_env_fields()``): the stack's ``env`` may not set them.
       timing: the service's timing rule and kill-after (:class:`Timing`).
@@ -430,3 +438,8 @@ class ServiceSpec:
     env: dict[str, str] = field(default_factory=dict)
     scheduler: SchedulerSpec | None = None
     prometheus_rule: bool = True
+    pool_files: Mapping[str, str] = field(default_factory=dict)
+
+    def pool_file(self, pool: str) -> str:
+        """The pools file the pods of ``pool`` read (:attr:`pool_files`, else ``pools_file``)."""
+        return self.pool_files.get(pool, self.pools_file)

@@ -3,9 +3,13 @@
 The worker reads its pool's shape from this file (``WORKER_POOLS_FILE``), so what the
 guards checked is what runs.
 
-The ConfigMap is immutable and named by its content (``<project>-pools-<sha256[:10]>``,
-:func:`config_map_name`): a changed file is a new ConfigMap and a new pod template, never
-an edit under the pods' feet. During a rollout each ReplicaSet's pods read their own file
+Each pool's pods read their own file (``ServiceSpec.pool_files``: the pool's entry in full,
+the other pools' queues) from a ConfigMap of their own, the scheduler the whole file from
+another, so a change to one pool's numbers rolls that pool's Deployment alone.
+
+Each ConfigMap is immutable and named by its content (``<project>-<pool>-pools-<sha256[:10]>``
+for a pool, ``<project>-pools-<sha256[:10]>`` for the whole file, :func:`config_map_name`):
+a changed file is a new ConfigMap and a new pod template, never an edit under the pods' feet. During a rollout each ReplicaSet's pods read their own file
 (an old pod that restarts reads the file it was validated with, not one its pool model may
 refuse); Pulumi creates the new ConfigMap before the Deployments move to it and deletes
 the old one only after they did (create-before-delete: the name changed), by which time
@@ -40,9 +44,11 @@ def checksum(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def config_map_name(project: str, text: str) -> str:
-    """The ConfigMap's name for the file ``text``: ``<project>-pools-<sha256[:10]>``."""
-    return f"{project}-pools-{checksum(text)[:NAME_DIGITS]}"
+def config_map_name(project: str, text: str, pool_slug: str | None = None) -> str:
+    """The ConfigMap's name for the file ``text``: ``<project>-pools-<sha256[:10]>``, or
+    ``<project>-<pool_slug>-pools-<sha256[:10]>`` for the file of one pool's pods."""
+    prefix = project if pool_slug is None else f"{project}-{pool_slug}"
+    return f"{prefix}-pools-{checksum(text)[:NAME_DIGITS]}"
 
 
 def pools_config_map(

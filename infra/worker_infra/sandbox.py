@@ -263,7 +263,8 @@ class SandboxPoolArgs:
       image: image reference with tag.
       namespace: the sandbox namespace (created here, labelled "restricted").
       broker: the broker; its pods and port are the only egress besides DNS.
-      pools_file: the stack-merged pools file (mounted from a ConfigMap in this namespace).
+      pools_file: the pools file this pool's pods read (mounted from a ConfigMap in this
+        namespace; :meth:`.ServiceSpec.pool_file`).
       timing: the service's timing rule and kill-after (:class:`.args.Timing`).
       max_replicas: the scaler's capped maximum (default: the pool's).
       sandbox: RuntimeClass, quota and DNS options.
@@ -350,7 +351,7 @@ class SandboxPool(pulumi.ComponentResource):
             username_key = BROKER_USERNAME_KEY
         else:
             secret = broker_secret(f"{name}-broker", secret_name, ns, args.broker, labels, after_ns)
-        pools_name = config_map_name(args.project, args.pools_file)
+        pools_name = config_map_name(args.project, args.pools_file, pool.slug)
         config_map = pools_config_map(
             f"{name}-pools", pools_name, ns, args.pools_file, labels, after_ns
         )

@@ -28,9 +28,10 @@ def label_value(text: str) -> str:
 
 
 class WorkerService(pulumi.ComponentResource):
-    """A service's pools: per pool a :class:`WorkerPool` and a :class:`BacklogScaler`
-    (the sandbox pool as a :class:`SandboxPool`), plus the namespace, the Secrets, the
-    pools file's ConfigMap, a PodMonitor and the PriorityClass of critical pools.
+    """A service's pools: per pool a :class:`WorkerPool`, the ConfigMap of the pools file
+    its pods read (:meth:`.ServiceSpec.pool_file`) and a :class:`BacklogScaler` (the sandbox
+    pool as a :class:`SandboxPool`), plus the namespace, the Secrets, the whole pools file's
+    ConfigMap for the scheduler, a PodMonitor and the PriorityClass of critical pools.
 
     Every guard (environment, isolation, replicas, timing, memory, capacity; see
     :mod:`.guards`) runs first: a refused stack raises ``GuardError`` before any resource
@@ -39,7 +40,8 @@ class WorkerService(pulumi.ComponentResource):
     Attributes for components added next to the pools (they reuse the same objects):
     ``plan`` (the derived numbers), ``pools`` (name -> component), ``labels`` (common
     labels), ``broker_secret_name``, ``database_secret_name``, ``pools_config_map_name``,
-    ``pools_checksum``, ``namespace_opts`` (options of objects in the namespace).
+    ``pools_checksum`` (the whole file's, the scheduler's), ``namespace_opts`` (options of
+    objects in the namespace).
     """
 
     def __init__(
@@ -73,6 +75,18 @@ class WorkerService(pulumi.ComponentResource):
         depends: list[pulumi.Resource] = []
         if ordinary or scheduler is not None:
             depends = self._shared_objects(ordinary)
+        scheduler_depends = list(depends)
+        if scheduler is not None:
+            scheduler_depends.append(
+                pools_config_map(
+                    f"{name}-pools",
+                    self.pools_config_map_name,
+                    spec.namespace,
+                    spec.pools_file,
+                    self.labels,
+                    self.namespace_opts,
+                )
+            )
         self.pools: dict[str, pulumi.ComponentResource] = {}
         for pool_plan in self.plan.pools:
             if pool_plan.pool.sandbox:
@@ -95,7 +109,7 @@ class WorkerService(pulumi.ComponentResource):
                     pools_config_map=self.pools_config_map_name,
                     pools_checksum=self.pools_checksum,
                 ),
-                opts=pulumi.ResourceOptions(parent=self, depends_on=depends),
+                opts=pulumi.ResourceOptions(parent=self, depends_on=scheduler_depends),
             )
         if spec.prometheus_rule:
             self._prometheus_rule(name, spec, self.labels, self.namespace_opts)
@@ -144,7 +158,7 @@ class WorkerService(pulumi.ComponentResource):
         return pulumi.ResourceOptions(parent=self, depends_on=[namespace])
 
     def _shared_objects(self, ordinary: list[PoolPlan]) -> list[pulumi.Resource]:
-        """Secrets, the pools file, the PodMonitor and the PriorityClass of the namespace."""
+        """Secrets, the PodMonitor and the PriorityClass of the namespace."""
         spec, name, opts = self.spec, self._name, self.namespace_opts
         depends: list[pulumi.Resource] = [
             broker_secret(
@@ -152,14 +166,6 @@ class WorkerService(pulumi.ComponentResource):
                 self.broker_secret_name,
                 spec.namespace,
                 spec.broker,
-                self.labels,
-                opts,
-            ),
-            pools_config_map(
-                f"{name}-pools",
-                self.pools_config_map_name,
-                spec.namespace,
-                spec.pools_file,
                 self.labels,
                 opts,
             ),
@@ -211,7 +217,17 @@ class WorkerService(pulumi.ComponentResource):
 
     def _pool(self, pool_plan: PoolPlan, depends: list[pulumi.Resource]) -> WorkerPool:
         spec, pool = self.spec, pool_plan.pool
-        opts = pulumi.ResourceOptions(parent=self, depends_on=depends)
+        text = spec.pool_file(pool.name)
+        config_map = config_map_name(spec.project, text, pool.slug)
+        pools_file = pools_config_map(
+            f"{self._name}-{pool.slug}-pools",
+            config_map,
+            spec.namespace,
+            text,
+            self.labels,
+            self.namespace_opts,
+        )
+        opts = pulumi.ResourceOptions(parent=self, depends_on=[*depends, pools_file])
         worker = WorkerPool(
             f"{self._name}-{pool.slug}",
             WorkerPoolArgs(
@@ -220,8 +236,8 @@ class WorkerService(pulumi.ComponentResource):
                 image=spec.image,
                 namespace=spec.namespace,
                 broker_secret=self.broker_secret_name,
-                pools_config_map=self.pools_config_map_name,
-                pools_checksum=self.pools_checksum,
+                pools_config_map=config_map,
+                pools_checksum=checksum(text),
                 timing=spec.timing,
                 database_secret=self.database_secret_name if self._uses_db(pool) else None,
                 grace_margin_s=spec.grace_margin_s,
@@ -262,7 +278,7 @@ class WorkerService(pulumi.ComponentResource):
                 image=spec.image,
                 namespace=spec.sandbox.namespace or f"{spec.namespace}-sandbox",
                 broker=spec.broker,
-                pools_file=spec.pools_file,
+                pools_file=spec.pool_file(pool.name),
                 timing=spec.timing,
                 max_replicas=pool_plan.max_replicas,
                 sandbox=spec.sandbox,

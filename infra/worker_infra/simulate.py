@@ -169,7 +169,13 @@ def pools_of(objects: Sequence[Obj]) -> list[PoolModel]:
         pools_file = pod_pools_file(objects, deployment)
         name = pod_env(deployment)["WORKER_POOL"]
         rendered.append((name, pools_file, scaler_of(scaled[meta["namespace"], meta["name"]])))
-    downstream: dict[str, Any] = rendered[0][1].get("downstream", {}) if rendered else {}
+    # Each pool's pods read their own entry and the resources they use (``for_pool``).
+    entries = {name: pools_file["pools"][name] for name, pools_file, _ in rendered}
+    downstream: dict[str, Any] = {
+        resource: budget
+        for _, pools_file, _ in rendered
+        for resource, budget in pools_file.get("downstream", {}).items()
+    }
 
     def per_pod(pool: Mapping[str, Any]) -> dict[str, int]:
         out = {}
@@ -180,13 +186,13 @@ def pools_of(objects: Sequence[Obj]) -> list[PoolModel]:
         return out
 
     models = []
-    for name, pools_file, scaler in rendered:
-        pool = pools_file["pools"][name]
+    for name, _, scaler in rendered:
+        pool = entries[name]
         others: dict[str, int] = {}
         for other, _, other_scaler in rendered:
             if other == name:
                 continue
-            for resource, count in per_pod(pools_file["pools"][other]).items():
+            for resource, count in per_pod(entries[other]).items():
                 worst = (other_scaler.max_replicas + TRANSITION_PODS) * count
                 others[resource] = others.get(resource, 0) + worst
         models.append(

@@ -4,7 +4,10 @@ pools.toml is read and validated by the service's own pool model (``src/<package
 the one definition of a pool's fields, bounds and defaults. The stack file
 (``Pulumi.<stack>.yaml``) may override numbers per environment; the overrides are merged
 into pools.toml and validated by that same model, and the merged file is what the pods
-mount (a ConfigMap at ``WORKER_POOLS_FILE``): what the guards checked is what runs.
+mount (a ConfigMap at ``WORKER_POOLS_FILE``): what the guards checked is what runs. Each
+pool's pods mount their own view of it (``PoolsFile.for_pool``: their entry in full, the
+other pools' queues), so a change to one pool rolls that pool alone; the scheduler's
+(``PoolsFile.for_scheduler``) holds every pool's queues and the schedules.
 
   pools:        {<pool>: {<pools.toml key>: value}}   e.g. replica ranges
   downstream:   {<resource>: {capacity: n, reserved: n}}
@@ -103,13 +106,25 @@ def specs(pools_file: Any) -> tuple[tuple[PoolSpec, ...], tuple[DownstreamSpec, 
     return pools, downstream
 
 
-def pools_text(pools_file: Any) -> str:
-    """The merged file as the pods read it: every value explicit."""
+def pools_text(view: Any, readers: str) -> str:
+    """A view of the merged file (``PoolsFile.for_pool``, ``for_scheduler``) as ``readers``
+    read it: what the view sets, every value of it explicit."""
     header = (
-        f"# pools.toml of {PROJECT}, merged with stack {pulumi.get_stack()!r} and validated\n"
-        "# by the service's pool model (written by infra/__main__.py; do not edit).\n"
+        f"# pools.toml of {PROJECT} as {readers} read it (infra/__main__.py; do not edit):\n"
+        f"# merged with stack {pulumi.get_stack()!r}, validated by the service's pool model;\n"
+        "# other pools by their queues only.\n"
     )
-    return header + tomli_w.dumps(pools_file.model_dump(mode="json", exclude_none=True))
+    data = view.model_dump(mode="json", exclude_none=True, exclude_unset=True)
+    return header + tomli_w.dumps(data)
+
+
+def pool_texts(pools_file: Any) -> dict[str, str]:
+    """Pool -> the file its pods read: its own entry in full, the other pools' queues. A
+    change to one pool's numbers changes only its file, so only its pods roll."""
+    return {
+        name: pools_text(pools_file.for_pool(name), f"the pods of pool {name!r}")
+        for name in pools_file.pools
+    }
 
 
 def scheduler_spec(pools_file: Any, config: pulumi.Config) -> SchedulerSpec:
@@ -177,7 +192,8 @@ def main() -> None:
         pools=pools,
         downstream=downstream,
         broker=broker,
-        pools_file=pools_text(pools_file),
+        pools_file=pools_text(pools_file.for_scheduler(), "the scheduler's pods"),
+        pool_files=pool_texts(pools_file),
         pool_env=frozenset(module.pool_env_fields().values()),
         timing=Timing(module.timing_problems, module.KILL_AFTER_DRAIN_S),
         database_url=(

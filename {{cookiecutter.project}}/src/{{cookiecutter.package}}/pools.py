@@ -384,6 +384,54 @@ class PoolsFile(_Strict):
         except ValidationError as error:
             raise PoolsFileError("\n".join(_problems(error, source))) from None
 
+    def for_pool(self, name: str) -> PoolsFile:
+        """The file the pods of pool ``name`` read (``WORKER_POOLS_FILE`` in Kubernetes).
+
+        The pool's own entry in full and the downstream resources it uses; every other
+        pool by its queues alone (:meth:`routing`), so a worker still refuses an actor whose
+        queue no pool serves; no schedules (the scheduler's file has them). A change to
+        another pool's numbers, to a resource the pool does not use or to a schedule leaves
+        this file, and so this pool's pods, as they are; a change to any pool's queues
+        changes every pool's file (queues are shared routing). Validated by this same
+        model; its own entry and resources are set in full, the other pools' entries only
+        by their queues (dump it with ``exclude_unset``). Raises ``KeyError`` for an
+        unknown pool.
+        """
+        own = self.pools[name]
+        pools = self.routing()
+        pools[name] = own.model_dump(mode="json", exclude_none=True)
+        return type(self).model_validate(
+            {
+                "downstream": {
+                    resource: self.downstream[resource].model_dump(mode="json")
+                    for resource in own.uses
+                },
+                "pools": pools,
+            }
+        )
+
+    def for_scheduler(self) -> PoolsFile:
+        """The file the scheduler's pods read: every pool by its queues alone
+        (:meth:`routing`: the backlog it exports per pool, the actors its schedules call)
+        and the schedules in full. A change to a pool's numbers leaves it as it is."""
+        return type(self).model_validate(
+            {
+                "pools": self.routing(),
+                "schedules": {
+                    name: schedule.model_dump(mode="json", exclude_none=True)
+                    for name, schedule in self.schedules.items()
+                },
+            }
+        )
+
+    def routing(self) -> dict[str, dict[str, Any]]:
+        """Every pool by what routing needs: its queues (and ``sandbox``, which the
+        untrusted queue requires)."""
+        return {
+            name: {"queues": list(pool.queues), **({"sandbox": True} if pool.sandbox else {})}
+            for name, pool in self.pools.items()
+        }
+
     def pool_of_queue(self, queue: str) -> str | None:
         """The pool that serves ``queue``, or None."""
         for name, pool in self.pools.items():
