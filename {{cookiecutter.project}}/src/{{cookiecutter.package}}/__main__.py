@@ -12,6 +12,7 @@ Run as ``python -m {{ cookiecutter.package }}`` or as the console script
     capacity                            throughput against concurrency
     scheduler                           fire the schedules of pools.toml (leader-elected)
     schedules [--json]                  each schedule: next fire times, last run
+    status [--json]                     queues and worker processes, from Redis
 
 Imports are local to each command: ``healthcheck live`` must stay fast and must
 not import Dramatiq or the actors.
@@ -204,6 +205,9 @@ def parser() -> argparse.ArgumentParser:
     from .capacity import add_command as add_capacity_command
 
     add_capacity_command(commands)
+    from .status import add_command as add_status_command
+
+    add_status_command(commands)
     return root
 
 

@@ -76,6 +76,8 @@ def middleware_stack(settings: Settings) -> list[Middleware]:
             settings.worker_heartbeat_timeout_ms,
             settings.worker_max_attempts,
             dead_message_ttl_ms=settings.dlq_retention_days * 86_400_000,
+            pool=settings.worker_pool,
+            concurrency=settings.worker_concurrency,
         ),
     ]
 {%- if cookiecutter.database == "postgres" %}

@@ -122,6 +122,13 @@ def epoch_key(namespace: str = NAMESPACE) -> str:
     return f"{namespace}:__epoch__"
 
 
+def process_key(broker_id: str, namespace: str = NAMESPACE) -> str:
+    """What worker ``broker_id`` of ``namespace`` says of itself (ours): a JSON record (pool,
+    host, pid, the jobs it runs and since when) written with its heartbeat, living one
+    heartbeat timeout; ``status`` and the console read it (:func:`read_fleet`)."""
+    return f"{namespace}:__process__.{broker_id}"
+
+
 def probe_key(namespace: str = NAMESPACE) -> str:
     """The key readiness writes (short-lived) to learn whether Redis takes writes."""
     return f"{namespace}:__probe__"
@@ -428,14 +435,17 @@ return out
 """
 )
 
-#: This worker is alive: its heartbeat at Redis's time; returns that time and the
-#: namespace's epoch token (false: none), so one call also notices a reset.
-#: KEYS: heartbeats, the epoch key.  ARGV: broker id.  Returns [ms, epoch].
+#: This worker is alive: its heartbeat at Redis's time, and its process record
+#: (:func:`process_key`) when ARGV[2] is not empty, kept ARGV[3] ms; returns that time and
+#: the namespace's epoch token (false: none), so one call also notices a reset.
+#: KEYS: heartbeats, the epoch key, the process record.  ARGV: broker id, record or '',
+#: record lifetime ms.  Returns [ms, epoch].
 HEARTBEAT: Final = (
     _CLOCK
     + """
 local now = now_ms()
 beat(KEYS[1], ARGV[1], now)
+if ARGV[2] ~= '' then redis.call('set', KEYS[3], ARGV[2], 'PX', ARGV[3]) end
 return {now, redis.call('get', KEYS[2])}
 """
 )
@@ -598,11 +608,64 @@ def dead_letter_held(
     return bool(client.eval(DEAD_LETTER, len(keys), *keys, redis_id, body))
 
 
-def heartbeat(client: redis.Redis, broker_id: str, namespace: str) -> tuple[int, Any]:
-    """:data:`HEARTBEAT` for ``broker_id`` in ``namespace``: (Redis's ms, epoch or None)."""
-    keys = (heartbeats_key(namespace), epoch_key(namespace))
-    now, epoch = client.eval(HEARTBEAT, len(keys), *keys, broker_id)
+def heartbeat(
+    client: redis.Redis, broker_id: str, namespace: str, record: bytes = b"", ttl_ms: int = 0
+) -> tuple[int, Any]:
+    """:data:`HEARTBEAT` for ``broker_id`` in ``namespace``: (Redis's ms, epoch or None).
+    ``record`` (JSON, :func:`process_key`) is stored too, for ``ttl_ms``, unless empty."""
+    keys = (heartbeats_key(namespace), epoch_key(namespace), process_key(broker_id, namespace))
+    now, epoch = client.eval(HEARTBEAT, len(keys), *keys, broker_id, record, ttl_ms)
     return int(now), epoch
+
+
+@dataclass(frozen=True)
+class FleetMember:
+    """One worker (broker id) of a namespace as Redis knows it: its last heartbeat (ms,
+    Redis's clock), its process record (decoded JSON, None: none or expired) and how many
+    deliveries each of its acks sets holds (queue or delay queue -> count)."""
+
+    namespace: str
+    broker_id: str
+    beat_ms: int
+    record: dict[str, Any] | None
+    held: dict[str, int]
+
+
+def read_fleet(client: redis.Redis, queues: Sequence[str]) -> tuple[int, list[FleetMember]]:
+    """Every worker of the namespaces of ``queues``, in two round trips: (Redis's ms, the
+    workers by heartbeat, oldest first). Work is one small read per worker and per worker
+    and queue (the size of its acks sets), whatever the queues hold."""
+    namespaces = namespaces_of(queues)
+    pipe = client.pipeline(transaction=False)
+    pipe.time()
+    for namespace in namespaces:
+        pipe.zrange(heartbeats_key(namespace), 0, -1, withscores=True)
+    first = pipe.execute()
+    seconds, micros = first[0]
+    now = int(seconds) * 1000 + int(micros) // 1000
+    workers = [
+        (namespace, text(broker_id), int(score))
+        for namespace, beats in zip(namespaces, first[1:], strict=True)
+        for broker_id, score in beats
+    ]
+    served = {
+        namespace: [
+            queue for queue in with_delay_queues(queues) if namespace_of(queue) == namespace
+        ]
+        for namespace in namespaces
+    }
+    pipe = client.pipeline(transaction=False)
+    for namespace, broker_id, _ in workers:
+        pipe.get(process_key(broker_id, namespace))
+        for queue in served[namespace]:
+            pipe.scard(acks_key(broker_id, queue))
+    replies = iter(pipe.execute() if workers else [])
+    members = []
+    for namespace, broker_id, beat_ms in workers:
+        record = message_fields(next(replies))
+        held = {queue: int(next(replies)) for queue in served[namespace]}
+        members.append(FleetMember(namespace, broker_id, beat_ms, record, held))
+    return now, members
 
 
 def stale_workers(client: redis.Redis, namespace: str, timeout_ms: int) -> list[str]:

@@ -193,17 +193,24 @@ def recover_dead_workers(
             pattern = layout.acks_pattern(broker_id, namespace)
             if not any(client.scan_iter(match=pattern, count=1000)):
                 client.zrem(heartbeats, broker_id)
+                client.delete(layout.process_key(broker_id, namespace))
     return requeued, dead
 
 
 def heartbeat(
-    client: redis.Redis, broker_id: str, queues: Iterable[str]
+    client: redis.Redis,
+    broker_id: str,
+    queues: Iterable[str],
+    record: bytes = b"",
+    ttl_ms: int = 0,
 ) -> dict[str, tuple[int, Any]]:
     """Tell the other workers of ``queues``' namespaces that ``broker_id`` is alive (the
     fetches do the same), at Redis's time; return, per namespace, that time (ms) and its
-    epoch token as read in the same call (None: none; see :mod:`.brokerstate`)."""
+    epoch token as read in the same call (None: none; see :mod:`.brokerstate`).
+    ``record``: what the process says of itself (:func:`.layout.process_key`), kept
+    ``ttl_ms``; empty: none written."""
     return {
-        namespace: layout.heartbeat(client, broker_id, namespace)
+        namespace: layout.heartbeat(client, broker_id, namespace, record, ttl_ms)
         for namespace in layout.namespaces_of(queues)
     }
 
@@ -212,6 +219,7 @@ def forget_worker(client: redis.Redis, broker_id: str, queues: Iterable[str]) ->
     """Remove the heartbeat of ``broker_id`` (a dead worker of ``queues``, recovered)."""
     for namespace in layout.namespaces_of(queues):
         client.zrem(layout.heartbeats_key(namespace), broker_id)
+        client.delete(layout.process_key(broker_id, namespace))
 
 
 def expire_dead_letters(client: redis.Redis, queues: Iterable[str], ttl_ms: int) -> None:

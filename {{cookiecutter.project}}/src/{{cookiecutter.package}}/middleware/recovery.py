@@ -3,16 +3,21 @@ and the orphans of this one."""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import socket
 import threading
 import time
-from typing import cast
+from typing import Any, cast
 
 import redis
 from dramatiq import Broker, Middleware
+from dramatiq.broker import MessageProxy
 from dramatiq.worker import Worker
 
 from .. import recovery
+from ..layout import REDIS_MESSAGE_ID
 from ..settlement import SettlingBroker
 
 logger = logging.getLogger(__name__)
@@ -33,6 +38,13 @@ class Recovery(Middleware):
       dead_message_ttl_ms: how long dead letters are kept (default 14 days; the worker
         passes ``DLQ_RETENTION_DAYS``).
       interval_s: seconds between passes (default: a fifth of the heartbeat timeout, at most 5).
+      pool: ``WORKER_POOL``, and ``concurrency``: ``WORKER_CONCURRENCY``, for the process
+        record (default: none given).
+
+    With each heartbeat the process publishes its record (:func:`.layout.process_key`):
+    its pool, host, pid, concurrency, and each job it runs now (queue, ids, actor, and its
+    start by Redis's clock), kept one heartbeat timeout; ``status`` and the console read
+    it, from Redis alone. The running jobs are tracked here, in memory, per handler thread.
 
     Dead letters are kept for days: a pass drops the expired ones at most every
     :data:`EXPIRE_EVERY_S` (an idle worker's Redis calls grow with its queues otherwise).
@@ -48,8 +60,15 @@ class Recovery(Middleware):
         max_attempts: int,
         dead_message_ttl_ms: int = 14 * 86_400_000,
         interval_s: float | None = None,
+        pool: str = "",
+        concurrency: int = 0,
     ) -> None:
         self.queues = queues
+        self.pool = pool
+        self.concurrency = concurrency
+        #: The jobs running now: handler thread id -> what the record says of the job.
+        self.running: dict[int, dict[str, Any]] = {}
+        self._started_ms = 0
         self.heartbeat_timeout_ms = heartbeat_timeout_ms
         self.max_attempts = max_attempts
         self.dead_message_ttl_ms = dead_message_ttl_ms
@@ -59,7 +78,48 @@ class Recovery(Middleware):
         #: The thread of the passes, once the worker has booted.
         self.thread: threading.Thread | None = None
 
+    def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
+        self.running[threading.get_ident()] = {
+            "queue": message.queue_name,
+            "redis_id": message.options.get(REDIS_MESSAGE_ID, ""),
+            "message_id": message.message_id,
+            "actor": message.actor_name,
+            "started_ms": self._redis_ms(broker),
+        }
+
+    def after_process_message(
+        self,
+        broker: Broker,
+        message: MessageProxy,
+        *,
+        result: Any = None,
+        exception: BaseException | None = None,
+    ) -> None:
+        self.running.pop(threading.get_ident(), None)
+
+    after_skip_message = after_process_message
+
+    @staticmethod
+    def _redis_ms(broker: Broker) -> int:
+        """Now by Redis's clock, as of the last heartbeat (this host's clock corrected)."""
+        return int(time.time() * 1000) + int(getattr(broker, "clock_offset_ms", 0))
+
+    def record(self, broker: Broker) -> bytes:
+        """The process record the heartbeat publishes (JSON)."""
+        return json.dumps(
+            {
+                "pool": self.pool,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "queues": self.queues,
+                "concurrency": self.concurrency,
+                "started_ms": self._started_ms,
+                "jobs": list(self.running.values()),
+            }
+        ).encode()
+
     def after_worker_boot(self, broker: Broker, worker: Worker) -> None:
+        self._started_ms = self._redis_ms(broker)
         self.thread = threading.Thread(
             target=self._loop, args=(broker,), name="recovery", daemon=True
         )
@@ -70,7 +130,13 @@ class Recovery(Middleware):
 
     def run_once(self, broker: Broker) -> None:
         client: redis.Redis = broker.client  # type: ignore[attr-defined]
-        beats = recovery.heartbeat(client, broker.broker_id, self.queues)  # type: ignore[attr-defined]
+        beats = recovery.heartbeat(
+            client,
+            broker.broker_id,  # type: ignore[attr-defined]
+            self.queues,
+            self.record(broker),
+            self.heartbeat_timeout_ms,
+        )
         settling = cast(SettlingBroker, broker)
         settling.keep_time(min(now for now, _ in beats.values()))
         settling.observe_epochs({namespace: epoch for namespace, (_, epoch) in beats.items()})
