@@ -89,6 +89,11 @@ def test_list_shows_every_queues_dead_letters_with_their_reasons(project: Path,
     assert "KeyError: 'q3'" in rows[1]
     assert rows[2].endswith("…") and "x" * 80 not in rows[2]
     assert lines[-1] == "3 dead letters"
+    summary = lines[lines.index("BY QUEUE, ACTOR AND REASON") + 1:-2]
+    assert summary[0].split() == ["COUNT", "QUEUE", "ACTOR", "REASON"]
+    assert [row.split()[:3] for row in summary[1:]] == [
+        ["1", "notifications", "send_notification"], ["1", "reports", "build_report"],
+        ["1", "notifications", "send_notification"]]
 
     only_reports = dlq(project, redis_url, "list", "--queue", "reports", "--json")
     entries = json.loads(only_reports.stdout)
@@ -111,7 +116,14 @@ def test_show_prints_the_whole_message(project: Path, redis_url: str) -> None:
     dead = kill_letter(redis_url, "payments", "charge", 42, reason="CardDeclined: 42",
                        traceback="Traceback (most recent call last):\nCardDeclined: 42")
 
-    shown = dlq(project, redis_url, "show", dead.options["redis_message_id"])
+    readable = dlq(project, redis_url, "show", dead.options["redis_message_id"])
+    assert readable.returncode == 0, readable.stderr
+    assert "reason:      CardDeclined: 42" in readable.stdout
+    assert "traceback:\n  Traceback (most recent call last):\n  CardDeclined: 42\n" in (
+        readable.stdout)
+    assert '"args": [\n    42\n  ]' in readable.stdout and "\\n" not in readable.stdout
+
+    shown = dlq(project, redis_url, "show", dead.options["redis_message_id"], "--json")
     assert shown.returncode == 0, shown.stderr
     body = json.loads(shown.stdout)
     assert body["queue"] == "payments"
@@ -161,7 +173,8 @@ def test_concurrent_replays_neither_duplicate_nor_lose(project: Path, redis_url:
     letters = [kill_letter(redis_url, "reports", "build_report", n, reason="r")
                for n in range(40)]
     env = project_env(project, WORKER_POOL="interactive", REDIS_URL=redis_url)
-    runs = [subprocess.Popen([PYTHON, "-m", package_of(project), "dlq", "replay", "--all"],
+    runs = [subprocess.Popen([PYTHON, "-m", package_of(project), "dlq", "replay", "--all",
+                              "--yes"],
                              cwd=project, env=env, stdout=subprocess.PIPE, text=True)
             for _ in range(3)]
     outputs = [run.communicate(timeout=60)[0] for run in runs]
@@ -230,7 +243,8 @@ def test_usage_errors(project: Path, redis_url: str) -> None:
 
 def test_redis_down_is_one_line_and_exit_1(project: Path) -> None:
     down = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
-    for args in (("list",), ("show", "x"), ("replay", "--all"), ("purge", "--all", "--yes")):
+    for args in (("list",), ("show", "x"), ("replay", "--all", "--yes"),
+                 ("purge", "--all", "--yes")):
         result = dlq(project, down, *args)
         assert result.returncode == 1, args
         lines = result.stderr.strip().splitlines()
@@ -262,8 +276,14 @@ def test_a_replayed_message_runs_exactly_once(project: Path, redis_url: str,
     kill_letter(redis_url, "notifications", "record_run", "a", reason="crashed 5 times")
     kill_letter(redis_url, "notifications", "record_run", "b", reason="crashed 5 times")
 
-    assert dlq(service, redis_url, "replay", "--all").stdout.strip() == "replayed 2 dead letters"
-    assert dlq(service, redis_url, "replay", "--all").stdout.strip() == "replayed 0 dead letters"
+    refused = dlq(service, redis_url, "replay", "--all")
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert "refusing to replay 2 dead letters without --yes (nothing sent" in refused.stderr
+    assert client.zcard("dramatiq:notifications.XQ") == 2
+    assert dlq(service, redis_url, "replay", "--all", "--yes").stdout.strip() == (
+        "replayed 2 dead letters")
+    assert dlq(service, redis_url, "replay", "--all", "--yes").stdout.strip() == (
+        "replayed 0 dead letters")
 
     env = project_env(service, WORKER_POOL="interactive", REDIS_URL=redis_url,
                       WORKER_STATE_DIR=str(tmp_path / "state"), METRICS_PORT=str(free_port()))
@@ -294,3 +314,53 @@ def test_a_dead_letter_without_body_can_be_listed_and_purged_not_replayed(
     assert client.llen("dramatiq:reports") == 0
     purged = dlq(project, redis_url, "purge", "orphan", "--yes")
     assert purged.returncode == 0 and client.zcard("dramatiq:reports.XQ") == 0
+
+
+def plant(client: redis.Redis, queue: str, count: int, start_ms: int, actor: str, reason: str,
+          prefix: str) -> list[str]:
+    """``count`` dead letters of ``queue`` written straight into Redis (one pipeline), one
+    ms apart from ``start_ms``; returns their redis ids, oldest first."""
+    ids = [f"{prefix}-{index:05d}" for index in range(count)]
+    pipe = client.pipeline(transaction=False)
+    for index, redis_id in enumerate(ids):
+        body = Message(queue_name=queue, actor_name=actor, args=(index,), kwargs={},
+                       options={"redis_message_id": redis_id, "dead_letter_reason": reason})
+        pipe.zadd(f"dramatiq:{queue}.XQ", {redis_id: start_ms + index})
+        pipe.hset(f"dramatiq:{queue}.XQ.msgs", redis_id, body.encode())
+    pipe.execute()
+    return ids
+
+
+def test_more_than_a_page_is_listed_merged_summarised_replayed_and_purged(
+        project: Path, redis_url: str, client: redis.Redis) -> None:
+    now = int(time.time() * 1000)
+    # 2 x 700 letters interleaved in time across two queues (a page is 500), one not a message.
+    early = plant(client, "reports", 700, now - 10_000, "build_report", "KeyError: 'q3'", "r")
+    late = plant(client, "partner", 700, now - 10_000, "call_partner", "429", "p")
+    client.hset("dramatiq:partner.XQ.msgs", late[10], b"not json")
+
+    listed = dlq(project, redis_url, "list", "--limit", "4")
+    lines = listed.stdout.splitlines()
+    assert [line.split()[1] for line in lines[1:5]] == [late[0], early[0], late[1], early[1]]
+    assert lines[-1] == "4 of 1,400 dead letters"
+    summary = lines[lines.index("BY QUEUE, ACTOR AND REASON") + 2:-2]
+    assert [row.split()[:3] for row in summary] == [
+        ["700", "reports", "build_report"], ["699", "partner", "call_partner"],
+        ["1", "partner", "-"]]
+
+    streamed = json.loads(dlq(project, redis_url, "list", "--json").stdout)
+    assert len(streamed) == 1_400
+    assert [entry["dead_since_ms"] for entry in streamed] == sorted(
+        entry["dead_since_ms"] for entry in streamed)
+
+    replayed = dlq(project, redis_url, "replay", "--all", "--yes")
+    assert replayed.returncode == 0, replayed.stderr
+    assert replayed.stdout.strip() == (
+        "replayed 1399 dead letters; skipped 1 that cannot run (purge them)")
+    assert f"dead letter {late[10]!r} is not a Dramatiq message" in replayed.stderr
+    assert client.llen("dramatiq:reports") == 700 and client.llen("dramatiq:partner") == 699
+    assert client.zrange("dramatiq:partner.XQ", 0, -1) == [late[10].encode()]
+
+    purged = dlq(project, redis_url, "purge", "--all", "--yes")
+    assert purged.stdout.strip() == "purged 1 dead letter"
+    assert client.zcard("dramatiq:partner.XQ") == 0 == client.hlen("dramatiq:partner.XQ.msgs")

@@ -1,11 +1,19 @@
 """Dead letters: the messages the worker gave up on, and what an operator can do with them.
 
-    dlq list [--queue Q] [--limit N] [--json]     a table of dead letters, oldest first
-    dlq show <redis-id> [--queue Q]               one dead letter, the whole message as JSON
-    dlq replay (--all | <redis-id>...) [--queue Q] [--dry-run]
+    dlq list [--queue Q] [--limit N] [--json]     the oldest dead letters (a table: 100 unless
+                                                  --limit), then a summary by actor and reason
+    dlq show <redis-id> [--queue Q] [--json]      one dead letter: its reason, its traceback
+                                                  as lines, its message
+    dlq replay (<redis-id>... | --all --yes) [--queue Q] [--dry-run]
                                                   send them again, as a fresh run
     dlq purge (--all | <redis-id>...) [--queue Q] --yes
                                                   delete them (refused without --yes)
+
+Every command reads the dead letters in pages (:data:`PAGE` at a time), so a million
+take the memory of one page: ``list`` streams them oldest first across queues and
+counts them by queue, actor and reason as it goes; ``replay --all`` and ``purge --all``
+work page by page (one round trip per page) and say how far they are on stderr every
+second. ``replay --all``, like ``purge``, does nothing without ``--yes``.
 
 Without ``--queue`` the commands look at every queue of pools.toml: an operator
 looks across pools. Dead letters are kept where Dramatiq keeps them (see
@@ -35,13 +43,16 @@ unreachable (one line, no traceback), ``EX_USAGE`` (e.g. ``purge`` without ``--y
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import functools
+import heapq
+import itertools
 import json
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
 
@@ -56,6 +67,14 @@ if TYPE_CHECKING:
 
 #: Characters of the reason shown in the ``dlq list`` table (``--json`` has all of it).
 REASON_WIDTH = 60
+#: Dead letters read per round trip (ids, times and bodies) by the commands that stream.
+PAGE = 500
+#: Rows of the ``dlq list`` table unless ``--limit`` says otherwise.
+DEFAULT_ROWS = 100
+#: Distinct (queue, actor, reason) the summary counts one by one; beyond, "(other reasons)".
+SUMMARY_KINDS = 10_000
+#: Lines of the summary that ``dlq list`` prints (the most frequent first).
+SUMMARY_LINES = 20
 #: Options a replay drops: they belong to the deliveries that failed.
 STALE_OPTIONS = (layout.DEAD_LETTER_REASON, "traceback", "requeue_timestamp", "eta")
 
@@ -163,6 +182,100 @@ def dead_letters(
         for (redis_id, (_, score), body) in zip(ids, entries, stored, strict=True)
     ]
     return _still_dead(client, zset, letters)
+
+
+def read_page(
+    client: redis.Redis, queue: str, start: int, size: int, max_bytes: int | None = None
+) -> list[DeadLetter]:
+    """``size`` dead letters of ``queue`` from rank ``start`` (oldest first), in two round
+    trips (the zset's entries, then their bodies); those replayed or purged between the two
+    are left out."""
+    zset, bodies = dead_letter_keys(queue)
+    entries = cast(
+        list[tuple[Any, float]], client.zrange(zset, start, start + size - 1, withscores=True)
+    )
+    if not entries:
+        return []
+    ids = [layout.text(raw_id) for raw_id, _ in entries]
+    stored = client.hmget(bodies, ids)
+    letters = [
+        DeadLetter(queue, redis_id, int(score), layout.raw_bytes(body), max_bytes)
+        for (redis_id, (_, score), body) in zip(ids, entries, stored, strict=True)
+    ]
+    return _still_dead(client, zset, letters)
+
+
+def stream(
+    client: redis.Redis, queue: str, max_bytes: int | None = None, page: int = PAGE
+) -> Iterator[DeadLetter]:
+    """Every dead letter of ``queue``, oldest first, read ``page`` at a time: constant
+    memory however many. Paged by rank: a letter removed meanwhile may make it skip one."""
+    start = 0
+    while True:
+        zset = dead_letter_keys(queue)[0]
+        letters = read_page(client, queue, start, page, max_bytes)
+        if not letters:
+            if client.zcard(zset) <= start:
+                return
+            start += page  # the whole page was removed between the two reads
+            continue
+        yield from letters
+        start += page
+
+
+def stream_all(
+    client: redis.Redis, queues: Iterable[str], max_bytes: int | None = None
+) -> Iterator[DeadLetter]:
+    """Every dead letter of ``queues``, oldest first across them (a merge of each queue's
+    :func:`stream`): one page per queue in memory."""
+    return heapq.merge(
+        *(stream(client, queue, max_bytes) for queue in queues),
+        key=lambda letter: (letter.died_ms, letter.queue, letter.redis_id),
+    )
+
+
+class Summary:
+    """Dead letters counted by (queue, actor, reason), in bounded memory: past
+    :data:`SUMMARY_KINDS` distinct kinds, the new ones count as "(other reasons)"."""
+
+    OTHER = "(other reasons)"
+
+    def __init__(self, kinds: int = SUMMARY_KINDS) -> None:
+        self.kinds = kinds
+        self.total = 0
+        self.counts: collections.Counter[tuple[str, str, str]] = collections.Counter()
+
+    def add(self, letter: DeadLetter) -> None:
+        self.total += 1
+        key = (letter.queue, letter.actor, " ".join(letter.reason.split())[:200])
+        if key not in self.counts and len(self.counts) >= self.kinds:
+            key = (letter.queue, letter.actor, self.OTHER)
+        self.counts[key] += 1
+
+    def rows(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """The most frequent kinds first: ``{"count", "queue", "actor", "reason"}``."""
+        return [
+            {"count": n, "queue": queue, "actor": actor, "reason": reason}
+            for (queue, actor, reason), n in self.counts.most_common(limit)
+        ]
+
+
+class Progress:
+    """Says on stderr how far a long command is, at most once a second (nothing when it
+    ends within the first second)."""
+
+    def __init__(self, verb: str, total: int, every_s: float = 1.0) -> None:
+        self.verb, self.total, self.every_s = verb, total, every_s
+        self.done = 0
+        self._said = time.monotonic()
+
+    def step(self, count: int = 1) -> None:
+        self.done += count
+        now = time.monotonic()
+        if now - self._said >= self.every_s:
+            self._said = now
+            share = f" ({100 * self.done / self.total:.0f} %)" if self.total else ""
+            print(f"{self.verb} {self.done:,} of {self.total:,}{share}", file=sys.stderr)
 
 
 def _still_dead(client: redis.Redis, zset: str, letters: list[DeadLetter]) -> list[DeadLetter]:
@@ -291,19 +404,43 @@ def _queues(client: redis.Redis, queue: str | None) -> list[str]:
     return [queue]
 
 
-def _selected(client: redis.Redis, args: argparse.Namespace) -> list[DeadLetter]:
-    """The dead letters that ``--all`` or the ids name; every id must exist."""
+def _named(client: redis.Redis, args: argparse.Namespace) -> list[DeadLetter]:
+    """The dead letters the ids name; every id must exist."""
     queues = _queues(client, args.queue)
-    if args.all:
-        return [
-            letter
-            for queue in queues
-            for letter in dead_letters(client, queue, max_bytes=args.max_message_bytes)
-        ]
     return [
         find(client, queues, redis_id, args.max_message_bytes)
         for redis_id in dict.fromkeys(args.ids)
     ]
+
+
+def _each_page(
+    client: redis.Redis,
+    args: argparse.Namespace,
+    act: Callable[[list[DeadLetter]], tuple[int, int]],
+) -> None:
+    """Call ``act`` on each page of the letters ``--all`` or the ids select; ``act``
+    returns (removed by it, left in place). With ``--all`` each page is read again from
+    the head of the zset, past what was left in place (what ``act`` removed, or another
+    replay removed, no longer shifts the pages)."""
+    if not args.all:
+        by_queue: dict[str, list[DeadLetter]] = {}
+        for letter in _named(client, args):
+            by_queue.setdefault(letter.queue, []).append(letter)
+        for page in by_queue.values():
+            act(page)
+        return
+    for queue in _queues(client, args.queue):
+        left = 0
+        while page := read_page(client, queue, left, PAGE, args.max_message_bytes):
+            _, kept = act(page)
+            left += kept
+
+
+def _selected_count(client: redis.Redis, args: argparse.Namespace) -> int:
+    """How many letters ``--all`` or the ids select (every id must exist)."""
+    if args.all:
+        return sum(count(client, queue) for queue in _queues(client, args.queue))
+    return len(_named(client, args))
 
 
 def _plural(number: int, noun: str = "dead letter") -> str:
@@ -313,38 +450,74 @@ def _plural(number: int, noun: str = "dead letter") -> str:
 def _list(client: redis.Redis, args: argparse.Namespace) -> int:
     queues = _queues(client, args.queue)
     total = sum(count(client, queue) for queue in queues)
-    letters = sorted(
-        (
-            letter
-            for queue in queues
-            for letter in dead_letters(client, queue, args.limit, args.max_message_bytes)
-        ),
-        key=lambda letter: (letter.died_ms, letter.queue, letter.redis_id),
-    )[: args.limit]
-    if args.json:
-        print(json.dumps([letter.summary() for letter in letters], indent=2))
+    letters = stream_all(client, queues, args.max_message_bytes)
+    if args.json:  # a JSON array, written as it is read
+        limit = args.limit if args.limit is not None else total
+        sys.stdout.write("[")
+        for index, letter in enumerate(itertools.islice(letters, limit)):
+            sys.stdout.write(("," if index else "") + "\n  " + json.dumps(letter.summary()))
+        sys.stdout.write("\n]\n" if total and limit else "]\n")
         return EX_OK
-    if not letters:
+    if not total:
         print(f"no dead letters on {', '.join(queues)}")
         return EX_OK
-    rows: list[tuple[str, ...]] = [
-        ("QUEUE", "REDIS ID", "MESSAGE ID", "ACTOR", "DEAD SINCE", "REASON")
+    limit = args.limit if args.limit is not None else DEFAULT_ROWS
+    summary, progress = Summary(), Progress("read", total)
+    widths: list[int] | None = None
+    shown = 0
+    batch: list[tuple[str, ...]] = []
+    header = ("QUEUE", "REDIS ID", "MESSAGE ID", "ACTOR", "DEAD SINCE", "REASON")
+    for letter in letters:
+        summary.add(letter)
+        progress.step()
+        if shown < limit:
+            shown += 1
+            batch.append(_row(letter))
+        if batch and (len(batch) == PAGE or shown == limit):
+            widths = widths or _widths([header, *batch])
+            if shown == len(batch):
+                print(_aligned(header, widths))
+            print("\n".join(_aligned(row, widths) for row in batch))
+            batch = []
+    if batch:
+        widths = widths or _widths([header, *batch])
+        if shown == len(batch):
+            print(_aligned(header, widths))
+        print("\n".join(_aligned(row, widths) for row in batch))
+    rows = summary.rows(SUMMARY_LINES)
+    print("\nBY QUEUE, ACTOR AND REASON")
+    table: list[tuple[str, ...]] = [("COUNT", "QUEUE", "ACTOR", "REASON")]
+    table += [
+        (f"{r['count']:,}", r["queue"], r["actor"], _truncate(r["reason"], REASON_WIDTH))
+        for r in rows
     ]
-    rows += [
-        (
-            letter.queue,
-            letter.redis_id,
-            letter.message_id,
-            letter.actor,
-            letter.died,
-            _truncate(letter.reason, REASON_WIDTH),
-        )
-        for letter in letters
-    ]
-    print(_table(rows))
-    shown = f"{len(letters)} of {total}" if len(letters) < total else str(total)
-    print(f"\n{shown} dead letter{'' if total == 1 else 's'}")
+    print(_table(table))
+    if len(summary.counts) > len(rows):
+        print(f"... and {len(summary.counts) - len(rows):,} more kinds")
+    counted = summary.total
+    print(
+        f"\n{shown:,} of {counted:,} dead letters" if shown < counted else f"\n{_plural(counted)}"
+    )
     return EX_OK
+
+
+def _row(letter: DeadLetter) -> tuple[str, ...]:
+    return (
+        letter.queue,
+        letter.redis_id,
+        letter.message_id,
+        letter.actor,
+        letter.died,
+        _truncate(letter.reason, REASON_WIDTH),
+    )
+
+
+def _widths(rows: list[tuple[str, ...]]) -> list[int]:
+    return [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+
+
+def _aligned(row: tuple[str, ...], widths: list[int]) -> str:
+    return "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
 
 
 def _truncate(text: str, width: int) -> str:
@@ -353,11 +526,14 @@ def _truncate(text: str, width: int) -> str:
 
 
 def _table(rows: list[tuple[str, ...]]) -> str:
-    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
-    return "\n".join(
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    )
+    widths = _widths(rows)
+    return "\n".join(_aligned(row, widths) for row in rows)
+
+
+def traceback_of(letter: DeadLetter) -> str | None:
+    """The traceback Dramatiq's Retries stored with ``letter`` (None: none)."""
+    traceback = letter.options.get("traceback")
+    return str(traceback) if traceback else None
 
 
 def _show(client: redis.Redis, args: argparse.Namespace) -> int:
@@ -372,37 +548,102 @@ def _show(client: redis.Redis, args: argparse.Namespace) -> int:
         shown["message"] = letter.fields
     else:
         shown["body"] = None if letter.body is None else letter.body.decode(errors="replace")
-    print(json.dumps(shown, indent=2))
+    if args.json:
+        print(json.dumps(shown, indent=2))
+        return EX_OK
+    traceback = traceback_of(letter)
+    lines = [
+        f"queue:       {letter.queue}",
+        f"redis id:    {letter.redis_id}",
+        f"message id:  {letter.message_id}",
+        f"actor:       {letter.actor}",
+        f"dead since:  {letter.died}",
+        f"reason:      {letter.reason}",
+    ]
+    if traceback:
+        lines += ["", "traceback:", *("  " + line for line in traceback.rstrip().splitlines())]
+    if letter.fields is not None:
+        message = dict(letter.fields)
+        options = {k: v for k, v in letter.options.items() if k != "traceback"}
+        message["options"] = options
+        lines += ["", "message:", json.dumps(message, indent=2)]
+    else:
+        lines += ["", "body:", str(shown["body"])]
+    print("\n".join(lines))
     return EX_OK
 
 
 def _replay(client: redis.Redis, args: argparse.Namespace) -> int:
-    letters = _selected(client, args)
-    for letter in letters:
-        fresh_copy(letter)  # refuse the whole batch before moving any, if one cannot run
+    total = _selected_count(client, args)
+    if args.all and not args.yes and not args.dry_run:
+        print(
+            f"dlq replay: refusing to replay {_plural(total)} without --yes "
+            "(nothing sent; review them with `dlq list`, or --dry-run)",
+            file=sys.stderr,
+        )
+        return EX_USAGE
+    if not args.all:  # named ones: refuse the whole batch before moving any
+        for letter in _named(client, args):
+            fresh_copy(letter)
     if args.dry_run:
-        for letter in letters:
+        shown = 0
+        for letter in (
+            stream_all(client, _queues(client, args.queue), args.max_message_bytes)
+            if args.all
+            else _named(client, args)
+        ):
             print(f"would replay {letter.queue} {letter.redis_id} ({letter.actor})")
-        print(f"would replay {_plural(len(letters))}")
+            shown += 1
+        print(f"would replay {_plural(shown)}")
         return EX_OK
-    now_ms = layout.redis_now_ms(client)
-    moved = sum(replay(client, letter, now_ms) for letter in letters)
-    gone = len(letters) - moved
-    print(f"replayed {_plural(moved)}" + (f" ({gone} already gone)" if gone else ""))
+    progress = Progress("replayed", total)
+    moved = gone = skipped = 0
+
+    def act(page: list[DeadLetter]) -> tuple[int, int]:
+        nonlocal moved, gone, skipped
+        moves: list[tuple[str, str, bytes]] = []
+        now_ms = layout.redis_now_ms(client)  # Redis's clock, read once a page
+        for letter in page:
+            try:
+                message = fresh_copy(letter, now_ms)
+            except DeadLetterError as error:  # only with --all: named ones were checked
+                print(f"dlq replay: skipped: {error}", file=sys.stderr)
+                skipped += 1
+                continue
+            new_id = message.options[layout.REDIS_MESSAGE_ID]
+            moves.append((letter.redis_id, new_id, message.encode()))
+        done = layout.replay_dead_letters(client, page[0].queue, moves)
+        moved, gone = moved + done, gone + len(moves) - done
+        progress.step(len(page))
+        return done, len(page) - len(moves)
+
+    _each_page(client, args, act)
+    said = f"replayed {_plural(moved)}" + (f" ({gone} already gone)" if gone else "")
+    print(said + (f"; skipped {skipped} that cannot run (purge them)" if skipped else ""))
     return EX_OK
 
 
 def _purge(client: redis.Redis, args: argparse.Namespace) -> int:
-    letters = _selected(client, args)
+    total = _selected_count(client, args)
     if not args.yes:
         print(
-            f"dlq purge: refusing to delete {_plural(len(letters))} without --yes "
+            f"dlq purge: refusing to delete {_plural(total)} without --yes "
             "(nothing deleted; review them with `dlq list`)",
             file=sys.stderr,
         )
         return EX_USAGE
-    deleted = sum(purge(client, letter) for letter in letters)
-    gone = len(letters) - deleted
+    progress = Progress("purged", total)
+    deleted = gone = 0
+
+    def act(page: list[DeadLetter]) -> tuple[int, int]:
+        nonlocal deleted, gone
+        ids = [letter.redis_id for letter in page]
+        done = layout.purge_dead_letters(client, page[0].queue, ids)
+        deleted, gone = deleted + done, gone + len(page) - done
+        progress.step(len(page))
+        return done, 0
+
+    _each_page(client, args, act)
     print(f"purged {_plural(deleted)}" + (f" ({gone} already gone)" if gone else ""))
     return EX_OK
 
@@ -443,15 +684,18 @@ def add_commands(commands: Any) -> None:
     actions = dlq.add_subparsers(dest="action", required=True)
     queue_help = "one queue (default: every queue of pools.toml)"
 
-    listing = actions.add_parser("list", help="a table of dead letters, oldest first")
+    listing = actions.add_parser("list", help="the oldest dead letters, a summary by reason")
     listing.add_argument("--queue", help=queue_help)
-    listing.add_argument("--limit", type=positive_int, metavar="N", help="show at most N")
+    listing.add_argument(
+        "--limit", type=positive_int, metavar="N", help=f"rows (default {DEFAULT_ROWS})"
+    )
     listing.add_argument("--json", action="store_true", help="JSON instead of a table")
     listing.set_defaults(run=_command(_list))
 
-    show = actions.add_parser("show", help="one dead letter: the whole message as JSON")
+    show = actions.add_parser("show", help="one dead letter: reason, traceback, message")
     show.add_argument("id", metavar="redis-id")
     show.add_argument("--queue", help=queue_help)
+    show.add_argument("--json", action="store_true", help="the whole record as JSON")
     show.set_defaults(run=_command(_show))
 
     replaying = actions.add_parser("replay", help="send dead letters again, as a fresh run")
@@ -459,6 +703,7 @@ def add_commands(commands: Any) -> None:
     replaying.add_argument("--all", action="store_true", help="every dead letter of the queues")
     replaying.add_argument("--queue", help=queue_help)
     replaying.add_argument("--dry-run", action="store_true", help="only say what would be sent")
+    replaying.add_argument("--yes", action="store_true", help="really replay --all")
     replaying.set_defaults(run=_command(_replay))
 
     purging = actions.add_parser("purge", help="delete dead letters (needs --yes)")

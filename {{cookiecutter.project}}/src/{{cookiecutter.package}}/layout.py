@@ -689,6 +689,28 @@ def purge_dead_letter(client: redis.Redis, queue: str, redis_id: str) -> bool:
     return bool(client.eval(PURGE, len(keys), *keys, redis_id))
 
 
+def replay_dead_letters(
+    client: redis.Redis, queue: str, moves: Sequence[tuple[str, str, bytes]]
+) -> int:
+    """:func:`replay_dead_letter` for each ``(redis id, new redis id, body)`` of ``queue``,
+    in one round trip; returns how many moved (the others were already gone)."""
+    keys = (*dead_letter_keys(queue), bodies_key(queue), queue_key(queue))
+    pipe = client.pipeline(transaction=False)
+    for redis_id, new_redis_id, body in moves:
+        pipe.eval(REPLAY, len(keys), *keys, redis_id, new_redis_id, body)
+    return sum(bool(moved) for moved in pipe.execute()) if moves else 0
+
+
+def purge_dead_letters(client: redis.Redis, queue: str, redis_ids: Sequence[str]) -> int:
+    """:func:`purge_dead_letter` for each of ``redis_ids`` of ``queue``, in one round trip;
+    returns how many were deleted."""
+    keys = dead_letter_keys(queue)
+    pipe = client.pipeline(transaction=False)
+    for redis_id in redis_ids:
+        pipe.eval(PURGE, len(keys), *keys, redis_id)
+    return sum(bool(gone) for gone in pipe.execute()) if redis_ids else 0
+
+
 def read_backlog_records(
     client: redis.Redis, queues: Sequence[str], head_probe: int
 ) -> list[dict[str, Any]]:
