@@ -13,6 +13,7 @@ Run as ``python -m {{ cookiecutter.package }}`` or as the console script
     scheduler                           fire the schedules of pools.toml (leader-elected)
     schedules [--json]                  each schedule: next fire times, last run
     status [--json]                     queues and worker processes, from Redis
+    console [--host H] [--port P]       the web console (read-only unless CONSOLE_TOKEN)
 
 Imports are local to each command: ``healthcheck live`` must stay fast and must
 not import Dramatiq or the actors.
@@ -208,6 +209,9 @@ def parser() -> argparse.ArgumentParser:
     from .status import add_command as add_status_command
 
     add_status_command(commands)
+    from .console import add_command as add_console_command
+
+    add_console_command(commands)
     return root
 
 

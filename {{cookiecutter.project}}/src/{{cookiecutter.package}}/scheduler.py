@@ -70,6 +70,7 @@ from .exitcodes import EX_FAILURE, EX_OK
 from .layout import (
     REDIS_MESSAGE_ID,
     SCHEDULE_OUTCOMES,
+    ScheduleState,
     fire_tick,
     handled_tick,
     miss_ticks,
@@ -468,6 +469,32 @@ def run() -> int:
     return Scheduler(settings, schedules, targets, broker, pools=queues).run()
 
 
+def schedule_rows(
+    schedules: dict[str, Schedule], states: dict[str, ScheduleState], now: float, count: int
+) -> list[dict[str, Any]]:
+    """What ``schedules --json`` and the console show of each schedule: its definition,
+    its next ``count`` fire times after ``now``, its last run (``states``: Redis's)."""
+    rows: list[dict[str, Any]] = []
+    for name, schedule in schedules.items():
+        state = states.get(name)
+        rows.append(
+            {
+                "schedule": name,
+                "actor": schedule.actor,
+                "cron": schedule.cron,
+                "timezone": schedule.timezone,
+                "missed": schedule.missed,
+                "dst": schedule.dst,
+                "next": [t.isoformat() for t in schedule.next_ticks(now, count)],
+                "last_fired": _iso(state.fired) if state and state.fired else None,
+                "last_success": _iso(state.success_at) if state and state.success_at else None,
+                "running": bool(state and state.running),
+                "runs": state.runs if state else None,
+            }
+        )
+    return rows
+
+
 def list_schedules(as_json: bool = False, count: int = 3) -> int:
     """The ``schedules`` command: each schedule, its next fire times and its last run."""
     import json
@@ -485,38 +512,19 @@ def list_schedules(as_json: bool = False, count: int = 3) -> int:
         states, problem = {}, f"redis: {error}"
     finally:
         client.close()
-    rows: list[dict[str, Any]] = []
+    rows = schedule_rows(schedules, states, now, count)
     lines: list[str] = []
-    for name, schedule in schedules.items():
-        state = states.get(name)
-        upcoming = [t.isoformat() for t in schedule.next_ticks(now, count)]
-        fired = _iso(state.fired) if state and state.fired else None
-        success = _iso(state.success_at) if state and state.success_at else None
-        running = bool(state and state.running)
-        rows.append(
-            {
-                "schedule": name,
-                "actor": schedule.actor,
-                "cron": schedule.cron,
-                "timezone": schedule.timezone,
-                "missed": schedule.missed,
-                "dst": schedule.dst,
-                "next": upcoming,
-                "last_fired": fired,
-                "last_success": success,
-                "running": running,
-                "runs": state.runs if state else None,
-            }
-        )
+    for row in rows:
         lines += [
-            f"{name}: {schedule.actor} at {schedule.cron!r} {schedule.timezone}, "
-            f"missed={schedule.missed} dst={schedule.dst}",
-            f"  next:         {', '.join(upcoming)}",
-            f"  last fired:   {fired or 'never'}{' (running)' if running else ''}",
-            f"  last success: {success or 'never'}",
+            f"{row['schedule']}: {row['actor']} at {row['cron']!r} {row['timezone']}, "
+            f"missed={row['missed']} dst={row['dst']}",
+            f"  next:         {', '.join(row['next'])}",
+            f"  last fired:   {row['last_fired'] or 'never'}"
+            + (" (running)" if row["running"] else ""),
+            f"  last success: {row['last_success'] or 'never'}",
         ]
-        if state:
-            lines.append("  runs:         " + ", ".join(f"{k}={v}" for k, v in state.runs.items()))
+        if row["runs"] is not None:
+            lines.append("  runs:         " + ", ".join(f"{k}={v}" for k, v in row["runs"].items()))
     if as_json:
         print(json.dumps({"schedules": rows, "problem": problem}, indent=2))
     else:

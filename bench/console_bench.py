@@ -1,0 +1,172 @@
+"""``status`` and ``dlq list`` against a million messages and 50 simulated worker processes:
+wall time and peak memory of each command, as an operator runs it.
+
+    python bench/console_bench.py [--messages N] [--processes P] [--baseline-from DIR]
+
+One redis-server holds ``--messages`` (default 1,000,000) waiting messages on
+``notifications`` and as many dead letters on ``reports`` (written the way Dramatiq
+and the worker write them, pipelined), and ``--processes`` (default 50) simulated worker
+processes: a heartbeat, a process record with 4 running jobs, and an acks set of 4
+deliveries each, as :class:`~.middleware.recovery.Recovery` publishes them.
+
+Each command runs as a child process of the baked service (``python -m orders_worker``);
+its wall time is measured around it and its peak memory is the child's ``ru_maxrss``
+(``os.wait4``). ``status`` is also timed inside one process (``read_status`` alone, no
+interpreter start). ``--baseline-from`` bakes another checkout of the template (e.g.
+``/work/main`` before #27) and runs its ``dlq list`` on a tenth of the dead letters,
+side by side. Writes ``bench/results/console_bench-<UTC>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+from cookiecutter.main import cookiecutter
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _results  # noqa: E402
+import _workers  # noqa: E402
+
+DEAD_QUEUE = "reports"
+BATCH = 20_000
+
+
+def fill(client: redis.Redis, count: int) -> None:
+    """``count`` waiting messages and ``count`` dead letters (2 reasons x 3 actors)."""
+    now = int(time.time() * 1000)
+    for start in range(0, count, BATCH):
+        pipe = client.pipeline(transaction=False)
+        for index in range(start, min(count, start + BATCH)):
+            waiting = f"w{index:07d}"
+            body = json.dumps({
+                "queue_name": _workers.QUEUE, "actor_name": "send_notification",
+                "args": [index], "kwargs": {}, "options": {"redis_message_id": waiting},
+                "message_id": waiting, "message_timestamp": now - 60_000,
+            })
+            pipe.hset(f"{_workers.NS}:{_workers.QUEUE}.msgs", waiting, body)
+            pipe.rpush(f"{_workers.NS}:{_workers.QUEUE}", waiting)
+            dead = f"d{index:07d}"
+            letter = json.dumps({
+                "queue_name": DEAD_QUEUE, "actor_name": f"build_report_{index % 3}",
+                "args": [index], "kwargs": {}, "message_id": dead,
+                "message_timestamp": now - 3_600_000,
+                "options": {"redis_message_id": dead, "dead_letter_reason":
+                            "KeyError: 'q3'" if index % 2 else "TimeoutError: partner"},
+            })
+            pipe.zadd(f"{_workers.NS}:{DEAD_QUEUE}.XQ", {dead: now - count + index})
+            pipe.hset(f"{_workers.NS}:{DEAD_QUEUE}.XQ.msgs", dead, letter)
+        pipe.execute()
+
+
+def simulate(client: redis.Redis, processes: int) -> None:
+    """``processes`` worker processes as Recovery publishes them: heartbeat, record, acks."""
+    seconds, _ = client.time()
+    now = int(seconds) * 1000
+    pipe = client.pipeline(transaction=False)
+    for index in range(processes):
+        broker_id = f"bench-{index:03d}"
+        jobs = [{"queue": _workers.QUEUE, "redis_id": f"w{index:03d}{slot}",
+                 "message_id": f"m{index}{slot}", "actor": "send_notification",
+                 "started_ms": now - 1000 * slot} for slot in range(4)]
+        record = {"pool": "interactive", "host": f"orders-worker-{index // 2}", "pid": 100 + index,
+                  "queues": [_workers.QUEUE], "concurrency": 4, "started_ms": now, "jobs": jobs}
+        pipe.zadd(f"{_workers.NS}:__heartbeats__", {broker_id: now})
+        pipe.set(f"{_workers.NS}:__process__.{broker_id}", json.dumps(record), px=600_000)
+        pipe.sadd(f"{_workers.NS}:__acks__.{broker_id}.{_workers.QUEUE}",
+                  *[job["redis_id"] for job in jobs])
+    pipe.execute()
+
+
+def measure(project: Path, env: dict[str, str], *args: str) -> dict[str, Any]:
+    """Run ``python -m <package> *args``: wall seconds, peak RSS (MB), exit code, output size."""
+    started = time.perf_counter()
+    with tempfile.TemporaryFile() as out:
+        child = subprocess.Popen([_workers.PYTHON, "-m", _workers.package_of(project), *args],
+                                 cwd=project, env=env, stdout=out, stderr=subprocess.DEVNULL)
+        _, status, usage = os.wait4(child.pid, 0)
+        wall = time.perf_counter() - started
+        child.returncode = os.waitstatus_to_exitcode(status)
+        size = out.tell()
+        out.seek(max(0, size - 300))
+        tail = out.read().decode(errors="replace").strip().splitlines()[-1:]
+    return {"args": list(args), "wall_s": round(wall, 3), "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),
+            "exit": child.returncode, "output_bytes": size, "last_line": tail[0] if tail else ""}
+
+
+IN_PROCESS = """
+import json, sys, time
+import redis
+from {package}.status import read_status, pools_queues
+client = redis.Redis.from_url(sys.argv[1])
+queues = pools_queues()
+times = []
+for _ in range(5):
+    start = time.perf_counter()
+    status = read_status(client, queues)
+    times.append(time.perf_counter() - start)
+print(json.dumps({{"best_s": min(times), "median_s": sorted(times)[2],
+                  "processes": len(status.processes),
+                  "jobs": sum(len(p.jobs) for p in status.processes)}}))
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=1_000_000)
+    parser.add_argument("--processes", type=int, default=50)
+    parser.add_argument("--baseline-from", type=Path, help="another checkout of the template")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        project = _workers.bake(root / "bake", database="none")
+        server = _workers.redis_server(root / "redis")
+        try:
+            client = redis.Redis.from_url(server.url)
+            started = time.perf_counter()
+            fill(client, args.messages)
+            simulate(client, args.processes)
+            print(f"filled {args.messages:,} + {args.messages:,} and {args.processes} processes "
+                  f"in {time.perf_counter() - started:.0f} s; Redis uses "
+                  f"{client.info('memory')['used_memory'] / 2**20:.0f} MiB", flush=True)
+            env = _workers.foreign_free_env(_workers.project_env(project, REDIS_URL=server.url))
+            results: dict[str, Any] = {"messages": args.messages, "processes": args.processes}
+            inner = subprocess.run(
+                [_workers.PYTHON, "-c", IN_PROCESS.format(package=_workers.PACKAGE), server.url],
+                cwd=project, env=env, capture_output=True, text=True, check=True)
+            results["status_read"] = json.loads(inner.stdout)
+            print("status read_status:", results["status_read"], flush=True)
+            for name, command in (("status", ("status",)), ("status_json", ("status", "--json")),
+                                  ("dlq_list", ("dlq", "list", "--queue", DEAD_QUEUE)),
+                                  ("dlq_list_json", ("dlq", "list", "--queue", DEAD_QUEUE,
+                                                     "--json"))):
+                results[name] = measure(project, env, *command)
+                print(name, results[name], flush=True)
+            if args.baseline_from:
+                base = Path(cookiecutter(str(args.baseline_from), no_input=True,
+                                         output_dir=str(root / "base"),
+                                         extra_context={"database": "none"}))
+                tenth = args.messages // 10
+                client.zremrangebyrank(f"{_workers.NS}:{DEAD_QUEUE}.XQ", tenth, -1)
+                base_env = _workers.foreign_free_env(_workers.project_env(base, REDIS_URL=server.url))
+                results["baseline_letters"] = tenth
+                results["baseline_dlq_list"] = measure(base, base_env, "dlq", "list", "--queue",
+                                                       DEAD_QUEUE)
+                results["dlq_list_at_baseline"] = measure(project, env, "dlq", "list", "--queue",
+                                                          DEAD_QUEUE)
+                print("baseline", results["baseline_dlq_list"], results["dlq_list_at_baseline"])
+        finally:
+            server.stop()
+    _results.write("console_bench", results)
+
+
+if __name__ == "__main__":
+    main()

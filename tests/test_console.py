@@ -1,0 +1,241 @@
+"""The web console (``console``) of a baked service in a real headless Chromium.
+
+Debian's ``chromium`` (``.ci/run`` installs it) driven by Playwright for Python, against a
+real redis-server and a real worker: the overview shows a queue's depth and a running
+job; a dead letter is replayed with the token and refused without it (and by a read-only
+console, whatever is posted to it); a hostile job argument and traceback (``<script>``,
+``<img onerror>``) are shown as text and never run. Every response carries the security
+headers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from _lifecycle import QUEUE, Jobs, Worker, get, lc_project, started, wait_for
+from bakery import PYTHON, free_port, package_of, project_env
+from dramatiq import Message
+
+__all__ = ["lc_project"]
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+TOKEN = "s3cret-token"
+HOSTILE = "<script>document.title='pwned';window.pwned=1</script><img src=x onerror=alert(1)>"
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if not os.path.exists(CHROMIUM):
+        if os.environ.get("CI"):
+            pytest.fail(f"{CHROMIUM} is missing: .ci/run installs Debian's chromium")
+        pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        found = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield found
+        found.close()
+
+
+class Console:
+    """``python -m <package> console --port P`` with ``env``; killed at teardown."""
+
+    def __init__(self, project: Path, redis_url: str, directory: Path, **env: str) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = directory / "console.log"
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [PYTHON, "-m", package_of(project), "console", "--port", str(self.port)],
+                cwd=project, env=project_env(project, REDIS_URL=redis_url, **env), stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True)
+        wait_for(lambda: self._answers(), 30, "the console to answer")
+
+    def _answers(self) -> bool:
+        if self.process.poll() is not None:
+            raise AssertionError(f"the console exited: {self.log_path.read_text()}")
+        try:
+            return get(self.url + "/")[0] == 200
+        except OSError:
+            return False
+
+    def records(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.log_path.read_text().splitlines()
+                if line.startswith("{")]
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait(timeout=10)
+
+
+@pytest.fixture
+def consoles(lc_project: Path, redis_url: str, tmp_path: Path) -> Iterator[Any]:
+    made: list[Console] = []
+
+    def start(**env: str) -> Console:
+        made.append(Console(lc_project, redis_url, tmp_path / f"console{len(made)}", **env))
+        return made[-1]
+
+    yield start
+    for console in made:
+        console.stop()
+
+
+def kill_letter(client: redis.Redis, queue: str, actor: str, *args: Any, reason: str,
+                traceback: str | None = None) -> str:
+    """A dead letter of ``queue`` as the worker leaves one; returns its redis id."""
+    message: Message[Any] = Message(queue_name=queue, actor_name=actor, args=args, kwargs={},
+                                    options={})
+    redis_id = message.message_id
+    options = {"redis_message_id": redis_id, "dead_letter_reason": reason, "retries": 4}
+    if traceback:
+        options["traceback"] = traceback
+    client.zadd(f"dramatiq:{queue}.XQ", {redis_id: int(time.time() * 1000)})
+    client.hset(f"dramatiq:{queue}.XQ.msgs", redis_id, message.copy(options=options).encode())
+    return redis_id
+
+
+def test_the_overview_shows_a_queue_depth_and_a_running_job(
+        browser: Any, consoles: Any, lc_project: Path, redis_url: str, tmp_path: Path) -> None:
+    jobs = Jobs(redis_url)
+    for process in started(lambda: Worker(lc_project, redis_url, tmp_path / "w",
+                                          WORKER_CONCURRENCY="1", WORKER_PREFETCH="1",
+                                          WORKER_HEARTBEAT_TIMEOUT_MS="2000")):
+        worker = process()
+        wait_for(lambda: worker.children(), 30, "the worker process")
+        jobs.many("lc_long", 4, 60)
+        wait_for(lambda: jobs.starts("j0"), 30, "the first job to start")
+        console = consoles()
+        page = browser.new_page()
+        try:
+            def shown() -> bool:
+                page.goto(console.url + "/")
+                row = page.locator("table").first.locator("tr", has_text=QUEUE)
+                return ("lc_long for" in page.inner_text("body")
+                        and row.locator("td").nth(1).inner_text() == "3")
+            wait_for(shown, 15, "the overview to show 3 waiting and lc_long running")
+            body = page.inner_text("body")
+            assert "interactive" in body and str(worker.children()[0]) in body
+            assert "Read-only: set CONSOLE_TOKEN" in body
+            in_flight = page.locator("table").first.locator("tr", has_text=QUEUE).locator("td")
+            assert in_flight.nth(4).inner_text() == "1"
+        finally:
+            page.close()
+
+
+def test_a_dead_letter_is_replayed_with_the_token_and_refused_without_it(
+        browser: Any, consoles: Any, redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    kept = kill_letter(client, "reports", "build_report", 1, reason="KeyError: 'q3'")
+    chosen = kill_letter(client, "reports", "build_report", 2, reason="KeyError: 'q4'")
+    console = consoles(CONSOLE_TOKEN=TOKEN)
+    page = browser.new_page()
+    try:
+        page.goto(f"{console.url}/dead?queue=reports")
+        assert "2 dead letters on reports" in page.inner_text("body")
+
+        def submit(token: str, confirm: bool = True) -> int:
+            page.goto(f"{console.url}/dead?queue=reports")
+            page.check(f"input[name=id][value='{chosen}']")
+            page.fill("input[name=who]", "alice")
+            page.fill("input[name=token]", token)
+            if confirm:
+                page.check("input[name=confirm]")
+            with page.expect_response(lambda r: r.url.endswith("/dead/act")) as response:
+                page.click("button[value=replay]")
+            return int(response.value.status)
+
+        assert submit("wrong-token") == 403
+        assert "Refused: wrong or missing token; nothing was changed" in page.inner_text("body")
+        assert client.zcard("dramatiq:reports.XQ") == 2 and client.llen("dramatiq:reports") == 0
+
+        assert submit(TOKEN) == 200
+        assert "Replayed 1 of 1 selected dead letters" in page.inner_text("body")
+        assert client.zrange("dramatiq:reports.XQ", 0, -1) == [kept.encode()]
+        [new_id] = client.lrange("dramatiq:reports", 0, -1)
+        replayed = Message.decode(client.hget("dramatiq:reports.msgs", new_id))
+        assert replayed.args == (2,) and replayed.options["replays"] == 1
+        actions = [r for r in console.records() if r.get("event") == "console_action"]
+        assert [(r["outcome"], r["who"], r["ids"]) for r in actions] == [
+            ("refused", "alice", [chosen]), ("replayed", "alice", [chosen])]
+        assert all(r["remote"] == "127.0.0.1" for r in actions)
+    finally:
+        page.close()
+
+    # A read-only console shows no form and refuses a crafted post, token or not.
+    read_only = consoles()
+    page = browser.new_page()
+    try:
+        page.goto(f"{read_only.url}/dead?queue=reports")
+        assert page.locator("input[name=token]").count() == 0
+        assert "Read-only" in page.inner_text("body")
+        crafted = page.request.post(f"{read_only.url}/dead/act", form={
+            "queue": "reports", "id": kept, "token": TOKEN, "confirm": "yes", "who": "mallory",
+            "action": "purge"})
+        assert crafted.status == 403 and "read-only" in crafted.text()
+        assert client.zrange("dramatiq:reports.XQ", 0, -1) == [kept.encode()]
+    finally:
+        page.close()
+
+
+def test_a_hostile_argument_and_traceback_are_shown_inert(
+        browser: Any, consoles: Any, redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    redis_id = kill_letter(client, "reports", "build_report", HOSTILE, reason=HOSTILE,
+                           traceback=f"Traceback (most recent call last):\n</pre>{HOSTILE}")
+    console = consoles(CONSOLE_TOKEN=TOKEN)
+    page = browser.new_page()
+    dialogs: list[str] = []
+    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+    try:
+        for path in ("/dead?queue=reports", f"/dead/show?queue=reports&id={redis_id}",
+                     "/dead/summary?queue=reports"):
+            response = page.goto(console.url + path)
+            assert response is not None and response.status == 200, path
+            headers = response.headers
+            assert headers["content-security-policy"].startswith("default-src 'none'"), path
+            assert headers["x-frame-options"] == "DENY"
+            assert headers["x-content-type-options"] == "nosniff"
+            assert "<script>document.title='pwned'" in page.inner_text("body"), path
+            assert page.locator("script").count() == 0, path
+            assert page.locator("img").count() == 0, path
+            assert page.title() != "pwned" and page.evaluate("window.pwned") is None, path
+        page.goto(f"{console.url}/dead/show?queue=reports&id={redis_id}")
+        show = page.locator("pre").first.inner_text()
+        assert show.startswith("Traceback (most recent call last):\n</pre><script>"), show
+        assert dialogs == []
+    finally:
+        page.close()
+
+
+def test_the_console_binds_localhost_and_names_a_busy_port(lc_project: Path,
+                                                           redis_url: str) -> None:
+    done = subprocess.run([PYTHON, "-m", package_of(lc_project), "console", "--help"],
+                          cwd=lc_project, env=project_env(lc_project), capture_output=True,
+                          text=True, timeout=30)
+    assert "--host" in done.stdout and "127.0.0.1" in done.stdout and "9292" in done.stdout
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        refused = subprocess.run(
+            [PYTHON, "-m", package_of(lc_project), "console", "--port", str(port)],
+            cwd=lc_project, env=project_env(lc_project, REDIS_URL=redis_url),
+            capture_output=True, text=True, timeout=30)
+    assert refused.returncode == 78
+    assert f"console: cannot listen on 127.0.0.1:{port}" in refused.stderr
