@@ -116,6 +116,27 @@ def capacity(results: dict[str, Any]) -> Iterator[Row]:
            f"4 vs 1 thread: {_f(gain(cpu))} x / {_f(gain(io))} x")
 
 
+def console(results: dict[str, Any]) -> Iterator[Row]:
+    scale = f"{results['messages']:,} waiting + dead, {results['processes']} processes"
+    read = results["status_read"]
+    status = results["status"]
+    yield (f"`status` with {scale}: read (command, interpreter start included)",
+           f"{read['median_s'] * 1000:.0f} ms", f"command {_f(status['wall_s'])} s, "
+           f"{status['peak_rss_mb']:.0f} MB peak", "")
+    listing = results["dlq_list"]
+    row = (f"`dlq list` of {results['messages']:,} dead letters (oldest 100, summary)",
+           f"{listing['wall_s']:.1f} s, {listing['peak_rss_mb']:.0f} MB peak")
+    base = results.get("baseline_dlq_list")
+    if base:
+        now = results["dlq_list_at_baseline"]
+        letters = f"{results['baseline_letters']:,}"
+        yield (*row, f"before #27 at {letters}: {base['wall_s']:.1f} s, "
+               f"{base['peak_rss_mb']:.0f} MB", f"at {letters}: {now['wall_s']:.1f} s, "
+               f"{now['peak_rss_mb']:.0f} MB")
+    else:
+        yield (*row, "", "")
+
+
 SUMMARIES: dict[str, Callable[[dict[str, Any]], Iterator[Row]]] = {
     "throughput_bench": throughput,
     "call_count": calls,
@@ -125,6 +146,7 @@ SUMMARIES: dict[str, Callable[[dict[str, Any]], Iterator[Row]]] = {
     "idle_cost": idle,
     "bake_bench": bake,
     "capacity_bench": capacity,
+    "console_bench": console,
 }
 
 
