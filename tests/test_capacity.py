@@ -112,6 +112,9 @@ def test_io_bound_handler_keeps_rising(service: Path, redis_url: str) -> None:
                         "level, best of 3 rounds")
     assert lines[2].split() == ["concurrency", "jobs/s", "gain", "rounds"]
     assert [line.split()[0] for line in lines[3:6]] == ["1", "2", "4"]
+    # Rounds 1 and 2 say how far they are (stderr) before the rows of round 3.
+    progress = [line.rsplit(",", 1)[0] for line in result.stderr.splitlines()]
+    assert progress == [f"round {r} of 3: concurrency {c}" for r in (1, 2) for c in (1, 2, 4)]
     assert lines[-1].startswith(("throughput still rises at concurrency 4",
                                  "throughput stops rising at concurrency ")), lines[-1]
     for line in lines[3:6]:  # a level is its best round, and every round is shown

@@ -494,6 +494,13 @@ def run(args: argparse.Namespace) -> int:
         for number in range(1, args.rounds + 1):
             for concurrency in args.concurrency:
                 measured[concurrency].append(measure(client, probe, pool, concurrency))
+                if number < args.rounds and not args.json:  # progress, before the rows
+                    print(
+                        f"round {number} of {args.rounds}: concurrency {concurrency}, "
+                        f"{measured[concurrency][-1]:.1f} jobs/s",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 if number == args.rounds and not args.json:  # the level's row is complete
                     so_far = {c: rates for c, rates in measured.items() if c <= concurrency}
                     level = with_gains(so_far)[-1]
