@@ -10,8 +10,10 @@ job it runs now with its actor and running time, and the age of its last heartbe
 Everything comes from Redis (a process publishes its record with its heartbeat,
 :func:`.layout.process_key`), in three round trips whatever the queues hold: one
 backlog call, the heartbeats, then each process's record and acks-set sizes. A process
-whose record expired (silent for a heartbeat timeout) is shown as silent until the
-recovery of the live workers forgets it. Times are Redis's clock.
+whose record expired (silent for a heartbeat timeout) is shown as silent while it still
+holds deliveries, until the recovery of the live workers takes them; a heartbeat with
+neither (a producer's: Dramatiq's enqueue writes one, or a process that stopped cleanly)
+is not a worker process and is not shown. Times are Redis's clock.
 
 Needs ``REDIS_URL`` and pools.toml only, never a worker setting. Exit codes: ``EX_OK``,
 ``EX_FAILURE`` when Redis is unreachable (one line), ``EX_CONFIG`` bad configuration.
@@ -147,7 +149,11 @@ def read_status(client: redis.Redis, queues: Sequence[str]) -> Status:
             for each in backlog
         ],
         processes=sorted(
-            (_process(now_ms, member) for member in fleet),
+            (
+                _process(now_ms, member)
+                for member in fleet
+                if member.record is not None or any(member.held.values())
+            ),
             key=lambda process: (process.silent, process.pool, process.host, process.pid or 0),
         ),
     )
