@@ -361,10 +361,11 @@ class Console:
             for letter in _found(self.client, queue, redis_id, self.max_bytes)
         ]
         if action == "replay":
+            now_ms = layout.redis_now_ms(self.client)  # a replay is stamped on Redis's clock
             moves, problems = [], []
             for letter in letters:
                 try:
-                    message = dlq.fresh_copy(letter)
+                    message = dlq.fresh_copy(letter, now_ms)
                 except dlq.DeadLetterError as error:
                     problems.append(str(error))
                     continue
