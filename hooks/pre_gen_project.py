@@ -56,8 +56,8 @@ DEPENDENCY_DISTRIBUTIONS = frozenset({
     "psycopg-pool", "pydantic", "pydantic-core", "pydantic-settings", "pygments",
     "pyseccomp", "pytest", "pytest-timeout", "python-dateutil", "python-discovery",
     "python-dotenv", "pyyaml", "redis", "requests", "rich", "ruff", "sortedcontainers",
-    "types-croniter", "typing-extensions", "typing-inspection", "tzdata", "urllib3",
-    "virtualenv", "wrapt",
+    "types-croniter", "types-pyyaml", "typing-extensions", "typing-inspection", "tzdata",
+    "urllib3", "uv", "virtualenv", "wrapt",
 })
 DEPENDENCY_MODULES = frozenset({
     "annotated_types", "ast_serialize", "certifi", "cfgv", "charset_normalizer", "click",
@@ -69,7 +69,7 @@ DEPENDENCY_MODULES = frozenset({
     "psycopg_pool", "py", "pydantic", "pydantic_core", "pydantic_settings", "pygments",
     "pyseccomp", "pytest", "pytest_timeout", "python_discovery", "redis", "requests",
     "rich", "ruff", "sortedcontainers", "src", "test", "tests", "typing_extensions",
-    "typing_inspection", "tzdata", "urllib3", "virtualenv", "wrapt", "yaml",
+    "typing_inspection", "tzdata", "urllib3", "uv", "virtualenv", "wrapt", "yaml",
 })
 # END generated
 

@@ -208,3 +208,39 @@ def test_ci_actions_are_pinned_by_commit_and_kept_current(project: Path) -> None
     config = yaml.safe_load((project / ".github" / "dependabot.yml").read_text())
     covered = {(u["package-ecosystem"], u["directory"]) for u in config["updates"]}
     assert {("github-actions", "/"), ("docker", "/"), ("pip", "/"), ("pip", "/infra")} <= covered
+
+
+@pytest.mark.slow
+def test_make_lock_pins_what_make_install_the_image_and_ci_install(tmp_path: Path) -> None:
+    """A fresh bake installs from pyproject.toml's ranges and says to run `make lock`;
+    `make lock` writes requirements.lock and requirements-dev.lock (uv, universal), every
+    dependency pinned; `make install` then installs exactly those versions, and the
+    Dockerfile and CI install from the lock files too."""
+    project = bake_project(tmp_path, project="lock-worker")
+    done = make(project, "install", timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "no requirements-dev.lock yet" in done.stdout and "make lock" in done.stdout
+    done = make(project, "lock", timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    pins = {}
+    for name in ("requirements.lock", "requirements-dev.lock"):
+        lines = [line.split(";")[0].strip() for line in (project / name).read_text().splitlines()
+                 if line and not line.startswith((" ", "#"))]
+        assert lines and all("==" in line for line in lines), lines
+        pins[name] = dict(line.split("==") for line in lines)
+    assert "pytest" in pins["requirements-dev.lock"] and "pytest" not in pins["requirements.lock"]
+    assert {"dramatiq", "redis", "pydantic", "psycopg"} <= set(pins["requirements.lock"])
+    done = make(project, "install", timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "install: the versions of requirements-dev.lock" in done.stdout
+    freeze = subprocess.run([str(project / ".venv" / "bin" / "python"), "-m", "pip", "freeze"],
+                            capture_output=True, text=True, timeout=120, check=True).stdout
+    installed = dict(line.split("==") for line in freeze.splitlines() if "==" in line)
+    for name in ("pydantic", "redis", "pytest", "mypy"):
+        assert installed[name] == pins["requirements-dev.lock"][name], name
+    dockerfile = (project / "Dockerfile").read_text()
+    assert "COPY pyproject.toml requirements.loc[k] ./" in dockerfile
+    assert "-r requirements.lock" in dockerfile
+    assert "!requirements.lock" in (project / ".dockerignore").read_text().splitlines()
+    ci = (project / ".github" / "workflows" / "ci.yml").read_text()
+    assert "pip install -e" not in ci and ci.count("make install PYTHON=python") == 2
