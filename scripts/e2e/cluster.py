@@ -1,0 +1,609 @@
+#!/usr/bin/env python3
+"""A real, steady Kubernetes control plane on loopback for ``make e2e``, with fake nodes.
+
+Processes (each on a free loopback port, logs in ``<workdir>/logs/``):
+
+- etcd (Debian's ``etcd-server``);
+- kube-apiserver: token authentication (a token file; every client gets a kubeconfig with
+  its own token), RBAC, the admission plugins a production cluster runs (NamespaceLifecycle,
+  LimitRanger, ServiceAccount, PodSecurity, ResourceQuota, Priority, RuntimeClass; the
+  default set besides) but not TaintNodesByCondition, which taints a new node not-ready;
+- kube-controller-manager without the node lifecycle controller (under load it judged the
+  fake node NotReady and marked every pod not Ready: #33), so the cluster is steady;
+- kube-scheduler;
+- kwok (``--manage-all-nodes``): one Node, annotated ``kwok.x-k8s.io/node: fake``, whose
+  pods kwok marks Running and Ready :data:`POD_READY_MS` after scheduling and removes
+  :data:`POD_DRAIN_MS` after deletion (nothing runs; admission, scheduling, ReplicaSets,
+  quotas and rollouts are Kubernetes' own).
+
+:meth:`Cluster.install_crds` adds the KEDA and Prometheus Operator CRDs the stacks use
+(:data:`CRDS`; a bare cluster first shows the preflight's refusal): structural CRDs
+that keep unknown fields (``x-kubernetes-preserve-unknown-fields``); their fields are
+checked strictly against the projects' own schemas by the render tests
+(``worker_infra.policy.validate_strict``), not here.
+
+:class:`Cluster` is a context manager: every process it started is stopped (SIGTERM, then
+SIGKILL after :data:`STOP_GRACE_S`) when the block ends, by success, failure or Ctrl-C; each
+child also gets SIGKILL from the kernel if this process dies (``PR_SET_PDEATHSIG``), so a
+killed harness leaves nothing running.
+
+Run alone (``python3 scripts/e2e/cluster.py``) it starts the cluster, prints the
+kubeconfig's path and waits for Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: Seconds a stopped process gets between SIGTERM and SIGKILL.
+STOP_GRACE_S = 10
+#: Seconds each component may take to answer its health check.
+START_TIMEOUT_S = 180
+#: The fake node (kwok runs its pods).
+NODE = "kwok-node-0"
+#: Capacity of the fake node: ample, so only quotas and admission refuse pods.
+NODE_CAPACITY = {"cpu": "64", "memory": "256Gi", "pods": "250"}
+#: Service CIDR of the API server (no Service is ever reached: kwok runs no network).
+SERVICE_CIDR = "10.96.0.0/16"
+#: Admission plugins enabled besides the API server's defaults; and the one turned off.
+ADMISSION = (
+    "NamespaceLifecycle,LimitRanger,ServiceAccount,PodSecurity,ResourceQuota,Priority,"
+    "RuntimeClass"
+)
+NO_ADMISSION = "TaintNodesByCondition"
+#: Controllers of kube-controller-manager that are off: the node lifecycle controller (it
+#: taints and evicts by node heartbeats; the fake node's are not the point).
+CONTROLLERS = "*,-node-lifecycle-controller"
+
+#: (group, plural, kind, versions, scope) of the CRDs the stacks use.
+CRDS: tuple[tuple[str, str, str, tuple[str, ...], str], ...] = (
+    ("keda.sh", "scaledobjects", "ScaledObject", ("v1alpha1",), "Namespaced"),
+    ("keda.sh", "triggerauthentications", "TriggerAuthentication", ("v1alpha1",), "Namespaced"),
+    ("keda.sh", "clustertriggerauthentications", "ClusterTriggerAuthentication", ("v1alpha1",),
+     "Cluster"),
+    ("monitoring.coreos.com", "podmonitors", "PodMonitor", ("v1",), "Namespaced"),
+    ("monitoring.coreos.com", "servicemonitors", "ServiceMonitor", ("v1",), "Namespaced"),
+    ("monitoring.coreos.com", "prometheusrules", "PrometheusRule", ("v1",), "Namespaced"),
+)
+
+
+#: kwok's pod stages (its "fast" pod-ready, after a delay, and a pod-delete that keeps a
+#: deleted pod for a fixed drain): a pod is Ready :data:`POD_READY_MS` after it is
+#: scheduled and gone :data:`POD_DRAIN_MS` after it is deleted, so a rollout's old pods
+#: exist (and count against quotas) for a while, as a draining worker does.
+POD_READY_MS = 2000
+POD_DRAIN_MS = 5000
+KWOK_STAGES = """\
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: pod-ready
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchExpressions:
+    - key: '.metadata.deletionTimestamp'
+      operator: 'DoesNotExist'
+    - key: '.status.podIP'
+      operator: 'DoesNotExist'
+  delay:
+    durationMilliseconds: @READY@
+  next:
+    statusTemplate: |
+      {{ $now := Now }}
+
+      conditions:
+      - lastTransitionTime: {{ $now | Quote }}
+        status: "True"
+        type: Initialized
+      - lastTransitionTime: {{ $now | Quote }}
+        status: "True"
+        type: Ready
+      - lastTransitionTime: {{ $now | Quote }}
+        status: "True"
+        type: ContainersReady
+      {{ range .spec.readinessGates }}
+      - lastTransitionTime: {{ $now | Quote }}
+        status: "True"
+        type: {{ .conditionType | Quote }}
+      {{ end }}
+
+      containerStatuses:
+      {{ range .spec.containers }}
+      - image: {{ .image | Quote }}
+        name: {{ .name | Quote }}
+        ready: true
+        restartCount: 0
+        state:
+          running:
+            startedAt: {{ $now | Quote }}
+      {{ end }}
+
+      initContainerStatuses:
+      {{ range .spec.initContainers }}
+      - image: {{ .image | Quote }}
+        name: {{ .name | Quote }}
+        ready: true
+        restartCount: 0
+        {{ if eq .restartPolicy "Always" }}
+        started: true
+        state:
+          running:
+            startedAt: {{ $now | Quote }}
+        {{ else }}
+        state:
+          terminated:
+            exitCode: 0
+            finishedAt: {{ $now | Quote }}
+            reason: Completed
+            startedAt: {{ $now | Quote }}
+        {{ end }}
+      {{ end }}
+
+      hostIP: {{ NodeIPWith .spec.nodeName | Quote }}
+      podIP: {{ PodIPWith .spec.nodeName ( or .spec.hostNetwork false ) ( or .metadata.uid "" ) ( or .metadata.name "" ) ( or .metadata.namespace "" ) | Quote }}
+      phase: Running
+      startTime: {{ $now | Quote }}
+---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: pod-delete
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchExpressions:
+    - key: '.metadata.deletionTimestamp'
+      operator: 'Exists'
+  delay:
+    durationMilliseconds: @DRAIN@
+  next:
+    finalizers:
+      empty: true
+    delete: true
+""".replace("@READY@", str(POD_READY_MS)).replace("@DRAIN@", str(POD_DRAIN_MS))
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the parent dies (Linux ``PR_SET_PDEATHSIG``),
+    and a session of its own (Ctrl-C in a terminal reaches the harness, which stops it)."""
+    os.setsid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+@dataclass(frozen=True)
+class Binaries:
+    """Where the engines are (``scripts/e2e/build.py --bin-dirs`` folders, or PATH)."""
+
+    dirs: tuple[Path, ...] = ()
+
+    def find(self, name: str) -> str:
+        for d in self.dirs:
+            if (d / name).is_file():
+                return str(d / name)
+        for d in os.environ.get("PATH", "").split(os.pathsep):
+            if d and (Path(d) / name).is_file():
+                return str(Path(d) / name)
+        raise FileNotFoundError(f"{name}: not built (make e2e-build) and not on PATH")
+
+
+@dataclass
+class Process:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+
+@dataclass
+class Cluster:
+    """The control plane and a kwok node, as a context manager (see the module doc).
+
+    Parameters:
+      binaries: where kube-apiserver & co and kwok are.
+      workdir: folder for data, certificates, kubeconfigs and logs (default: a new
+        temporary folder, removed at the end unless ``keep``).
+      say: progress lines (default: print to stderr).
+    """
+
+    binaries: Binaries = field(default_factory=Binaries)
+    workdir: Path | None = None
+    keep: bool = False
+    say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)
+    processes: list[Process] = field(default_factory=list)
+    server: str = ""
+    token: str = ""
+    _tmp: tempfile.TemporaryDirectory[str] | None = None
+
+    # ---- lifecycle --------------------------------------------------------------------
+
+    def __enter__(self) -> Cluster:
+        if self.workdir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="e2e-cluster-")
+            self.workdir = Path(self._tmp.name)
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def dir(self) -> Path:
+        assert self.workdir is not None
+        return self.workdir
+
+    @property
+    def kubeconfig(self) -> Path:
+        """The admin kubeconfig (token of the ``system:masters`` group)."""
+        return self.dir / "admin.kubeconfig"
+
+    def start(self) -> None:
+        (self.dir / "logs").mkdir(parents=True, exist_ok=True)
+        self._credentials()
+        self._etcd()
+        self._apiserver()
+        self._controllers()
+        self._kwok()
+
+    def stop(self) -> None:
+        """Stop every process this cluster started, newest first: SIGTERM to its process
+        group, SIGKILL after :data:`STOP_GRACE_S`."""
+        for proc in reversed(self.processes):
+            if proc.popen.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.popen.pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for proc in reversed(self.processes):
+            try:
+                proc.popen.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.popen.pid, signal.SIGKILL)
+                proc.popen.wait()
+        self.processes.clear()
+        if self._tmp is not None and not self.keep:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def pids(self) -> list[int]:
+        return [p.popen.pid for p in self.processes]
+
+    # ---- pieces -----------------------------------------------------------------------
+
+    def _spawn(self, name: str, argv: Sequence[str]) -> Process:
+        log = self.dir / "logs" / f"{name}.log"
+        with log.open("ab") as out:
+            popen = subprocess.Popen(  # noqa: S603 (our own binaries, fixed arguments)
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 (no threads yet at this point)
+                cwd=self.dir,
+            )
+        proc = Process(name, popen, log)
+        self.processes.append(proc)
+        return proc
+
+    def _wait(self, proc: Process, what: str, ready: Callable[[], bool]) -> None:
+        started = time.monotonic()
+        deadline = started + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if proc.popen.poll() is not None:
+                tail = proc.log.read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"{proc.name} exited ({proc.popen.returncode}):\n{tail}")
+            with contextlib.suppress(Exception):
+                if ready():
+                    self.say(f"e2e: {what} ready in {time.monotonic() - started:.1f} s")
+                    return
+            time.sleep(0.5)
+        tail = proc.log.read_text(errors="replace")[-3000:]
+        raise TimeoutError(f"{what}: not ready after {START_TIMEOUT_S} s:\n{tail}")
+
+    def _credentials(self) -> None:
+        """Service-account signing key and one token per client."""
+        key, pub = self.dir / "sa.key", self.dir / "sa.pub"
+        subprocess.run(["openssl", "genrsa", "-out", str(key), "2048"], check=True,
+                       capture_output=True)
+        subprocess.run(["openssl", "rsa", "-in", str(key), "-pubout", "-out", str(pub)],
+                       check=True, capture_output=True)
+        self.tokens = {
+            user: os.urandom(16).hex()
+            for user in ("admin", "kube-controller-manager", "kube-scheduler", "kwok")
+        }
+        self.token = self.tokens["admin"]
+        lines = [
+            f'{token},{user},{user},"system:masters"' for user, token in self.tokens.items()
+        ]
+        (self.dir / "tokens.csv").write_text("\n".join(lines) + "\n")
+
+    def _kubeconfig(self, user: str, path: Path) -> Path:
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "e2e", "cluster": {"server": self.server,
+                                                     "insecure-skip-tls-verify": True}}],
+            "users": [{"name": user, "user": {"token": self.tokens[user]}}],
+            "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": user}}],
+            "current-context": "e2e",
+        }
+        path.write_text(json.dumps(config, indent=1))
+        return path
+
+    def _etcd(self) -> None:
+        client, peer = free_port(), free_port()
+        self.etcd_url = f"http://127.0.0.1:{client}"
+        proc = self._spawn("etcd", [
+            self.binaries.find("etcd"),
+            "--name", "e2e",
+            "--data-dir", str(self.dir / "etcd"),
+            "--listen-client-urls", self.etcd_url,
+            "--advertise-client-urls", self.etcd_url,
+            "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+            "--initial-cluster", f"e2e=http://127.0.0.1:{peer}",
+            "--listen-metrics-urls", f"http://127.0.0.1:{free_port()}",
+            "--quota-backend-bytes", str(2 * 1024**3),
+        ])
+
+        def healthy() -> bool:
+            with urllib.request.urlopen(f"{self.etcd_url}/health", timeout=2) as r:
+                return bool(json.loads(r.read())["health"] == "true")
+
+        self._wait(proc, "etcd", healthy)
+
+    def _get(self, url: str, token: str | None = None) -> tuple[int, bytes]:
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        request = urllib.request.Request(url)
+        if token:
+            request.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(request, timeout=5, context=context) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read()
+
+    def _apiserver(self) -> None:
+        port = free_port()
+        self.server = f"https://127.0.0.1:{port}"
+        proc = self._spawn("kube-apiserver", [
+            self.binaries.find("kube-apiserver"),
+            f"--etcd-servers={self.etcd_url}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={port}",
+            f"--cert-dir={self.dir / 'certs'}",
+            f"--token-auth-file={self.dir / 'tokens.csv'}",
+            "--authorization-mode=RBAC",
+            "--anonymous-auth=false",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={self.dir / 'sa.pub'}",
+            f"--service-account-signing-key-file={self.dir / 'sa.key'}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            f"--enable-admission-plugins={ADMISSION}",
+            f"--disable-admission-plugins={NO_ADMISSION}",
+            # The loopback address is no valid endpoint of the kubernetes Service.
+            "--endpoint-reconciler-type=none",
+            "--profiling=false",
+            "--v=1",
+        ])
+
+        def ready() -> bool:
+            status, body = self._get(f"{self.server}/readyz", self.tokens["admin"])
+            return status == 200 and body.strip() == b"ok"
+
+        self._wait(proc, "kube-apiserver", ready)
+        self._kubeconfig("admin", self.kubeconfig)
+        for user in ("kube-controller-manager", "kube-scheduler", "kwok"):
+            self._kubeconfig(user, self.dir / f"{user}.kubeconfig")
+
+    def _controllers(self) -> None:
+        kcm_port, sched_port = free_port(), free_port()
+        kcm_config = str(self.dir / "kube-controller-manager.kubeconfig")
+        kcm = self._spawn("kube-controller-manager", [
+            self.binaries.find("kube-controller-manager"),
+            f"--kubeconfig={kcm_config}",
+            f"--authentication-kubeconfig={kcm_config}",
+            f"--authorization-kubeconfig={kcm_config}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={kcm_port}",
+            "--leader-elect=false",
+            f"--controllers={CONTROLLERS}",
+            f"--service-account-private-key-file={self.dir / 'sa.key'}",
+            f"--root-ca-file={self.dir / 'certs' / 'apiserver.crt'}",
+            "--use-service-account-credentials=false",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--profiling=false",
+            "--v=1",
+        ])
+        sched_config = str(self.dir / "kube-scheduler.kubeconfig")
+        sched = self._spawn("kube-scheduler", [
+            self.binaries.find("kube-scheduler"),
+            f"--kubeconfig={sched_config}",
+            f"--authentication-kubeconfig={sched_config}",
+            f"--authorization-kubeconfig={sched_config}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={sched_port}",
+            "--leader-elect=false",
+            "--profiling=false",
+            "--v=1",
+        ])
+        for proc, port in ((kcm, kcm_port), (sched, sched_port)):
+            self._wait(
+                proc, proc.name,
+                lambda port=port: self._get(f"https://127.0.0.1:{port}/healthz")[0] == 200,
+            )
+
+    def _kwok(self) -> None:
+        port = free_port()
+        stages = self.dir / "kwok-stages.yaml"
+        stages.write_text(KWOK_STAGES)
+        proc = self._spawn("kwok", [
+            self.binaries.find("kwok"),
+            f"--config={stages}",
+            f"--kubeconfig={self.dir / 'kwok.kubeconfig'}",
+            "--manage-all-nodes=true",
+            f"--server-address=127.0.0.1:{port}",
+        ])
+        self._wait(proc, "kwok", lambda: self._get(f"http://127.0.0.1:{port}/healthz")[0] == 200)
+        self.api("POST", "/api/v1/nodes", {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": NODE,
+                "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+                "labels": {
+                    "kubernetes.io/hostname": NODE,
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": "amd64",
+                    "topology.kubernetes.io/zone": "e2e-a",
+                    "type": "kwok",
+                },
+            },
+            "spec": {},
+            "status": {"allocatable": NODE_CAPACITY, "capacity": NODE_CAPACITY},
+        })
+
+        def node_ready() -> bool:
+            node = self.api("GET", f"/api/v1/nodes/{NODE}")
+            conditions = {c["type"]: c["status"] for c in node["status"].get("conditions", [])}
+            taints = node["spec"].get("taints", [])
+            return conditions.get("Ready") == "True" and not taints
+
+        self._wait(proc, "fake node", node_ready)
+
+    def install_crds(self) -> None:
+        """The KEDA and Prometheus Operator CRDs (:data:`CRDS`), established."""
+        for group, plural, kind, versions, scope in CRDS:
+            self.api("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd(
+                group, plural, kind, versions, scope))
+        names = {f"{plural}.{group}" for group, plural, *_ in CRDS}
+
+        def established() -> bool:
+            items = self.api("GET", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions")
+            done = {
+                i["metadata"]["name"]
+                for i in items["items"]
+                if any(c["type"] == "Established" and c["status"] == "True"
+                       for c in i.get("status", {}).get("conditions", []))
+            }
+            return names <= done
+
+        self._wait(self.processes[1], "KEDA and Prometheus Operator CRDs", established)
+
+    # ---- the API --------------------------------------------------------------------
+
+    def api(self, method: str, path: str, body: Any = None) -> Any:
+        """One call to the API server as admin; the decoded answer (raises on >= 400)."""
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(f"{self.server}{path}", data=data, method=method)
+        request.add_header("Authorization", f"Bearer {self.token}")
+        if data is not None:
+            request.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(request, timeout=30, context=context) as r:
+                return json.loads(r.read() or b"null")
+        except urllib.error.HTTPError as error:
+            raise ApiError(error.code, error.read().decode(errors="replace")) from None
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, body: str) -> None:
+        super().__init__(f"{status}: {body[:2000]}")
+        self.status = status
+        self.body = body
+
+
+def crd(group: str, plural: str, kind: str, versions: Sequence[str], scope: str) -> dict[str, Any]:
+    """A structural CRD that keeps unknown fields (spec and status)."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+            "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+        },
+    }
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{group}"},
+        "spec": {
+            "group": group,
+            "scope": scope,
+            "names": {"plural": plural, "singular": kind.lower(), "kind": kind,
+                      "listKind": f"{kind}List"},
+            "versions": [
+                {"name": v, "served": True, "storage": i == 0,
+                 "schema": {"openAPIV3Schema": schema}, "subresources": {"status": {}}}
+                for i, v in enumerate(versions)
+            ],
+        },
+    }
+
+
+def binaries_from_cache() -> Binaries:
+    """The engines' folders of ``scripts/e2e/build.py`` (its cache), built or not."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import build
+
+    cache = build.cache_dir()
+    return Binaries(tuple(cache / "bin" / e.key for e in build.ENGINES.values()))
+
+
+@contextlib.contextmanager
+def running(**kwargs: Any) -> Iterator[Cluster]:
+    with Cluster(binaries=binaries_from_cache(), **kwargs) as cluster:
+        yield cluster
+
+
+def main() -> int:
+    """Start the cluster, print its kubeconfig's path, stop it on Ctrl-C (or SIGTERM)."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        with running(keep=False) as cluster:
+            cluster.install_crds()
+            print(cluster.kubeconfig, flush=True)
+            while True:
+                signal.pause()
+    except KeyboardInterrupt:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
