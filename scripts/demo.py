@@ -107,7 +107,7 @@ def main() -> int:
 
     broker = RedisBroker(url=url)
     run = uuid.uuid4().hex[:8]  # this run's ids: keys left by an earlier run never match
-    jobs = [("notifications", "send_notification", (n, "welcome", f"{run}-n{n}"))
+    jobs = [("notifications", "send_notification", (n + 1, "welcome", f"{run}-n{n}"))
             for n in range(20)]
     jobs += [("reports", "build_report", (f"{run}-report-{n}", 200_000)) for n in range(2)]
     jobs += [("payments", "capture_payment", (f"{run}-pay-{n}", 1000 + n)) for n in range(5)]

@@ -51,11 +51,13 @@ def test_payment_is_captured_once_and_rejects_bad_amounts(app: ModuleType) -> No
     from {{ cookiecutter.package }}.actors.payments import capture_payment
     from {{ cookiecutter.package }}.idempotency import is_done
 
-    capture_payment.fn("p-1", 500)
-    capture_payment.fn("p-1", 500)
+    capture_payment("p-1", 500)
+    capture_payment(payment_id="p-1", amount_cents=500)
     assert is_done("payment:p-1")
-    with pytest.raises(ValueError, match="must be positive"):
-        capture_payment.fn("p-2", 0)
+    with pytest.raises(ValueError, match="capture_payment: invalid arguments: amount_cents: "):
+        capture_payment("p-2", 0)
+    with pytest.raises(ValueError, match="capture_payment: invalid arguments: payment_id: "):
+        capture_payment.send(None, 500)
 
 
 def test_report_checkpoints_and_stops_on_shutdown(
@@ -66,14 +68,14 @@ def test_report_checkpoints_and_stops_on_shutdown(
 
     process = lifecycle.Lifecycle()
     monkeypatch.setattr(lifecycle, "LIFECYCLE", process)
-    assert len(build_report.fn("r-1", rows=50, chunk=10)) == 64
+    assert len(build_report("r-1", rows=50, chunk=10)) == 64
     process.request_shutdown()
     with pytest.raises(lifecycle.Requeue):
-        build_report.fn("r-2", rows=50, chunk=10)
+        build_report("r-2", rows=50, chunk=10)
 
 
 def test_partner_calls_are_rate_limited(app: ModuleType) -> None:
     from {{ cookiecutter.package }}.actors.partner import limiter, sync_customer
 
-    sync_customer.fn(1)
+    sync_customer(1)
     assert limiter().limit == 20

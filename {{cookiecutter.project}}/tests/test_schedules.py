@@ -3,6 +3,7 @@ against the test session's real Redis (the real-process tests live in the templa
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import tomllib
 from collections.abc import Iterator
@@ -75,7 +76,8 @@ def test_a_bad_schedule_is_refused_naming_the_schedule_and_key(
 def test_actor_problems_name_the_schedule_and_key() -> None:
     def job(report: str, rows: int = 1) -> None: ...
 
-    actors = {"job": ("reports", job), "stray": ("nowhere", job)}
+    fits = inspect.signature(job)
+    actors = {"job": ("reports", fits), "stray": ("nowhere", fits)}
     served = {"reports": "bulk"}.get
     problems = actor_problems(
         {

@@ -26,6 +26,7 @@ from dramatiq.middleware import (
 from . import layout, redisclient
 from .consumer import SettlingRedisBroker
 from .middleware import (
+    ArgumentModels,
     Attempts,
     CappedTimeLimit,
     ClockedAgeLimit,
@@ -51,7 +52,8 @@ POOL_ENV = "WORKER_POOL"
 
 def middleware_stack(settings: Settings) -> list[Middleware]:
     """Every middleware, in order. ``before_*`` hooks run top-down, ``after_*`` bottom-up,
-    so Attempts refuses an exhausted message before anything starts (ScheduleLock, next, skips
+    so Attempts refuses an exhausted message before anything starts (ArgumentModels, next,
+    dead-letters a typed actor's message whose arguments do not fit; ScheduleLock skips
     a scheduled run whose previous run still runs), Metrics sees the final outcome that
     CrashAwareRetries and GracefulShutdown decided, and CappedTimeLimit times the handler
     alone (its watchdog is disarmed first, before any ``after_*`` hook of the others runs);
@@ -61,6 +63,7 @@ def middleware_stack(settings: Settings) -> list[Middleware]:
     stack: list[Middleware] = [
         Tracing(),
         Attempts(settings.worker_max_attempts),
+        ArgumentModels(),
         ScheduleLock(),
         Metrics(settings.worker_concurrency, queues=settings.worker_queues),
         Progress(),

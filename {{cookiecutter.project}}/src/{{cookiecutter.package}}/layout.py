@@ -247,6 +247,8 @@ CRASHES: Final = "crashes"
 DEAD_LETTER_REASON: Final = "dead_letter_reason"
 #: Ours: how often ``dlq replay`` sent this message again.
 REPLAYS: Final = "replays"
+#: Ours: the schema version of a typed actor's arguments (:mod:`.typed`).
+SCHEMA_VERSION: Final = "schema_version"
 #: Counters in a message's options that must be integers when present.
 COUNTED_OPTIONS: Final = (RETRIES, CRASHES)
 

@@ -188,14 +188,15 @@ def tick_message_id(schedule: str, tick: int) -> str:
 
 def actor_problems(
     schedules: Mapping[str, Schedule],
-    actors: Mapping[str, tuple[str, Callable[..., Any]]],
+    actors: Mapping[str, tuple[str, inspect.Signature]],
     pool_of_queue: Callable[[str], str | None],
 ) -> list[str]:
     """Why the schedules cannot run with these actors: one line per problem, naming the key.
 
     Parameters:
       schedules: the ``[schedules.*]`` tables.
-      actors: actor name -> (queue name, function), e.g. from ``broker.actors``.
+      actors: actor name -> (queue name, what its arguments must fit), e.g. from
+        ``broker.actors`` (:func:`.typed.signature_of`).
       pool_of_queue: the pool that serves a queue, or None (``PoolsFile.pool_of_queue``).
     """
     problems = []
@@ -205,12 +206,11 @@ def actor_problems(
             known = ", ".join(sorted(actors)) or "none"
             problems.append(f"{key}.actor: {schedule.actor!r} is not an actor (actors: {known})")
             continue
-        queue, fn = actors[schedule.actor]
+        queue, signature = actors[schedule.actor]
         if pool_of_queue(queue) is None:
             problems.append(
                 f"{key}.actor: {schedule.actor!r} uses queue {queue!r}, which no pool serves"
             )
-        signature = inspect.signature(fn)
         try:
             signature.bind(*schedule.args, **schedule.kwargs)
         except TypeError as error:

@@ -13,6 +13,7 @@ import pkgutil
 from ..broker import broker
 from ..schedules import actor_problems
 from ..settings import pools, refuse
+from ..typed import signature_of
 
 
 def discover() -> list[str]:
@@ -46,7 +47,7 @@ def check_queues() -> None:
     declared = pools()
     problems = actor_problems(
         declared.schedules,
-        {name: (actor.queue_name, actor.fn) for name, actor in broker.actors.items()},
+        {name: (actor.queue_name, signature_of(actor)) for name, actor in broker.actors.items()},
         declared.pool_of_queue,
     )
     problems += [

@@ -7,6 +7,9 @@ import time
 import dramatiq
 from dramatiq.rate_limits import ConcurrentRateLimiter
 from dramatiq.rate_limits.backends import RedisBackend
+from pydantic import Field
+
+from ..typed import JobArguments, actor
 
 # The partner allows this many calls in flight across every replica (pools.toml partner_api).
 PARTNER_CONCURRENT_CALLS = 20
@@ -22,8 +25,14 @@ def limiter() -> ConcurrentRateLimiter:
     return _limiter
 
 
-@dramatiq.actor(queue_name="partner", max_retries=5, min_backoff=1_000)
-def sync_customer(customer_id: int) -> None:
+class CustomerSync(JobArguments):
+    """The arguments of :func:`sync_customer` (schema version 1)."""
+
+    customer_id: int = Field(gt=0)
+
+
+@actor(queue_name="partner", max_retries=5, min_backoff=1_000)
+def sync_customer(job: CustomerSync) -> None:
     """Push a customer to the partner; over the limit, raise so CrashAwareRetries backs off."""
     with limiter().acquire():
         time.sleep(0.01)  # stands in for the HTTP call; pass an idempotency key to the partner

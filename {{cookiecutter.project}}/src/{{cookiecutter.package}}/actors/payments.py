@@ -4,24 +4,32 @@ from __future__ import annotations
 
 import logging
 
-import dramatiq
+from pydantic import Field
 
 from ..idempotency import once_with_lease
+from ..typed import JobArguments, actor
 
 logger = logging.getLogger(__name__)
 
 
-@dramatiq.actor(queue_name="payments", max_retries=2)
-def capture_payment(payment_id: str, amount_cents: int) -> None:
-    """Capture ``amount_cents`` for ``payment_id`` unless this payment was already captured.
+class PaymentCapture(JobArguments):
+    """The arguments of :func:`capture_payment` (schema version 1)."""
+
+    #: The idempotency key: a send without one is refused.
+    payment_id: str = Field(min_length=1, max_length=200)
+    amount_cents: int = Field(gt=0)
+
+
+@actor(queue_name="payments", max_retries=2)
+def capture_payment(job: PaymentCapture) -> None:
+    """Capture ``job.amount_cents`` for ``job.payment_id`` unless this payment was already
+    captured.
 
     The provider receives the key too: if the worker dies after the capture and before the
     key is marked done, the next delivery captures again and the provider de-duplicates it.
     """
-    if amount_cents <= 0:
-        raise ValueError(f"amount_cents must be positive, got {amount_cents}")
-    key = f"payment:{payment_id}"
-    once_with_lease(key, lambda tx: _capture(payment_id, amount_cents, key))
+    key = f"payment:{job.payment_id}"
+    once_with_lease(key, lambda tx: _capture(job.payment_id, job.amount_cents, key))
 
 
 def _capture(payment_id: str, amount_cents: int, key: str) -> None:

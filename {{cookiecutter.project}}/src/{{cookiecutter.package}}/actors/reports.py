@@ -4,18 +4,28 @@ from __future__ import annotations
 
 import hashlib
 
-import dramatiq
+from pydantic import Field
 
 from ..lifecycle import checkpoint
+from ..typed import JobArguments, actor
 
 
-@dramatiq.actor(queue_name="reports", max_retries=2, time_limit=300_000)
-def build_report(report_id: str, rows: int, chunk: int = 10_000) -> str:
-    """Digest ``rows`` rows in chunks; each chunk ends at a ``checkpoint()``, which records
-    progress for liveness and, after SIGTERM, requeues the job instead of being killed."""
-    digest = hashlib.sha256(report_id.encode())
-    for start in range(0, rows, chunk):
-        for row in range(start, min(start + chunk, rows)):
+class Report(JobArguments):
+    """The arguments of :func:`build_report` (schema version 1)."""
+
+    report_id: str = Field(min_length=1, max_length=200)
+    rows: int = Field(ge=0)
+    chunk: int = Field(default=10_000, gt=0)
+
+
+@actor(queue_name="reports", max_retries=2, time_limit=300_000)
+def build_report(job: Report) -> str:
+    """Digest ``job.rows`` rows in chunks; each chunk ends at a ``checkpoint()``, which
+    records progress for liveness and, after SIGTERM, requeues the job instead of being
+    killed."""
+    digest = hashlib.sha256(job.report_id.encode())
+    for start in range(0, job.rows, job.chunk):
+        for row in range(start, min(start + job.chunk, job.rows)):
             digest.update(row.to_bytes(8, "little"))
         checkpoint()
     return digest.hexdigest()

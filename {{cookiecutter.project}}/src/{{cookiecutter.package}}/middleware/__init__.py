@@ -1,6 +1,7 @@
 """The service's Dramatiq middleware, one per module (see ``broker.middleware_stack``)."""
 
 from .age_limit import ClockedAgeLimit
+from .arguments import ArgumentModels
 from .attempts import Attempts
 from .message_size import MessageSize, MessageTooLargeError
 from .metrics import Metrics
@@ -13,6 +14,7 @@ from .time_limit import CappedTimeLimit
 from .tracing import Tracing
 
 __all__ = [
+    "ArgumentModels",
     "Attempts",
     "CappedTimeLimit",
     "ClockedAgeLimit",
