@@ -1,5 +1,6 @@
 """The job API of issue #26 with real worker processes on a real Redis: typed actors (a bad send
-refused in one line, a bad message dead-lettered once, never retried).
+refused in one line, a bad message dead-lettered once, never retried) and non-retryable errors
+(``throws``, dead-lettered at once).
 
 Producers run as API processes do (``python -c`` with only ``REDIS_URL``); bad messages are
 pushed straight into Redis, as a buggy or foreign producer would.
@@ -99,3 +100,21 @@ def test_a_bad_message_is_dead_lettered_once_with_its_reason_never_retried(
     assert len(ends) == 2
     assert worker.stop() == 0
 
+
+def test_an_error_listed_in_throws_is_dead_lettered_at_once(
+        workers: Callable[..., Worker], jobs: Jobs, lc_project: Path, redis_url: str) -> None:
+    done = produce(lc_project, redis_url, (
+        "from {package}.actors.payments import CARD_LIMIT_CENTS, capture_payment\n"
+        "capture_payment.send('pay-declined', CARD_LIMIT_CENTS + 1)\n"
+        "capture_payment.send('pay-ok', 1000)\n"))
+    assert done.returncode == 0, done.stderr
+    worker = workers(WORKER_POOL="critical")
+    wait_for(lambda: jobs.client.get("idempotency:payment:pay-ok") == b"done", 30, "pay-ok")
+    wait_for(lambda: dead_reasons(worker, "payments"), 30, "the declined payment's dead letter")
+    (reason,) = dead_reasons(worker, "payments")
+    assert reason.startswith("PaymentDeclinedError: pay-declined: 1000001 cents is over"), reason
+    assert jobs.client.llen(f"{NS}:payments.DQ") == 0  # never retried
+    text = worker.metrics()
+    assert counted(text, "failure", "capture_payment") == 1
+    assert counted(text, "retry", "capture_payment") == 0
+    assert worker.stop() == 0

@@ -60,6 +60,18 @@ def test_payment_is_captured_once_and_rejects_bad_amounts(app: ModuleType) -> No
         capture_payment.send(None, 500)
 
 
+def test_a_declined_payment_is_listed_in_throws(app: ModuleType) -> None:
+    from {{ cookiecutter.package }}.actors.payments import (
+        CARD_LIMIT_CENTS,
+        PaymentDeclinedError,
+        capture_payment,
+    )
+
+    assert capture_payment.options["throws"] == (PaymentDeclinedError,)
+    with pytest.raises(PaymentDeclinedError):
+        capture_payment("p-3", CARD_LIMIT_CENTS + 1)
+
+
 def test_report_checkpoints_and_stops_on_shutdown(
     app: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
