@@ -10,18 +10,102 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _lifecycle import NS, QUEUE, Jobs, Worker, jobs, lc_project, wait_for, workers
-from bakery import PYTHON, package_of, run_cli
+from _lifecycle import (
+    NS,
+    QUEUE,
+    Jobs,
+    Worker,
+    jobs,
+    make_test_project,
+    started,
+    wait_for,
+)
+from bakery import PYTHON, copy_project, package_of, run_cli
 from test_malformed import counted
 
 pytestmark = pytest.mark.slow
-__all__ = ["jobs", "lc_project", "workers"]
+__all__ = ["jobs"]
+
+API_ACTORS = '''\
+"""Actors of the job API tests (results, groups, async): each records what it did in Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import dramatiq
+import redis
+
+from ..lifecycle import checkpoint
+
+_client = redis.Redis.from_url(os.environ["REDIS_URL"])
+
+
+def _record(kind: str, job_id: str) -> None:
+    _client.rpush(f"test:{kind}:{job_id}", f"{os.getpid()} {time.time()}")
+
+
+@dramatiq.actor(queue_name="notifications", store_results=True, max_retries=0)
+def api_add(x: int, y: int) -> int:
+    return x + y
+
+
+@dramatiq.actor(queue_name="notifications", store_results=True, max_retries=0)
+def api_big(size: int) -> str:
+    return "x" * size
+
+
+@dramatiq.actor(queue_name="notifications", store_results=True, max_retries=0)
+def api_fail() -> None:
+    raise RuntimeError("boom")
+
+
+@dramatiq.actor(queue_name="notifications")
+def api_member(job_id: str, seconds: float = 0) -> None:
+    time.sleep(seconds)
+    _client.rpush("test:members", job_id)
+
+
+@dramatiq.actor(queue_name="notifications")
+def api_group_done(tag: str) -> None:
+    _client.rpush("test:group_done", f"{tag} {_client.llen('test:members')}")
+
+
+@dramatiq.actor(queue_name="notifications", max_retries=4, time_limit=600_000)
+async def api_async(job_id: str, seconds: float, check: bool = False) -> None:
+    _record("start", job_id)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+        if check:
+            checkpoint()
+    _record("done", job_id)
+'''
+
+
+@pytest.fixture(scope="session")
+def api_project(bake: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A ``database="none"`` bake with the lifecycle test actors and the job API's."""
+    base = bake(database="none")
+    return make_test_project(base, tmp_path_factory.mktemp("api") / base.name,
+                             job_api=API_ACTORS)
+
+
+@pytest.fixture
+def workers(api_project: Path, redis_url: str, tmp_path: Path) -> Iterator[Callable[..., Worker]]:
+    """``workers(**env)`` starts a worker of ``api_project``; all are killed at teardown."""
+    count = iter(range(1_000))
+    yield from started(
+        lambda **env: Worker(api_project, redis_url, tmp_path / f"w{next(count)}", **env))
 
 
 def produce(project: Path, redis_url: str, code: str) -> subprocess.CompletedProcess[str]:
@@ -54,8 +138,8 @@ def dead_reasons(worker: Worker, queue: str = QUEUE) -> list[str]:
 
 
 def test_a_bad_send_is_refused_in_one_line_and_nothing_is_enqueued(
-        lc_project: Path, redis_url: str, jobs: Jobs) -> None:
-    done = produce(lc_project, redis_url, (
+        api_project: Path, redis_url: str, jobs: Jobs) -> None:
+    done = produce(api_project, redis_url, (
         "from {package}.actors.notifications import send_notification\n"
         "try:\n"
         "    send_notification.send(user_id='x', template=1, notification_id=None)\n"
@@ -102,8 +186,8 @@ def test_a_bad_message_is_dead_lettered_once_with_its_reason_never_retried(
 
 
 def test_an_error_listed_in_throws_is_dead_lettered_at_once(
-        workers: Callable[..., Worker], jobs: Jobs, lc_project: Path, redis_url: str) -> None:
-    done = produce(lc_project, redis_url, (
+        workers: Callable[..., Worker], jobs: Jobs, api_project: Path, redis_url: str) -> None:
+    done = produce(api_project, redis_url, (
         "from {package}.actors.payments import CARD_LIMIT_CENTS, capture_payment\n"
         "capture_payment.send('pay-declined', CARD_LIMIT_CENTS + 1)\n"
         "capture_payment.send('pay-ok', 1000)\n"))
@@ -118,3 +202,112 @@ def test_an_error_listed_in_throws_is_dead_lettered_at_once(
     assert counted(text, "failure", "capture_payment") == 1
     assert counted(text, "retry", "capture_payment") == 0
     assert worker.stop() == 0
+
+
+RESULTS = """\
+import dramatiq
+from dramatiq.results import ResultFailure
+from {package}.actors.job_api import api_add, api_big, api_fail
+from {package}.actors.reports import build_report
+
+print(api_add.send(2, 3).get_result(block=True, timeout=30_000))
+late = api_add.send_with_options(args=(1, 1), delay=11_000)  # past the client's 10 s socket timeout
+print(late.get_result(block=True, timeout=40_000))
+print(len(build_report.send("r-1", 50, 10).get_result(block=True, timeout=30_000)))
+for message in (api_big.send(5000), api_fail.send()):
+    try:
+        message.get_result(block=True, timeout=30_000)
+    except ResultFailure as error:
+        print(error.orig_exc_type, error.orig_exc_msg)
+"""
+
+
+def test_results_are_stored_with_their_ttl_and_capped(
+        workers: Callable[..., Worker], jobs: Jobs, api_project: Path, redis_url: str) -> None:
+    for pool in ("interactive", "bulk"):
+        workers(WORKER_POOL=pool, RESULT_TTL_MS="60000", RESULT_MAX_BYTES="2048")
+    done = produce(api_project, redis_url, RESULTS)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "5",
+        "2",
+        "64",  # the example actor's digest
+        "ResultTooLargeError result of 5002 bytes is over RESULT_MAX_BYTES (2048)",
+        "RuntimeError boom",
+    ]
+    keys = list(jobs.client.scan_iter(match=f"{NS}:__results__:*"))
+    assert len(keys) == 5
+    assert all(0 < jobs.client.pttl(key) <= 60_000 for key in keys)
+
+
+GROUP = """\
+import dramatiq
+from {package}.actors.job_api import api_group_done, api_member
+
+members = [api_member.message("m1"), api_member.message("m2"), api_member.message("m3", 3.0)]
+group = dramatiq.group(members)
+group.add_completion_callback(api_group_done.message("g1"))
+group.run()
+"""
+
+
+def test_a_group_callback_fires_once_after_every_member_even_one_delivered_twice(
+        workers: Callable[..., Worker], jobs: Jobs, api_project: Path, redis_url: str) -> None:
+    done = produce(api_project, redis_url, GROUP)
+    assert done.returncode == 0, done.stderr
+    # m1 delivered twice (as after a crash before its ack): Dramatiq's own barrier, decremented
+    # per delivery, reached zero when m1, m1 and m2 were done, while m3 still ran.
+    (first,) = [i for i in jobs.client.lrange(f"{NS}:{QUEUE}", 0, -1)
+                if b'"m1"' in jobs.client.hget(f"{NS}:{QUEUE}.msgs", i)]
+    twin = str(uuid.uuid4())
+    raw = json.loads(jobs.client.hget(f"{NS}:{QUEUE}.msgs", first))
+    raw["options"]["redis_message_id"] = twin
+    jobs.client.hset(f"{NS}:{QUEUE}.msgs", twin, json.dumps(raw))
+    jobs.client.rpush(f"{NS}:{QUEUE}", twin)
+    worker = workers()
+    wait_for(lambda: jobs.client.llen("test:group_done"), 30, "the group's callback")
+    time.sleep(2)  # a second firing would come now
+    assert jobs.client.lrange("test:group_done", 0, -1) == [b"g1 4"]  # after all 4 deliveries
+    assert worker.stop() == 0
+
+
+def test_an_async_actor_runs_and_is_drained_on_sigterm(
+        workers: Callable[..., Worker], jobs: Jobs, api_project: Path, redis_url: str) -> None:
+    send = "from {package}.actors.job_api import api_async\n"
+    done = produce(api_project, redis_url, send + (
+        "api_async.send('quick', 0.1)\n"
+        "api_async.send('stops', 600.0, True)\n"))
+    assert done.returncode == 0, done.stderr
+    worker = workers(HEALTH_STALLED_AFTER_S="1")
+    wait_for(lambda: jobs.dones("quick") and jobs.starts("stops"), 30, "the async jobs")
+    time.sleep(1.5)  # past HEALTH_STALLED_AFTER_S: the checkpointing async job stays live
+    live = worker.healthcheck("live")
+    assert live.returncode == 0, live.stdout + live.stderr
+    assert produce(api_project, redis_url, send + "api_async.send('finishes', 2.0)").returncode == 0
+    wait_for(lambda: jobs.starts("finishes"), 30, "the job the drain lets finish")
+    worker.signal()
+    assert worker.wait(timeout=30) == 0
+    assert len(jobs.dones("finishes")) == 1  # drained: finished during the drain
+    assert jobs.dones("stops") == [] and jobs.queued_ids() == ["stops"]  # requeued at checkpoint
+    assert not jobs.stranded() and jobs.delayed() == 0
+    (drained,) = [r for r in worker.records() if r.get("msg") == "drained"]
+    assert drained["requeued"] == 1 and drained["interrupted"] == 0, drained
+
+
+def test_an_actor_the_service_cannot_serve_refuses_to_boot_in_one_line(
+        api_project: Path, redis_url: str, tmp_path: Path) -> None:
+    broken = copy_project(api_project, tmp_path / api_project.name, bad_results=(
+        "import dramatiq\n\n\n"
+        "@dramatiq.actor(queue_name='untrusted', store_results=True)\n"
+        "def sandboxed_result() -> int:\n"
+        "    return 1\n"))
+    worker = Worker(broken, redis_url, tmp_path / "w").start()
+    try:
+        assert worker.wait(timeout=60) == 78
+    finally:
+        worker.kill()
+    (failed,) = [r for r in worker.records() if r.get("event") == "boot_failed"]
+    assert failed["reason"] == (
+        "actor 'sandboxed_result' sets store_results=True, but its queue 'untrusted' runs under "
+        "the sandbox's Redis user, which may not write results: return nothing, or send the "
+        "result to an actor of another queue")

@@ -10,18 +10,22 @@ producer's broker that needs only ``REDIS_URL`` (see :mod:`.producer`).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
 import dramatiq
+import redis
 from dramatiq import Middleware
 from dramatiq.middleware import (
     AgeLimit,
+    AsyncIO,
     Callbacks,
     CurrentMessage,
     Retries,
     TimeLimit,
 )
+from dramatiq.results import Results
 
 from . import layout, redisclient
 from .consumer import SettlingRedisBroker
@@ -42,15 +46,17 @@ from .middleware import (
 {%- if cookiecutter.database == "postgres" %}
 from .middleware.database import DatabasePool
 {%- endif %}
+from .middleware.groups import GroupCompletion
 from .middleware.schedule_lock import ScheduleLock
 from .pools import redis_connections
+from .results import CappedResults
 from .settings import RedisSettings, Settings, load_redis_settings, load_settings
 
 #: The variable that tells a worker process (it runs a pool) from a producer.
 POOL_ENV = "WORKER_POOL"
 
 
-def middleware_stack(settings: Settings) -> list[Middleware]:
+def middleware_stack(settings: Settings, client: redis.Redis) -> list[Middleware]:
     """Every middleware, in order. ``before_*`` hooks run top-down, ``after_*`` bottom-up,
     so Attempts refuses an exhausted message before anything starts (ArgumentModels, next,
     dead-letters a typed actor's message whose arguments do not fit; ScheduleLock skips
@@ -59,7 +65,11 @@ def middleware_stack(settings: Settings) -> list[Middleware]:
     alone (its watchdog is disarmed first, before any ``after_*`` hook of the others runs);
     Tracing, first, holds the delivery's span around all of them (off unless ``OTEL_*``
     names a destination); MessageSize, last, measures a message a handler sends as the
-    others left it."""
+    others left it. Results, GroupCompletion and AsyncIO (Dramatiq's job API: stored results,
+    group completion callbacks, ``async def`` actors) act only for the actors and messages
+    that use them; Results and GroupCompletion sit above CrashAwareRetries, so they see a
+    delivery's end as it decided (``client``: the broker's Redis, where results and group
+    barriers live)."""
     stack: list[Middleware] = [
         Tracing(),
         Attempts(settings.worker_max_attempts),
@@ -71,6 +81,12 @@ def middleware_stack(settings: Settings) -> list[Middleware]:
         ClockedAgeLimit(),
         Callbacks(),
         Pipelines(),
+        Results(
+            backend=CappedResults(client, settings.result_max_bytes),
+            result_ttl=settings.result_ttl_ms,
+        ),
+        GroupCompletion(client),
+        AsyncIO(),
         CrashAwareRetries(max_retries=settings.worker_max_attempts - 1),
         CurrentMessage(),
         CappedTimeLimit(time_limit=settings.worker_job_timeout_ms),
@@ -93,14 +109,15 @@ def middleware_stack(settings: Settings) -> list[Middleware]:
 
 def _redis_broker(
     redis_url: str,
-    middleware: list[Middleware],
+    middleware: Callable[[redis.Redis], list[Middleware]],
     max_connections: int | None = None,
     state_dir: Path | None = None,
     **options: int,
 ) -> SettlingRedisBroker:
-    """A broker on ``redis_url`` with our key namespace and Dramatiq's maintenance off; its
-    client's pool makes up to ``max_connections`` (None: redis-py's default); a worker's
-    notices an unresolved broker reset in ``state_dir`` (None: a producer's, which does not)."""
+    """A broker on ``redis_url`` with our key namespace and Dramatiq's maintenance off, and the
+    ``middleware`` made for its client; the client's pool makes up to ``max_connections``
+    (None: redis-py's default); a worker's notices an unresolved broker reset in
+    ``state_dir`` (None: a producer's, which does not)."""
     client = redisclient.connect(
         redis_url,
         socket_timeout=10,
@@ -111,7 +128,7 @@ def _redis_broker(
     return SettlingRedisBroker(
         client=client,
         namespace=layout.NAMESPACE,
-        middleware=middleware,
+        middleware=middleware(client),
         maintenance_chance=0,
         state_dir=state_dir,
         **options,
@@ -130,7 +147,7 @@ def build_broker(settings: Settings) -> SettlingRedisBroker:
     """
     return _redis_broker(
         settings.redis_url.get_secret_value(),
-        middleware_stack(settings),
+        lambda client: middleware_stack(settings, client),
         max_connections=redis_connections(len(settings.worker_queues), settings.worker_concurrency),
         state_dir=settings.worker_state_dir,
         heartbeat_timeout=settings.worker_heartbeat_timeout_ms,
@@ -138,18 +155,22 @@ def build_broker(settings: Settings) -> SettlingRedisBroker:
     )
 
 
-def producer_middleware(max_message_bytes: int) -> list[Middleware]:
+def producer_middleware(max_message_bytes: int, client: redis.Redis) -> list[Middleware]:
     """The middleware of a producer's broker: the Dramatiq classes of the worker's stack,
     so every actor option the worker accepts (``max_retries``, ``time_limit``, ...) is
     declared; none of the worker's middleware acts when a message is enqueued, except
     Tracing, which puts the trace context in the message (when ``OTEL_*`` turns it on), and
-    MessageSize, last, which refuses a message over ``max_message_bytes``."""
+    MessageSize, last, which refuses a message over ``max_message_bytes``. Results (on
+    ``client``) lets ``message.get_result()`` read a stored result; GroupCompletion lets
+    ``group(...).run()`` create a group's barrier."""
     return [
         Tracing(),
         AgeLimit(),
         TimeLimit(),
         Callbacks(),
         Pipelines(),
+        Results(backend=CappedResults(client)),
+        GroupCompletion(client),
         Retries(),
         CurrentMessage(),
         MessageSize(max_message_bytes),
@@ -160,7 +181,7 @@ def build_producer_broker(settings: RedisSettings) -> SettlingRedisBroker:
     """A broker that only enqueues, for ``REDIS_URL``: no worker setting is read."""
     return _redis_broker(
         settings.redis_url.get_secret_value(),
-        producer_middleware(settings.max_message_bytes),
+        lambda client: producer_middleware(settings.max_message_bytes, client),
     )
 
 

@@ -961,3 +961,46 @@ def read_states(client: redis.Redis, names: Iterable[str]) -> dict[str, Schedule
             running=holder.decode() if holder else None,
         )
     return states
+
+
+# -- the job API: results, group completion (ours, on Dramatiq's keys; see issue #26) -------
+
+#: Prefix of a stored result's key (Dramatiq's Results ``RedisBackend`` namespace, with
+#: ``use_namespace_prefix_keys``: each key is ``<namespace>:<queue>:<actor>:<message id>``, a
+#: list of one JSON result with a TTL).
+RESULTS_NAMESPACE: Final = f"{NAMESPACE}:__results__"
+
+
+def group_keys(completion_uuid: str) -> tuple[str, str, str]:
+    """The keys of one group's completion: Dramatiq's barrier (the group's size, ``SET NX PX``
+    by ``group(...).run()``: its key is the bare completion uuid), the set of members that
+    completed (message ids) and the callbacks' firing claim."""
+    return completion_uuid, f"{completion_uuid}@done", f"{completion_uuid}@fired"
+
+
+#: Count a group member as completed, once per member, and claim the firing of the
+#: group's callbacks when it is the last one: a member delivered twice (a crash before its
+#: ack, a duplicate) is counted once, and the callbacks are claimed once.
+#: KEYS: :func:`group_keys`.  ARGV: the member's message id, the keys' TTL ms.
+#: Returns 1 when this call completed the group and claimed the callbacks, else 0.
+GROUP_MEMBER_DONE: Final = """
+local parties = tonumber(redis.call('get', KEYS[1]) or '0')
+redis.call('sadd', KEYS[2], ARGV[1])
+redis.call('pexpire', KEYS[2], ARGV[2])
+if parties > 0 and redis.call('scard', KEYS[2]) >= parties then
+  if redis.call('set', KEYS[3], '1', 'NX', 'PX', ARGV[2]) then return 1 end
+end
+return 0
+"""
+
+
+def group_member_done(client: redis.Redis, completion_uuid: str, member: str, ttl_ms: int) -> bool:
+    """:data:`GROUP_MEMBER_DONE`: True when ``member`` completed the group and this caller
+    must enqueue its callbacks."""
+    return bool(client.eval(GROUP_MEMBER_DONE, 3, *group_keys(completion_uuid), member, ttl_ms))
+
+
+def release_group_callbacks(client: redis.Redis, completion_uuid: str) -> None:
+    """Give up the claim of :func:`group_member_done` (the callbacks could not be enqueued:
+    the member's next delivery claims them again)."""
+    client.delete(group_keys(completion_uuid)[2])

@@ -14,6 +14,7 @@ counted as a failed attempt). Handlers that must clean up first can poll
 
 from __future__ import annotations
 
+import contextvars
 import threading
 
 from dramatiq.middleware.threading import Interrupt
@@ -37,7 +38,12 @@ class Lifecycle:
 
     def __init__(self) -> None:
         self._shutdown = threading.Event()
-        self._thread = threading.local()
+        #: The handler thread's slot: a context variable, so an ``async def`` handler, which
+        #: runs on the event loop's thread in a copy of its handler thread's context
+        #: (Dramatiq's AsyncIO), records progress on that slot too.
+        self._slot: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+            f"handler_slot_{id(self)}", default=None
+        )
         self.board: ProgressBoard | None = None
 
     def shutdown_requested(self) -> bool:
@@ -54,11 +60,10 @@ class Lifecycle:
 
     def bind_slot(self, slot: int) -> None:
         """The current thread is handler thread ``slot`` (set once at thread boot)."""
-        self._thread.slot = slot
+        self._slot.set(slot)
 
     def current_slot(self) -> int | None:
-        slot: int | None = getattr(self._thread, "slot", None)
-        return slot
+        return self._slot.get()
 
     def checkpoint(self) -> None:
         """Record progress of the current handler; raise :class:`Requeue` if shutting down."""

@@ -77,6 +77,10 @@ LogLevel = Annotated[str, Field(pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")]
 #: ``MAX_MESSAGE_BYTES`` when unset: 10 MiB (a message is a job's arguments, not its data).
 DEFAULT_MAX_MESSAGE_BYTES = 10 * 1024 * 1024
 MaxMessageBytes = Annotated[int, Field(ge=1024, le=512 * 1024 * 1024)]
+#: ``RESULT_TTL_MS`` when unset: Dramatiq's default, 10 minutes.
+DEFAULT_RESULT_TTL_MS = 600_000
+#: ``RESULT_MAX_BYTES`` when unset: 1 MiB (a result is a summary, not the job's data).
+DEFAULT_RESULT_MAX_BYTES = 1024 * 1024
 #: Port of /metrics, /livez and /readyz when ``METRICS_PORT`` is unset.
 DEFAULT_METRICS_PORT = 9191
 #: ``LOG_LEVEL`` when unset.
@@ -149,6 +153,10 @@ class Settings(BaseSettings):
     loses every queued message); false: not checked."""
     dlq_retention_days: Annotated[int, Field(ge=1, le=3650)] = DLQ_RETENTION_DAYS
     """Days a dead letter is kept before the worker deletes it."""
+    result_ttl_ms: Annotated[int, Field(ge=1_000, le=7 * 86_400_000)] = DEFAULT_RESULT_TTL_MS
+    """How long a result of an actor with store_results=True is kept."""
+    result_max_bytes: Annotated[int, Field(ge=1024, le=64 * 1024 * 1024)] = DEFAULT_RESULT_MAX_BYTES
+    """Largest result stored; a bigger one is stored as an error naming its size."""
 {%- if cookiecutter.database == "postgres" %}
     database_url: Annotated[SecretStr | None, Field(validate_default=True)] = None
     """PostgreSQL; required by pools that use postgres; the password is masked."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
+from .. import layout
 from ..broker import broker
 from ..schedules import actor_problems
 from ..settings import pools, refuse
@@ -42,8 +43,9 @@ def _one_line(error: Exception) -> str:
 
 
 def check_queues() -> None:
-    """Every actor's queue must belong to exactly one pool of pools.toml, and every schedule
-    must name an actor whose queue a pool serves, with arguments that fit it."""
+    """Every actor's queue must belong to exactly one pool of pools.toml, every schedule
+    must name an actor whose queue a pool serves, with arguments that fit it, and no actor of
+    the sandbox's queue may store results."""
     declared = pools()
     problems = actor_problems(
         declared.schedules,
@@ -54,6 +56,14 @@ def check_queues() -> None:
         f"actor {name!r} uses queue {actor.queue_name!r}, which no pool in pools.toml serves"
         for name, actor in broker.actors.items()
         if declared.pool_of_queue(actor.queue_name) is None
+    ]
+    problems += [
+        f"actor {name!r} sets store_results=True, but its queue {actor.queue_name!r} runs "
+        "under the sandbox's Redis user, which may not write results: return nothing, or "
+        "send the result to an actor of another queue"
+        for name, actor in broker.actors.items()
+        if actor.options.get("store_results")
+        and layout.namespace_of(actor.queue_name) != layout.NAMESPACE
     ]
     if problems:
         refuse(problems)

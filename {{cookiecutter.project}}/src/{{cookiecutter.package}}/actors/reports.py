@@ -18,11 +18,15 @@ class Report(JobArguments):
     chunk: int = Field(default=10_000, gt=0)
 
 
-@actor(queue_name="reports", max_retries=2, time_limit=300_000)
+@actor(queue_name="reports", max_retries=2, time_limit=300_000, store_results=True)
 def build_report(job: Report) -> str:
     """Digest ``job.rows`` rows in chunks; each chunk ends at a ``checkpoint()``, which
     records progress for liveness and, after SIGTERM, requeues the job instead of being
-    killed."""
+    killed. Its digest is the message's result (``store_results=True``)::
+
+        message = build_report.send("r-1", 100_000)
+        digest = message.get_result(block=True, timeout=60_000)
+    """
     digest = hashlib.sha256(job.report_id.encode())
     for start in range(0, job.rows, job.chunk):
         for row in range(start, min(start + job.chunk, job.rows)):
