@@ -311,3 +311,36 @@ def test_an_actor_the_service_cannot_serve_refuses_to_boot_in_one_line(
         "actor 'sandboxed_result' sets store_results=True, but its queue 'untrusted' runs under "
         "the sandbox's Redis user, which may not write results: return nothing, or send the "
         "result to an actor of another queue")
+
+
+def test_a_queued_job_cancelled_never_runs_and_a_running_one_stops(
+        workers: Callable[..., Worker], jobs: Jobs, api_project: Path, redis_url: str) -> None:
+    sent = produce(api_project, redis_url, (
+        "from {package}.actors.lc_test import lc_quick, lc_sleep\n"
+        "from {package}.actors.job_api import api_async\n"
+        "from {package}.producer import cancel\n"
+        "queued = lc_quick.send('queued')\n"
+        "print(cancel(queued.message_id), cancel('no-such-message'))\n"
+        "print(lc_sleep.send('running', 600).message_id)\n"
+        "print(api_async.send('running-async', 600).message_id)\n"))
+    assert sent.returncode == 0, sent.stderr
+    found, running, running_async = sent.stdout.splitlines()
+    assert found == "True False"
+    worker = workers()
+    wait_for(lambda: jobs.starts("running") and jobs.starts("running-async"), 30, "the jobs")
+    for message_id in (running, running_async):
+        cancelled = produce(api_project, redis_url, (
+            "from {package}.producer import cancel\n"
+            f"print(cancel({message_id!r}))\n"))
+        assert cancelled.stdout.strip() == "True", cancelled.stderr
+    wait_for(lambda: counted(worker.metrics(), "cancelled") == 3, 30, "3 cancelled jobs")
+    jobs.enqueue("lc_quick", "after")
+    wait_for(lambda: jobs.dones("after"), 30, "a job after the cancellations")
+    assert jobs.starts("queued") == []
+    assert jobs.dones("running") == [] and jobs.dones("running-async") == []
+    text = worker.metrics()
+    for outcome in ("failure", "retry", "dead_letter", "requeued"):
+        assert counted(text, outcome) == 0, outcome
+    assert jobs.queued() == [] and jobs.delayed() == 0 and jobs.dead_letters() == []
+    assert not jobs.stranded()
+    assert worker.stop() == 0

@@ -32,6 +32,7 @@ from .consumer import SettlingRedisBroker
 from .middleware import (
     ArgumentModels,
     Attempts,
+    Cancellation,
     CappedTimeLimit,
     ClockedAgeLimit,
     CrashAwareRetries,
@@ -69,7 +70,9 @@ def middleware_stack(settings: Settings, client: redis.Redis) -> list[Middleware
     group completion callbacks, ``async def`` actors) act only for the actors and messages
     that use them; Results and GroupCompletion sit above CrashAwareRetries, so they see a
     delivery's end as it decided (``client``: the broker's Redis, where results and group
-    barriers live)."""
+    barriers live). Cancellation, last of the per-job middleware, checks a message right
+    before its handler and forgets it first when the handler ends, so a cancel interrupts
+    the handler, not another middleware's hook."""
     stack: list[Middleware] = [
         Tracing(),
         Attempts(settings.worker_max_attempts),
@@ -90,6 +93,7 @@ def middleware_stack(settings: Settings, client: redis.Redis) -> list[Middleware
         CrashAwareRetries(max_retries=settings.worker_max_attempts - 1),
         CurrentMessage(),
         CappedTimeLimit(time_limit=settings.worker_job_timeout_ms),
+        Cancellation(client, settings.worker_queues),
         Recovery(
             settings.worker_queues,
             settings.worker_heartbeat_timeout_ms,

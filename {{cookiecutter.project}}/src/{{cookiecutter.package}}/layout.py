@@ -1004,3 +1004,49 @@ def release_group_callbacks(client: redis.Redis, completion_uuid: str) -> None:
     """Give up the claim of :func:`group_member_done` (the callbacks could not be enqueued:
     the member's next delivery claims them again)."""
     client.delete(group_keys(completion_uuid)[2])
+
+
+# -- cancellation (ours: producer.cancel, middleware/cancellation.py) ---------------------
+
+#: Sorted set of cancelled message ids (Dramatiq's ``message_id``), scored by when the
+#: cancellation lapses (Redis time, ms): a worker skips or interrupts a message it names.
+CANCELLED: Final = f"{NAMESPACE}:__cancelled__"
+#: Channel on which a cancellation is announced (the message id), so that a running job
+#: is interrupted at once; a worker that (re)subscribes reads :data:`CANCELLED` after.
+CANCEL_CHANNEL: Final = f"{NAMESPACE}:__cancel__"
+#: How long a cancellation holds (7 days): a message delayed longer runs after all.
+CANCEL_TTL_MS: Final = 7 * 86_400_000
+
+#: Record a cancellation and announce it; drop the lapsed ones.
+#: KEYS: :data:`CANCELLED`.  ARGV: message id, TTL ms, channel.
+CANCEL: Final = (
+    _CLOCK
+    + """
+local now = now_ms()
+redis.call('zremrangebyscore', KEYS[1], '-inf', now)
+redis.call('zadd', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+redis.call('publish', ARGV[3], ARGV[1])
+return 1
+"""
+)
+
+
+def record_cancel(client: redis.Redis, message_id: str) -> None:
+    """:data:`CANCEL` ``message_id`` for :data:`CANCEL_TTL_MS`."""
+    client.eval(CANCEL, 1, CANCELLED, message_id, CANCEL_TTL_MS, CANCEL_CHANNEL)
+
+
+def cancelled_ids(client: redis.Redis) -> dict[str, int]:
+    """Every cancellation in force: message id -> when it lapses (Redis time, ms)."""
+    now = redis_now_ms(client)
+    found: Any = client.zrangebyscore(CANCELLED, now, "+inf", withscores=True)
+    return {text(member): int(score) for member, score in found}
+
+
+def holds_message(client: redis.Redis, queue: str, message_id: str) -> bool:
+    """Whether ``queue``'s bodies (waiting or held by a worker; a delay queue's too) include
+    the message ``message_id``: an HSCAN of the bodies in pages, so Redis is never blocked
+    (one round trip per 1,000 bodies), matching the id as Dramatiq encodes it."""
+    needle = f'"message_id":"{message_id}"'.encode()
+    bodies = client.hscan_iter(bodies_key(queue), count=1000)
+    return any(needle in (raw_bytes(body) or b"") for _, body in bodies)

@@ -28,6 +28,11 @@ class Requeue(Interrupt):
     the drain window closes."""
 
 
+class Cancelled(Interrupt):
+    """Stops a handler whose message was cancelled (``producer.cancel``); its message is
+    acked, counted as ``cancelled``, never as a failure, and not retried."""
+
+
 class Lifecycle:
     """One worker process's shutdown flag and progress board, shared by the runtime (which
     requests the shutdown and attaches the board), the Progress middleware (which gives each

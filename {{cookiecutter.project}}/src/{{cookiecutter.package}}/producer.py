@@ -14,6 +14,13 @@ or, by actor name, without importing the actor's module yourself::
     enqueue("send_notification", 7, "welcome", "n-1")
     enqueue("capture_payment", "pay-1", 1000, delay_ms=60_000)   # in a minute
 
+Cancel a queued or running job with :func:`cancel`::
+
+    from {{ cookiecutter.package }}.producer import cancel
+
+    message = enqueue("build_report", "r-1", 10_000_000)
+    cancel(message.message_id)    # True: it was queued or running; it will not finish
+
 A bad ``REDIS_URL`` refuses with one line (exit 78); an unreachable Redis raises
 ``redis.ConnectionError`` from ``enqueue``/``send``, a full one (``maxmemory`` reached)
 :class:`.brokerstate.BrokerFull` (a ``redis.ResponseError``, one line naming the actor),
@@ -26,10 +33,10 @@ from typing import Any
 
 from dramatiq import Message
 
-from . import actors
+from . import actors, layout
 from .broker import broker
 
-__all__ = ["actors", "broker", "enqueue"]
+__all__ = ["actors", "broker", "cancel", "enqueue"]
 
 
 def enqueue(
@@ -48,3 +55,19 @@ def enqueue(
     actor = broker.get_actor(actor_name)
     message: Message[Any] = actor.send_with_options(args=args, kwargs=kwargs, delay=delay_ms)
     return message
+
+
+def cancel(message_id: str) -> bool:
+    """Cancel the job ``message_id`` (``message.message_id`` of what ``send`` returned):
+    queued or delayed, it is skipped when a worker takes it; running, it is interrupted at
+    once (a handler blocked in one C call, when the call returns). Either way its message
+    is acked and counted ``jobs_processed_total{outcome="cancelled"}``, never as a failure,
+    and it is not retried. The cancellation holds for :data:`.layout.CANCEL_TTL_MS` (7 days).
+
+    Returns True when the message was found queued, delayed or running (False: it had
+    ended, or never existed; it is cancelled all the same should it appear). Finding it
+    reads the bodies of the actors' queues in pages (one round trip per 1,000 messages).
+    """
+    layout.record_cancel(broker.client, message_id)
+    queues = layout.with_delay_queues(sorted({a.queue_name for a in broker.actors.values()}))
+    return any(layout.holds_message(broker.client, queue, message_id) for queue in queues)

@@ -32,7 +32,7 @@ from dramatiq.broker import MessageProxy
 from dramatiq.middleware.time_limit import TimeLimitExceeded
 
 from .layout import DEAD_LETTER_REASON
-from .lifecycle import Requeue
+from .lifecycle import Cancelled, Requeue
 
 #: What a delivery that ended is counted as (``jobs_processed_total{outcome}``):
 #:
@@ -42,10 +42,22 @@ from .lifecycle import Requeue
 #: ``dead_letter``  its retries are used up, or it was refused before running.
 #: ``requeued``     stopped by a shutdown (``lifecycle.Requeue``); back in its queue.
 #: ``skipped``      a scheduled run not started (the previous run holds the run lock).
-OUTCOMES: Final = ("success", "failure", "retry", "dead_letter", "requeued", "skipped")
+#: ``cancelled``    cancelled by ``producer.cancel``: skipped, or interrupted while running.
+OUTCOMES: Final = (
+    "success",
+    "failure",
+    "retry",
+    "dead_letter",
+    "requeued",
+    "skipped",
+    "cancelled",
+)
 
 #: Marks a message ScheduleLock skipped (its outcome is ``skipped``, not ``dead_letter``).
 SKIPPED_OPTION: Final = "skipped_overlap"
+
+#: Marks a message skipped because it was cancelled (its outcome is ``cancelled``).
+CANCELLED_OPTION: Final = "cancelled"
 
 #: The dead-letter reason of a job that used up its attempts running past its time limit.
 TIME_LIMIT_REASON: Final = (
@@ -172,6 +184,8 @@ def job_outcome(broker: Broker, message: MessageProxy, exception: BaseException 
         return "success"
     if isinstance(exception, Requeue):
         return "requeued"
+    if isinstance(exception, Cancelled):
+        return "cancelled"
     if not message.failed:
         return "retry"
     actor = broker.get_actor(message.actor_name)
@@ -183,6 +197,8 @@ def job_outcome(broker: Broker, message: MessageProxy, exception: BaseException 
 
 def skip_outcome(message: MessageProxy) -> str:
     """The outcome of a delivery refused before its handler ran."""
+    if message.options.get(CANCELLED_OPTION):
+        return "cancelled"
     return "skipped" if message.options.get(SKIPPED_OPTION) else "dead_letter"
 
 

@@ -3,6 +3,7 @@
 from .age_limit import ClockedAgeLimit
 from .arguments import ArgumentModels
 from .attempts import Attempts
+from .cancellation import Cancellation
 from .message_size import MessageSize, MessageTooLargeError
 from .metrics import Metrics
 from .pipelines import Pipelines
@@ -16,6 +17,7 @@ from .tracing import Tracing
 __all__ = [
     "ArgumentModels",
     "Attempts",
+    "Cancellation",
     "CappedTimeLimit",
     "ClockedAgeLimit",
     "CrashAwareRetries",

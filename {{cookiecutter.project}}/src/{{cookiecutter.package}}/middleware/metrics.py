@@ -20,6 +20,8 @@ decided by :func:`..settlement.job_outcome` after Retries and GracefulShutdown, 
 ``requeued``     stopped by a shutdown (``lifecycle.Requeue``); back in its queue.
 ``skipped``      a scheduled run not started: the previous run of its schedule still
                  holds the run lock (:mod:`.schedule_lock`).
+``cancelled``    cancelled by ``producer.cancel``: skipped before it ran, or interrupted
+                 while running (:mod:`.cancellation`); acked, never retried.
 
 An outcome is counted (and the job's line logged) once Redis holds it, after
 Dramatiq's ack or nack succeeded (``after_ack``/``after_nack``): while Redis is
@@ -98,7 +100,7 @@ DURATION_BUCKETS = (
     3600.0,
 )
 #: Outcomes logged at INFO; the others at WARNING.
-_ROUTINE = frozenset({"success", "requeued", "skipped"})
+_ROUTINE = frozenset({"success", "requeued", "skipped", "cancelled"})
 #: How often a worker process publishes its recorded jobs, the in-flight gauge and
 #: db_pool_in_use / db_pool_size to the metric files.
 PUBLISH_INTERVAL_S = 0.5

@@ -12,7 +12,7 @@ from dramatiq.broker import MessageProxy
 from dramatiq.common import dq_name
 
 from ..layout import REDIS_MESSAGE_ID, crashes
-from ..lifecycle import Requeue
+from ..lifecycle import Cancelled, Requeue
 from ..settlement import (
     Settlement,
     SettlingBroker,
@@ -41,7 +41,8 @@ class CrashAwareRetries(dramatiq.middleware.Retries):
     """Dramatiq's :class:`~dramatiq.middleware.Retries`, with four changes.
 
     * A :class:`~..lifecycle.Requeue` (shutdown) is not a failure: no retry is
-      counted and no delayed copy is enqueued; the shutdown middleware requeues it.
+      counted and no delayed copy is enqueued; the shutdown middleware requeues it. Nor is
+      a :class:`~..lifecycle.Cancelled` (``producer.cancel``): its message is acked.
     * Deliveries lost to crashes (``options["crashes"]``) use up the same budget,
       so ``max_retries + 1`` is the total number of deliveries.
     * An exhausted message is dead-lettered with the exception as its reason
@@ -66,7 +67,7 @@ class CrashAwareRetries(dramatiq.middleware.Retries):
         result: Any = None,
         exception: BaseException | None = None,
     ) -> None:
-        if exception is None or isinstance(exception, Requeue):
+        if exception is None or isinstance(exception, (Requeue, Cancelled)):
             return
         actor = broker.get_actor(message.actor_name)
         budget = min(actor.options.get("max_retries", self.max_retries), self.max_retries)
