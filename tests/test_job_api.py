@@ -344,3 +344,82 @@ def test_a_queued_job_cancelled_never_runs_and_a_running_one_stops(
     assert jobs.queued() == [] and jobs.delayed() == 0 and jobs.dead_letters() == []
     assert not jobs.stranded()
     assert worker.stop() == 0
+
+
+EVOLVE = '''\\
+"""A typed actor at schema version {version}, for the rolling-deploy test."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import redis
+from pydantic import AliasChoices, Field
+
+from ..typed import JobArguments, actor
+
+_client = redis.Redis.from_url(os.environ["REDIS_URL"])
+
+{model}
+
+@actor(queue_name="notifications")
+def greet(job: Greeting) -> None:
+    _client.rpush("test:greeted", json.dumps({{"worker": {version}, **job.model_dump()}}))
+'''
+
+V1 = '''\\
+class Greeting(JobArguments):
+    user_id: int
+    name: str
+'''
+
+# Release 2, as the README's upgrade path says: ``name`` renamed ``display_name`` (read under
+# both names, still written as ``name`` for one release) and ``locale`` added with a default.
+V2 = '''\\
+class Greeting(JobArguments):
+    version = 2
+    user_id: int
+    display_name: str = Field(
+        validation_alias=AliasChoices("display_name", "name"), serialization_alias="name"
+    )
+    locale: str = "en"
+'''
+
+
+def test_a_rolling_deploy_runs_old_messages_on_new_workers_and_new_on_old(
+        workers: Callable[..., Worker], jobs: Jobs, api_project: Path, redis_url: str,
+        tmp_path: Path) -> None:
+    old = copy_project(api_project, tmp_path / "old" / api_project.name,
+                       evolve=EVOLVE.format(version=1, model=V1))
+    new = copy_project(api_project, tmp_path / "new" / api_project.name,
+                       evolve=EVOLVE.format(version=2, model=V2))
+    send = "from {package}.actors.evolve import greet\n"
+    # New producers (release 2) while only old workers run: new-version messages, old workers.
+    done = produce(new, redis_url, send + (
+        "greet.send(user_id=1, display_name='Ada', locale='fr')\n"
+        "greet.send(2, 'Bob')\n"))
+    assert done.returncode == 0, done.stderr
+    old_worker = Worker(old, redis_url, tmp_path / "w-old").start()
+    try:
+        wait_for(lambda: jobs.client.llen("test:greeted") == 2, 30, "old workers on new messages")
+        assert old_worker.stop() == 0
+    finally:
+        old_worker.kill()
+    # Old producers (release 1) still running once new workers took over.
+    done = produce(old, redis_url, send + "greet.send(user_id=3, name='Cy')\n")
+    assert done.returncode == 0, done.stderr
+    new_worker = Worker(new, redis_url, tmp_path / "w-new").start()
+    try:
+        wait_for(lambda: jobs.client.llen("test:greeted") == 3, 30, "new workers on old messages")
+        assert new_worker.stop() == 0
+    finally:
+        new_worker.kill()
+    greeted = sorted((json.loads(raw) for raw in jobs.client.lrange("test:greeted", 0, -1)),
+                     key=lambda record: record["user_id"])
+    assert greeted == [
+        {"worker": 1, "user_id": 1, "name": "Ada"},  # locale, unknown to release 1, ignored
+        {"worker": 1, "user_id": 2, "name": "Bob"},
+        {"worker": 2, "user_id": 3, "display_name": "Cy", "locale": "en"},
+    ]
+    assert jobs.dead_letters() == [] and not jobs.stranded()
