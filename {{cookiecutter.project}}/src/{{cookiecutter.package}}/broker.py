@@ -25,7 +25,6 @@ from dramatiq.middleware import (
     Retries,
     TimeLimit,
 )
-from dramatiq.results import Results
 
 from . import layout, redisclient
 from .consumer import SettlingRedisBroker
@@ -42,6 +41,7 @@ from .middleware import (
     Pipelines,
     Progress,
     Recovery,
+    StoredResults,
     Tracing,
 )
 {%- if cookiecutter.database == "postgres" %}
@@ -66,13 +66,13 @@ def middleware_stack(settings: Settings, client: redis.Redis) -> list[Middleware
     alone (its watchdog is disarmed first, before any ``after_*`` hook of the others runs);
     Tracing, first, holds the delivery's span around all of them (off unless ``OTEL_*``
     names a destination); MessageSize, last, measures a message a handler sends as the
-    others left it. Results, GroupCompletion and AsyncIO (Dramatiq's job API: stored results,
-    group completion callbacks, ``async def`` actors) act only for the actors and messages
-    that use them; Results and GroupCompletion sit above CrashAwareRetries, so they see a
-    delivery's end as it decided (``client``: the broker's Redis, where results and group
-    barriers live). Cancellation, last of the per-job middleware, checks a message right
-    before its handler and forgets it first when the handler ends, so a cancel interrupts
-    the handler, not another middleware's hook."""
+    others left it. StoredResults, GroupCompletion and AsyncIO (Dramatiq's job API: stored
+    results, group completion callbacks, ``async def`` actors) act only for the actors and
+    messages that use them; StoredResults and GroupCompletion sit above CrashAwareRetries,
+    so they see a delivery's end as it decided (``client``: the broker's Redis, where results
+    and group barriers live). Cancellation, last of the per-job middleware, checks a message
+    right before its handler and forgets it first when the handler ends, so a cancel
+    interrupts the handler, not another middleware's hook."""
     stack: list[Middleware] = [
         Tracing(),
         Attempts(settings.worker_max_attempts),
@@ -84,7 +84,7 @@ def middleware_stack(settings: Settings, client: redis.Redis) -> list[Middleware
         ClockedAgeLimit(),
         Callbacks(),
         Pipelines(),
-        Results(
+        StoredResults(
             backend=CappedResults(client, settings.result_max_bytes),
             result_ttl=settings.result_ttl_ms,
         ),
@@ -164,7 +164,7 @@ def producer_middleware(max_message_bytes: int, client: redis.Redis) -> list[Mid
     so every actor option the worker accepts (``max_retries``, ``time_limit``, ...) is
     declared; none of the worker's middleware acts when a message is enqueued, except
     Tracing, which puts the trace context in the message (when ``OTEL_*`` turns it on), and
-    MessageSize, last, which refuses a message over ``max_message_bytes``. Results (on
+    MessageSize, last, which refuses a message over ``max_message_bytes``. StoredResults (on
     ``client``) lets ``message.get_result()`` read a stored result; GroupCompletion lets
     ``group(...).run()`` create a group's barrier."""
     return [
@@ -173,7 +173,7 @@ def producer_middleware(max_message_bytes: int, client: redis.Redis) -> list[Mid
         TimeLimit(),
         Callbacks(),
         Pipelines(),
-        Results(backend=CappedResults(client)),
+        StoredResults(backend=CappedResults(client)),
         GroupCompletion(client),
         Retries(),
         CurrentMessage(),

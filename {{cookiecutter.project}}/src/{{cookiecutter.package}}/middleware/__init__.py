@@ -9,6 +9,7 @@ from .metrics import Metrics
 from .pipelines import Pipelines
 from .progress import Progress
 from .recovery import Recovery
+from .results import StoredResults
 from .retries import CrashAwareRetries
 from .shutdown import GracefulShutdown
 from .time_limit import CappedTimeLimit
@@ -28,5 +29,6 @@ __all__ = [
     "Pipelines",
     "Progress",
     "Recovery",
+    "StoredResults",
     "Tracing",
 ]

@@ -61,7 +61,10 @@ class Cancellation(Middleware):
         self._running: dict[int, str] = {}
         self._stopped = threading.Event()
         self._listener: threading.Thread | None = None
+        #: Held while a cancel looks for its message among the running ones; a handler that
+        #: ends takes it only while :attr:`_cancelling` (most jobs take no lock).
         self._lock = threading.Lock()
+        self._cancelling = 0
 
     # -- the listener -------------------------------------------------------------------
 
@@ -115,13 +118,17 @@ class Cancellation(Middleware):
         :data:`..layout.CANCEL_TTL_MS` from now) and interrupt it if it runs here; True
         when it did."""
         self.cancelled[message_id] = lapses or time.time() * 1000 + layout.CANCEL_TTL_MS
-        with self._lock:
-            for thread_id, running in list(self._running.items()):
-                if running == message_id:
-                    raise_thread_exception(thread_id, Cancelled)
-                    logger.info("cancelled job interrupted", extra={"job_id": message_id})
-                    return True
-        return False
+        self._cancelling += 1
+        try:
+            with self._lock:
+                for thread_id, running in list(self._running.items()):
+                    if running == message_id:
+                        raise_thread_exception(thread_id, Cancelled)
+                        logger.info("cancelled job interrupted", extra={"job_id": message_id})
+                        return True
+            return False
+        finally:
+            self._cancelling -= 1
 
     def _prune(self) -> None:
         now = time.time() * 1000
@@ -132,9 +139,9 @@ class Cancellation(Middleware):
     # -- per message ----------------------------------------------------------------------
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
-        me = threading.get_ident()
-        self._running[me] = message.message_id  # first: a cancel that comes now sees it
-        if message.message_id in self.cancelled:
+        me, message_id = threading.get_ident(), message.message_id
+        self._running[me] = message_id  # first: a cancel that comes now sees it
+        if message_id in self.cancelled:
             self._running.pop(me, None)
             message.options[CANCELLED_OPTION] = True
             raise SkipMessage("cancelled")
@@ -147,8 +154,11 @@ class Cancellation(Middleware):
         result: Any = None,
         exception: BaseException | None = None,
     ) -> None:
-        try:  # under the lock: a cancel either interrupted the handler or sees it ended
-            with self._lock:
+        try:  # while a cancel looks (under its lock), it either interrupted the handler or
+            if self._cancelling:  # sees it ended
+                with self._lock:
+                    self._running.pop(threading.get_ident(), None)
+            else:
                 self._running.pop(threading.get_ident(), None)
         except Cancelled:
             pass  # raised a moment too late, into this hook: the job had ended

@@ -49,10 +49,11 @@ class GroupCompletion(GroupCallbacks):
         result: Any = None,
         exception: BaseException | None = None,
     ) -> None:
-        completion = message.options.get("group_completion_uuid")
-        if exception is not None or not completion:
+        options = message.options
+        if "group_completion_uuid" not in options or exception is not None:
             return
-        callbacks = message.options.get("group_completion_callbacks") or []
+        completion = options["group_completion_uuid"]
+        callbacks = options.get("group_completion_callbacks") or []
         claimed = False
         try:
             claimed = group_member_done(

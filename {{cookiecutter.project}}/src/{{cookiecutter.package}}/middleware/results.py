@@ -1,0 +1,46 @@
+"""StoredResults: Dramatiq's Results, acting only for a job that stores or returns a result."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dramatiq import Broker
+from dramatiq.broker import MessageProxy
+from dramatiq.results import Results
+
+
+class StoredResults(Results):
+    """Dramatiq's :class:`~dramatiq.results.Results` (``store_results=True``; the backend is
+    :class:`..results.CappedResults`), whose per-job hook returns at once for a job that
+    returned None and does not store results: most jobs. Dramatiq's looks its options up for
+    every job.
+
+    Parameters:
+      backend: the result backend.
+      result_ttl: ``RESULT_TTL_MS`` (None: Dramatiq's default, 10 minutes).
+    """
+
+    def __init__(self, *, backend: Any, result_ttl: int | None = None) -> None:
+        super().__init__(backend=backend, result_ttl=result_ttl)  # type: ignore[no-untyped-call]
+        #: Actor name -> its ``store_results`` (actors do not change once declared).
+        self._stores: dict[str, bool] = {}
+
+    def after_process_message(
+        self,
+        broker: Broker,
+        message: MessageProxy,
+        *,
+        result: Any = None,
+        exception: BaseException | None = None,
+    ) -> None:
+        if result is None:
+            name = message.actor_name
+            stores = self._stores.get(name)
+            if stores is None:
+                actor = broker.actors.get(name)
+                stores = self._stores[name] = bool(
+                    actor is not None and actor.options.get("store_results", self.store_results)
+                )
+            if not stores and "store_results" not in message.options:
+                return
+        super().after_process_message(broker, message, result=result, exception=exception)  # type: ignore[no-untyped-call]
