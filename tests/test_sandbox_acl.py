@@ -40,8 +40,10 @@ NS = "dramatiq"
 
 
 def _template_layout() -> Any:
-    """The template's layout.py (no Jinja in it): the one owner of the namespaces."""
-    path = TEMPLATE / "{{cookiecutter.project}}" / "src" / "{{cookiecutter.package}}" / "layout.py"
+    """The template's layout/keys.py (no Jinja, no import of its package): the one owner
+    of the namespaces."""
+    package = TEMPLATE / "{{cookiecutter.project}}" / "src" / "{{cookiecutter.package}}"
+    path = package / "layout" / "keys.py"
     spec = importlib.util.spec_from_file_location("_template_layout", path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)

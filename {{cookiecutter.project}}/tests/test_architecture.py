@@ -5,7 +5,7 @@ off", "add a Redis key" and "change the drain" touch and names them. These tests
 code (its syntax trees) and fail when a pool field's bound or default is copied outside
 ``pools.py``, when a metric is defined or recorded outside the files named, when the retry
 backoff is stated or the retry copy built outside the files named (or an actor's own
-options), when a Redis key is spelled outside ``layout.py``, when the drain reaches
+options), when a Redis key is spelled outside ``layout/keys.py``, when the drain reaches
 outside the files named or keeps an unnamed constant, or when the doc's list or count is
 wrong.
 """
@@ -209,7 +209,7 @@ def test_adding_a_metric_touches_the_one_file_the_doc_names() -> None:
     assert defined, "no metric found: the scan no longer sees how metrics are created"
     spread = {name: sorted(paths) for name, paths in defined.items() if len(paths) > 1}
     assert spread == {}, f"metrics defined in more than one file: {spread}"
-    assert 1 <= row.most <= 2, "the file that defines and records it, and layout.py at most"
+    assert 1 <= row.most <= 2, "the file that defines and records it, and a layout module"
     unnamed = {name: sorted(paths - row.files) for name, paths in defined.items()}
     assert {n: p for n, p in unnamed.items() if p} == {}, (
         "metrics defined in files docs/architecture.md does not name for 'add a metric'"
@@ -299,7 +299,8 @@ def test_changing_the_backoff_touches_the_files_the_doc_names() -> None:
 # -- add a Redis key ----------------------------------------------------------------------
 
 #: What a string holding a Redis key starts with (the namespaces) or contains (Dramatiq's
-#: key parts); ``layout.py`` builds every key.
+#: key parts); ``layout/keys.py`` builds every key.
+KEYS_MODULE = "layout/keys.py"
 KEY_STARTS = ("dramatiq:", "dramatiq-sandbox:")
 KEY_PARTS = ("__acks__", "__heartbeats__")
 KEY_SUFFIXES = (".DQ", ".XQ", ".msgs")
@@ -353,14 +354,16 @@ def spelled_keys(tree: ast.Module) -> list[str]:
 def test_adding_a_redis_key_touches_the_files_the_doc_names() -> None:
     row = task("add a Redis key")
     parsed = modules()
-    assert spelled_keys(parsed["layout.py"]), "the scan no longer sees how layout.py spells keys"
-    assert row.files == {"layout.py"} and row.most == 2, "layout.py and the module that uses it"
+    assert spelled_keys(parsed[KEYS_MODULE]), f"the scan no longer sees {KEYS_MODULE}'s keys"
+    assert KEYS_MODULE in row.files, f"the row names {sorted(row.files)}, not {KEYS_MODULE}"
+    assert all(path.startswith("layout/") for path in row.files), "only layout's modules"
+    assert row.most <= 3, "the builder, the script of its concept, the module that uses it"
     elsewhere = {
         path: spelled
         for path, tree in parsed.items()
-        if path != "layout.py" and (spelled := spelled_keys(tree))
+        if path != KEYS_MODULE and (spelled := spelled_keys(tree))
     }
-    assert elsewhere == {}, f"Redis keys spelled outside layout.py: {elsewhere}"
+    assert elsewhere == {}, f"Redis keys spelled outside {KEYS_MODULE}: {elsewhere}"
 
 
 # -- change the drain -------------------------------------------------------------------

@@ -1,0 +1,420 @@
+"""The delivery scripts: fetch, settle, requeue, dead-letter, replay, purge, heartbeat,
+the stale workers, the backlog; each a Lua constant stating its KEYS and ARGV, called
+through the typed function below it, so no caller assembles KEYS.
+
+A script that works on several queues states its record widths as :data:`BACKLOG_KEYS`
+and :data:`BACKLOG_FIELDS`; the Lua reads the width from ARGV. Scripts that may run while
+Redis is full (``maxmemory`` reached, ``noeviction``) free before they write: a heartbeat
+removes its old entry first, a fetch pops before it adds, a settlement removes its id from
+the acks set first (Redis refuses a script's growing write only when the script has
+written nothing yet). Times are Redis's (:data:`CLOCK`).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+from .keys import (
+    QueueKeys,
+    acks_key,
+    bodies_key,
+    dead_letter_keys,
+    epoch_key,
+    heartbeats_key,
+    namespace_of,
+    namespaces_of,
+    process_key,
+    queue_key,
+    with_delay_queues,
+)
+from .schema import message_fields, text
+
+if TYPE_CHECKING:
+    import redis
+
+
+#: Requeue a held message. Only the caller that removes the id from the acks set moves it.
+#: KEYS: acks set, bodies of the queue, the queue.  ARGV: redis id, new body or ''.
+REQUEUE: Final = """
+if redis.call('srem', KEYS[1], ARGV[1]) == 1 then
+  if redis.call('hexists', KEYS[2], ARGV[1]) == 1 then
+    if ARGV[2] ~= '' then redis.call('hset', KEYS[2], ARGV[1], ARGV[2]) end
+    redis.call('rpush', KEYS[3], ARGV[1])
+  end
+  return 1
+end
+return 0
+"""
+
+#: Lua: Redis's clock in ms (``TIME``), and a heartbeat that frees its old entry before it
+#: writes the new one (so a full Redis takes it: see the module docstring).
+CLOCK: Final = """
+local function now_ms()
+  local t = redis.call('time')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function beat(heartbeats, id, now)
+  redis.call('zrem', heartbeats, id)
+  redis.call('zadd', heartbeats, now, id)
+end
+"""
+
+#: Dead-letter a held message: the same guard, then the zset and bodies, as Dramatiq's nack.
+#: KEYS: acks set, bodies of the queue, dead zset, dead bodies.  ARGV: id, body.
+DEAD_LETTER: Final = (
+    CLOCK
+    + """
+if redis.call('srem', KEYS[1], ARGV[1]) == 1 then
+  redis.call('zadd', KEYS[3], now_ms(), ARGV[1])
+  redis.call('hset', KEYS[4], ARGV[1], ARGV[2])
+  redis.call('hdel', KEYS[2], ARGV[1])
+  return 1
+end
+return 0
+"""
+)
+
+#: Replay a dead letter; the removal from the dead zset is the guard (exactly once).
+#: KEYS: dead zset, dead bodies, bodies of the queue, the queue.
+#: ARGV: old redis id, new redis id, new body.
+REPLAY: Final = """
+if redis.call('zrem', KEYS[1], ARGV[1]) == 1 then
+  redis.call('hdel', KEYS[2], ARGV[1])
+  redis.call('hset', KEYS[3], ARGV[2], ARGV[3])
+  redis.call('rpush', KEYS[4], ARGV[2])
+  return 1
+end
+return 0
+"""
+
+#: Delete a dead letter, with the same guard.  KEYS: dead zset, dead bodies.  ARGV: redis id.
+PURGE: Final = """
+if redis.call('zrem', KEYS[1], ARGV[1]) == 1 then
+  redis.call('hdel', KEYS[2], ARGV[1])
+  return 1
+end
+return 0
+"""
+
+#: Lua: take up to ``count`` ids off the list ``queue`` into the acks set ``acks``, appending
+#: each id and its body from ``bodies`` (false: none) to ``out``. FETCH and SETTLE share it.
+_TAKE: Final = """
+local function take(queue, bodies, acks, count, out)
+  for i = 1, count do
+    local id = redis.call('lpop', queue)
+    if not id then break end
+    redis.call('sadd', acks, id)
+    out[#out + 1] = id
+    out[#out + 1] = redis.call('hget', bodies, id)
+  end
+  return out
+end
+"""
+
+#: Fetch up to ARGV[1] messages with their ids (Dramatiq's fetch returns bodies only, so a
+#: body that does not decode could not be dead-lettered by id), then heartbeat (after the
+#: pops, which free: a full Redis still lets a worker fetch and beat).
+#: KEYS: the queue, its bodies, this worker's acks set, heartbeats.
+#: ARGV: how many, broker id.  Returns [id1, body1, id2, body2, ...] (false: no body).
+FETCH: Final = (
+    _TAKE
+    + CLOCK
+    + """
+local out = take(KEYS[1], KEYS[2], KEYS[3], tonumber(ARGV[1]), {})
+beat(KEYS[4], ARGV[2], now_ms())
+return out
+"""
+)
+
+#: This worker is alive: its heartbeat at Redis's time, and its process record
+#: (:func:`process_key`) when ARGV[2] is not empty, kept ARGV[3] ms; returns that time and
+#: the namespace's epoch token (false: none), so one call also notices a reset.
+#: KEYS: heartbeats, the epoch key, the process record.  ARGV: broker id, record or '',
+#: record lifetime ms.  Returns [ms, epoch].
+HEARTBEAT: Final = (
+    CLOCK
+    + """
+local now = now_ms()
+beat(KEYS[1], ARGV[1], now)
+if ARGV[2] ~= '' then redis.call('set', KEYS[3], ARGV[2], 'PX', ARGV[3]) end
+return {now, redis.call('get', KEYS[2])}
+"""
+)
+
+#: Workers whose heartbeat is older than ARGV[1] ms by Redis's clock.
+#: KEYS: heartbeats.  ARGV: timeout ms.  Returns their ids.
+STALE_WORKERS: Final = (
+    CLOCK
+    + """
+return redis.call('zrangebyscore', KEYS[1], 0, now_ms() - tonumber(ARGV[1]))
+"""
+)
+
+#: Settle a delivery: its ack and its outcome (a retry copy stored, a requeue, a dead
+#: letter) in one step, or nothing (the removal from the acks set is the guard); then
+#: heartbeat and refill the freed slot: take up to ARGV[7] messages as FETCH does, so a
+#: handler's next job costs no round trip of its own.
+#: The removal from the acks set comes first (it frees: a full Redis still takes the rest).
+#: KEYS: acks set, bodies of the queue, target list, target bodies, dead zset, dead bodies,
+#: heartbeats, the queue.  ARGV: kind (ack, retry, requeue, dead_letter), redis id, body
+#: (retry copy, dead letter; '' keeps the stored one), target id (retry copy), broker id,
+#: how many to take.  Returns [settled (1 or 0), id1, body1, id2, body2, ...].
+SETTLE: Final = (
+    _TAKE
+    + CLOCK
+    + """
+local settled = redis.call('srem', KEYS[1], ARGV[2])
+local now = now_ms()
+if settled == 1 then
+  local kind = ARGV[1]
+  if kind == 'ack' then
+    redis.call('hdel', KEYS[2], ARGV[2])
+  elseif kind == 'retry' then
+    redis.call('hdel', KEYS[2], ARGV[2])
+    redis.call('hset', KEYS[4], ARGV[4], ARGV[3])
+    redis.call('rpush', KEYS[3], ARGV[4])
+  elseif kind == 'requeue' then
+    if redis.call('hexists', KEYS[2], ARGV[2]) == 1 then
+      redis.call('rpush', KEYS[3], ARGV[2])
+    end
+  elseif kind == 'dead_letter' then
+    local body = ARGV[3]
+    if body == '' then body = redis.call('hget', KEYS[2], ARGV[2]) end
+    if body then
+      redis.call('zadd', KEYS[5], now, ARGV[2])
+      redis.call('hset', KEYS[6], ARGV[2], body)
+    end
+    redis.call('hdel', KEYS[2], ARGV[2])
+  end
+end
+beat(KEYS[7], ARGV[5], now)
+return take(KEYS[8], KEYS[2], KEYS[1], tonumber(ARGV[6]), {settled})
+"""
+)
+
+
+def fetch_keys(broker_id: str, queue: str) -> list[str]:
+    """The KEYS of :data:`FETCH` for ``broker_id`` fetching from ``queue``."""
+    heartbeats = heartbeats_key(namespace_of(queue))
+    return [queue_key(queue), bodies_key(queue), acks_key(broker_id, queue), heartbeats]
+
+
+@functools.lru_cache(maxsize=1024)
+def settle_keys(broker_id: str, queue: str, target: str) -> tuple[str, ...]:
+    """The KEYS of :data:`SETTLE` for a delivery held on ``queue``; ``target`` is the queue
+    of a retry copy or requeue (``queue`` itself for a requeue). Kept once made: every
+    delivery is settled with them, and a worker holds a few queues."""
+    return (
+        acks_key(broker_id, queue),
+        bodies_key(queue),
+        queue_key(target),
+        bodies_key(target),
+        *dead_letter_keys(queue),
+        heartbeats_key(namespace_of(queue)),
+        queue_key(queue),
+    )
+
+
+#: What :data:`BACKLOG` returns per queue, in order (its record width is the length).
+BACKLOG_FIELDS: Final = ("depth", "head", "delayed", "delayed_head", "dead_letters")
+
+#: The members of every set of KEYS (this worker's acks sets), in one call (the
+#: Recovery pass's look for orphans: one round trip, however many queues).
+#: Returns per key: its member count, then its members.
+MEMBERS: Final = """
+local out = {}
+for _, key in ipairs(KEYS) do
+  local members = redis.call('smembers', key)
+  table.insert(out, #members)
+  for _, member in ipairs(members) do table.insert(out, member) end
+end
+return out
+"""
+
+
+def members_of(raw: list[Any]) -> list[list[Any]]:
+    """:data:`MEMBERS`' reply, split per key (in KEYS' order)."""
+    found: list[list[Any]] = []
+    index = 0
+    while index < len(raw):
+        count = int(raw[index])
+        found.append(raw[index + 1 : index + 1 + count])
+        index += 1 + count
+    return found
+
+
+#: The backlog of several queues in one call (constant work per queue).
+#: KEYS: :func:`backlog_keys` of each queue, :data:`BACKLOG_KEYS` keys per queue.
+#: ARGV: ids tried at a list's head when one has no body; keys per queue.
+#: Returns per queue the :data:`BACKLOG_FIELDS`: llen, head body or false, delay
+#: llen, delay head body or false, dead-letter count.
+BACKLOG: Final = """
+local out = {}
+local probe = tonumber(ARGV[1])
+local width = tonumber(ARGV[2])
+local function head(list, bodies)
+  local ids = redis.call('lrange', list, 0, probe - 1)
+  for _, id in ipairs(ids) do
+    local body = redis.call('hget', bodies, id)
+    if body then return body end
+  end
+  return false
+end
+for i = 1, #KEYS, width do
+  table.insert(out, redis.call('llen', KEYS[i]))
+  table.insert(out, head(KEYS[i], KEYS[i + 1]))
+  table.insert(out, redis.call('llen', KEYS[i + 2]))
+  table.insert(out, head(KEYS[i + 2], KEYS[i + 3]))
+  table.insert(out, redis.call('zcard', KEYS[i + 4]))
+end
+return out
+"""
+
+
+def backlog_keys(queue: str) -> tuple[str, ...]:
+    """The keys :data:`BACKLOG` reads for ``queue``, in its order."""
+    keys = QueueKeys.of(queue)
+    return keys.ready, keys.ready_bodies, keys.delayed, keys.delayed_bodies, keys.dead
+
+
+#: Keys :data:`BACKLOG` takes per queue.
+BACKLOG_KEYS: Final = len(backlog_keys("q"))
+
+
+def requeue_held(
+    client: redis.Redis, broker_id: str, queue: str, redis_id: str, body: bytes = b""
+) -> bool:
+    """Put a message held by ``broker_id`` back at the tail of ``queue``, storing ``body``
+    first when given. False when it was no longer held (someone else moved it)."""
+    keys = (acks_key(broker_id, queue), bodies_key(queue), queue_key(queue))
+    return bool(client.eval(REQUEUE, len(keys), *keys, redis_id, body))
+
+
+def dead_letter_held(
+    client: redis.Redis, broker_id: str, queue: str, redis_id: str, body: bytes
+) -> bool:
+    """Move a message held by ``broker_id`` to the dead letters of ``queue``, stored as
+    ``body``. False when it was no longer held."""
+    keys = (acks_key(broker_id, queue), bodies_key(queue), *dead_letter_keys(queue))
+    return bool(client.eval(DEAD_LETTER, len(keys), *keys, redis_id, body))
+
+
+def heartbeat(
+    client: redis.Redis, broker_id: str, namespace: str, record: bytes = b"", ttl_ms: int = 0
+) -> tuple[int, Any]:
+    """:data:`HEARTBEAT` for ``broker_id`` in ``namespace``: (Redis's ms, epoch or None).
+    ``record`` (JSON, :func:`process_key`) is stored too, for ``ttl_ms``, unless empty."""
+    keys = (heartbeats_key(namespace), epoch_key(namespace), process_key(broker_id, namespace))
+    now, epoch = client.eval(HEARTBEAT, len(keys), *keys, broker_id, record, ttl_ms)
+    return int(now), epoch
+
+
+@dataclass(frozen=True)
+class FleetMember:
+    """One worker (broker id) of a namespace as Redis knows it: its last heartbeat (ms,
+    Redis's clock), its process record (decoded JSON, None: none or expired) and how many
+    deliveries each of its acks sets holds (queue or delay queue -> count)."""
+
+    namespace: str
+    broker_id: str
+    beat_ms: int
+    record: dict[str, Any] | None
+    held: dict[str, int]
+
+
+def read_fleet(client: redis.Redis, queues: Sequence[str]) -> tuple[int, list[FleetMember]]:
+    """Every worker of the namespaces of ``queues``, in two round trips: (Redis's ms, the
+    workers by heartbeat, oldest first). Work is one small read per worker and per worker
+    and queue (the size of its acks sets), whatever the queues hold."""
+    namespaces = namespaces_of(queues)
+    pipe = client.pipeline(transaction=False)
+    pipe.time()
+    for namespace in namespaces:
+        pipe.zrange(heartbeats_key(namespace), 0, -1, withscores=True)
+    first = pipe.execute()
+    seconds, micros = first[0]
+    now = int(seconds) * 1000 + int(micros) // 1000
+    workers = [
+        (namespace, text(broker_id), int(score))
+        for namespace, beats in zip(namespaces, first[1:], strict=True)
+        for broker_id, score in beats
+    ]
+    served = {
+        namespace: [
+            queue for queue in with_delay_queues(queues) if namespace_of(queue) == namespace
+        ]
+        for namespace in namespaces
+    }
+    pipe = client.pipeline(transaction=False)
+    for namespace, broker_id, _ in workers:
+        pipe.get(process_key(broker_id, namespace))
+        for queue in served[namespace]:
+            pipe.scard(acks_key(broker_id, queue))
+    replies = iter(pipe.execute() if workers else [])
+    members = []
+    for namespace, broker_id, beat_ms in workers:
+        record = message_fields(next(replies))
+        held = {queue: int(next(replies)) for queue in served[namespace]}
+        members.append(FleetMember(namespace, broker_id, beat_ms, record, held))
+    return now, members
+
+
+def stale_workers(client: redis.Redis, namespace: str, timeout_ms: int) -> list[str]:
+    """:data:`STALE_WORKERS`: ids of ``namespace``'s workers silent for ``timeout_ms``."""
+    raw: list[Any] = client.eval(STALE_WORKERS, 1, heartbeats_key(namespace), timeout_ms)
+    return [text(worker) for worker in raw]
+
+
+def replay_dead_letter(
+    client: redis.Redis, queue: str, redis_id: str, new_redis_id: str, body: bytes
+) -> bool:
+    """Move dead letter ``redis_id`` to the tail of ``queue`` as ``new_redis_id`` with
+    ``body``. False when it was already gone."""
+    keys = (*dead_letter_keys(queue), bodies_key(queue), queue_key(queue))
+    return bool(client.eval(REPLAY, len(keys), *keys, redis_id, new_redis_id, body))
+
+
+def purge_dead_letter(client: redis.Redis, queue: str, redis_id: str) -> bool:
+    """Delete dead letter ``redis_id`` of ``queue``. False when it was already gone."""
+    keys = dead_letter_keys(queue)
+    return bool(client.eval(PURGE, len(keys), *keys, redis_id))
+
+
+def replay_dead_letters(
+    client: redis.Redis, queue: str, moves: Sequence[tuple[str, str, bytes]]
+) -> int:
+    """:func:`replay_dead_letter` for each ``(redis id, new redis id, body)`` of ``queue``,
+    in one round trip; returns how many moved (the others were already gone)."""
+    keys = (*dead_letter_keys(queue), bodies_key(queue), queue_key(queue))
+    pipe = client.pipeline(transaction=False)
+    for redis_id, new_redis_id, body in moves:
+        pipe.eval(REPLAY, len(keys), *keys, redis_id, new_redis_id, body)
+    return sum(bool(moved) for moved in pipe.execute()) if moves else 0
+
+
+def purge_dead_letters(client: redis.Redis, queue: str, redis_ids: Sequence[str]) -> int:
+    """:func:`purge_dead_letter` for each of ``redis_ids`` of ``queue``, in one round trip;
+    returns how many were deleted."""
+    keys = dead_letter_keys(queue)
+    pipe = client.pipeline(transaction=False)
+    for redis_id in redis_ids:
+        pipe.eval(PURGE, len(keys), *keys, redis_id)
+    return sum(bool(gone) for gone in pipe.execute()) if redis_ids else 0
+
+
+def read_backlog_records(
+    client: redis.Redis, queues: Sequence[str], head_probe: int
+) -> list[dict[str, Any]]:
+    """One :data:`BACKLOG` call; per queue a dict of the :data:`BACKLOG_FIELDS` (raw replies)."""
+    if not queues:
+        return []
+    keys = [key for queue in queues for key in backlog_keys(queue)]
+    raw: list[Any] = client.eval(BACKLOG, len(keys), *keys, head_probe, BACKLOG_KEYS)
+    width = len(BACKLOG_FIELDS)
+    return [
+        dict(zip(BACKLOG_FIELDS, raw[start : start + width], strict=True))
+        for start in range(0, len(raw), width)
+    ]

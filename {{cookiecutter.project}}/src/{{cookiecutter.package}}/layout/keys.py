@@ -1,0 +1,220 @@
+"""Redis key names: Dramatiq's and ours, each built by one function here.
+
+The one module that spells a Redis key (``tests/test_architecture.py`` fails on a key
+spelled anywhere else). Dramatiq's own layout (``dramatiq/brokers/redis/dispatch.lua``),
+for a queue ``q`` and a worker (broker) id ``w``:
+
+* ``dramatiq:q``: list of redis message ids ready to run (the list KEDA watches);
+* ``dramatiq:q.msgs``: hash redis message id -> encoded message;
+* ``dramatiq:q.DQ`` and ``dramatiq:q.DQ.msgs``: the delay queue (retries with
+  backoff, ``delay=``), the same shape;
+* ``dramatiq:q.XQ`` (zset id -> time of death, ms) and ``dramatiq:q.XQ.msgs``:
+  dead letters, for ``q`` and its delay queue alike (there is no ``q.DQ.XQ``);
+* ``dramatiq:__acks__.w.q``: set of ids ``w`` fetched and has not acked yet
+  (one per queue and delay queue);
+* ``dramatiq:__heartbeats__``: zset worker id -> last heartbeat, ms.
+
+Ours beside them: ``dramatiq:__epoch__``, the namespace's epoch token (a reset is seen
+when it is gone or replaced, :mod:`..brokerstate`), ``dramatiq:__probe__``, the
+short-lived key readiness writes to learn that Redis takes writes, the wake-up channel,
+the idempotency keys and leases, the scheduler's leader lock, and each schedule's state
+hash and run lock.
+
+The sandbox pool's queue (:data:`SANDBOX_QUEUE`, customer code) has the same layout under
+a namespace of its own, :data:`SANDBOX_NAMESPACE` (``dramatiq-sandbox:untrusted``, its
+acks sets, its own ``dramatiq-sandbox:__heartbeats__``, ...): :func:`namespace_of` picks
+the namespace of every key of a queue, so the sandbox pool's keys and any other pool's
+are disjoint, and its Redis ACL user (``~dramatiq-sandbox:*``, rendered by worker_infra)
+can neither forge nor remove another pool's heartbeat, acks, delayed or dead messages.
+
+This module imports nothing of this package: the template's tests load it on its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Final
+
+#: Dramatiq's key prefix of every queue but the sandbox's.
+NAMESPACE: Final = "dramatiq"
+#: The sandbox pool's queue (untrusted code; ``actors/sandbox.py``). Only a pool with
+#: ``sandbox = true`` serves it, and such a pool serves nothing else (pools.toml checks).
+SANDBOX_QUEUE: Final = "untrusted"
+#: The key prefix of :data:`SANDBOX_QUEUE`: disjoint from :data:`NAMESPACE`'s keys.
+SANDBOX_NAMESPACE: Final = "dramatiq-sandbox"
+#: Suffix of a queue's delay queue (``dramatiq.common.dq_name``).
+DELAY_SUFFIX: Final = ".DQ"
+#: Suffix of a queue's dead letters (``dramatiq.common.xq_name``).
+DEAD_SUFFIX: Final = ".XQ"
+#: Suffix of the hash that holds a list's message bodies.
+BODIES_SUFFIX: Final = ".msgs"
+#: Worker heartbeats of the default namespace: zset broker id -> ms since the epoch.
+HEARTBEATS: Final = f"{NAMESPACE}:__heartbeats__"
+#: Prefix of the idempotency keys (ours): "done", or the token of the delivery running it.
+IDEMPOTENCY_PREFIX: Final = "idempotency:"
+#: Prefix of the idempotency leases (ours): the token of the delivery running the side effect.
+IDEMPOTENCY_LEASE_PREFIX: Final = "idempotency-lease:"
+#: How long readiness's write probe (:func:`probe_key`) lives, ms.
+PROBE_TTL_MS: Final = 10_000
+
+
+# -- names ------------------------------------------------------------------------------
+
+
+def canonical(queue: str) -> str:
+    """``q`` for the delay queue ``q.DQ`` (and for ``q``): the name metrics and pools use."""
+    return queue.removesuffix(DELAY_SUFFIX)
+
+
+def delay_queue(queue: str) -> str:
+    """``q.DQ`` for ``q`` (and for ``q.DQ``)."""
+    return canonical(queue) + DELAY_SUFFIX
+
+
+def with_delay_queues(queues: Iterable[str]) -> list[str]:
+    """``[q, q.DQ, ...]``: every queue a worker serving ``queues`` fetches from."""
+    return [name for queue in queues for name in (queue, delay_queue(queue))]
+
+
+def namespace_of(queue: str) -> str:
+    """The key prefix of ``queue`` (or of its delay queue): :data:`SANDBOX_NAMESPACE` for
+    :data:`SANDBOX_QUEUE`, else :data:`NAMESPACE`."""
+    return SANDBOX_NAMESPACE if canonical(queue) == SANDBOX_QUEUE else NAMESPACE
+
+
+def namespaces_of(queues: Iterable[str]) -> list[str]:
+    """The namespaces of ``queues``, each once, in a stable order."""
+    return sorted({namespace_of(queue) for queue in queues})
+
+
+def heartbeats_key(namespace: str = NAMESPACE) -> str:
+    """The heartbeats zset of the workers of ``namespace`` (default: :data:`NAMESPACE`)."""
+    return f"{namespace}:__heartbeats__"
+
+
+def epoch_key(namespace: str = NAMESPACE) -> str:
+    """The epoch token of ``namespace`` (ours): written once (``SET NX``), read with every
+    heartbeat; gone or replaced means Redis lost its data (:mod:`.brokerstate`)."""
+    return f"{namespace}:__epoch__"
+
+
+def process_key(broker_id: str, namespace: str = NAMESPACE) -> str:
+    """What worker ``broker_id`` of ``namespace`` says of itself (ours): a JSON record (pool,
+    host, pid, the jobs it runs and since when) written with its heartbeat, living one
+    heartbeat timeout; ``status`` and the console read it (:func:`..delivery.read_fleet`)."""
+    return f"{namespace}:__process__.{broker_id}"
+
+
+def probe_key(namespace: str = NAMESPACE) -> str:
+    """The key readiness writes (short-lived) to learn whether Redis takes writes."""
+    return f"{namespace}:__probe__"
+
+
+#: The pub/sub channel on which a producer names the queue it just enqueued on (its idle
+#: consumers fetch at once instead of at their next poll). Only :data:`NAMESPACE`'s queues
+#: have one: the sandbox's Redis user has no pub/sub rights, its consumers poll.
+WAKE_CHANNEL: Final = f"{NAMESPACE}:__wake__"
+
+
+def queue_key(queue: str) -> str:
+    """The list of ids ready to run on ``queue`` (a queue or a delay queue)."""
+    return f"{namespace_of(queue)}:{queue}"
+
+
+def bodies_key(queue: str) -> str:
+    """The hash of the message bodies of ``queue`` (a queue or a delay queue)."""
+    return queue_key(queue) + BODIES_SUFFIX
+
+
+def acks_key(broker_id: str, queue: str) -> str:
+    """The set of ids that worker ``broker_id`` fetched from ``queue`` and has not acked."""
+    return f"{namespace_of(queue)}:__acks__.{broker_id}.{queue}"
+
+
+def acks_pattern(broker_id: str, namespace: str = NAMESPACE) -> str:
+    """A SCAN pattern matching every acks set of ``broker_id`` in ``namespace``."""
+    return f"{namespace}:__acks__.{broker_id}.*"
+
+
+def dead_letter_keys(queue: str) -> tuple[str, str]:
+    """The zset and the hash of the dead letters of ``queue`` (or of its delay queue)."""
+    zset = queue_key(canonical(queue)) + DEAD_SUFFIX
+    return zset, zset + BODIES_SUFFIX
+
+
+def idempotency_key(key: str) -> str:
+    """The Redis key that records the side effect ``key`` as done."""
+    return IDEMPOTENCY_PREFIX + key
+
+
+def idempotency_lease_key(key: str) -> str:
+    """The Redis key of the lease on the side effect ``key`` (short TTL, renewed)."""
+    return IDEMPOTENCY_LEASE_PREFIX + key
+
+
+@dataclass(frozen=True)
+class QueueKeys:
+    """Every key of one queue ``q``: ready list and bodies, delay list and bodies, dead letters."""
+
+    ready: str
+    ready_bodies: str
+    delayed: str
+    delayed_bodies: str
+    dead: str
+    dead_bodies: str
+
+    @classmethod
+    def of(cls, queue: str) -> QueueKeys:
+        name, delayed = canonical(queue), delay_queue(queue)
+        dead, dead_bodies = dead_letter_keys(name)
+        return cls(
+            ready=queue_key(name),
+            ready_bodies=bodies_key(name),
+            delayed=queue_key(delayed),
+            delayed_bodies=bodies_key(delayed),
+            dead=dead,
+            dead_bodies=dead_bodies,
+        )
+
+
+# -- schedules (ours; see scheduler.py and middleware/schedule_lock.py) -----------------
+
+
+def scheduler_leader_key() -> str:
+    """The scheduler's leader lock (holder: the leading replica's id; ``SET NX PX``)."""
+    return f"{NAMESPACE}:scheduler:leader"
+
+
+def schedule_state_key(schedule: str) -> str:
+    """Hash of one schedule: ``tick`` (handled through, epoch s), ``fired``, ``fired_at``,
+    ``success_at``, ``since`` (first seen) and the ``runs:<outcome>`` counts."""
+    return f"{NAMESPACE}:schedules:{schedule}"
+
+
+def schedule_lock_key(schedule: str) -> str:
+    """The run lock of ``schedule``: the running message's id, with the run's lease."""
+    return f"{NAMESPACE}:schedules:{schedule}:lock"
+
+
+# -- the job API: results, group completion, cancellation (ours; issue #26) ----------------
+
+#: Prefix of a stored result's key (Dramatiq's Results ``RedisBackend`` namespace, with
+#: ``use_namespace_prefix_keys``: each key is ``<namespace>:<queue>:<actor>:<message id>``, a
+#: list of one JSON result with a TTL).
+RESULTS_NAMESPACE: Final = f"{NAMESPACE}:__results__"
+
+
+def group_keys(completion_uuid: str) -> tuple[str, str, str]:
+    """The keys of one group's completion: Dramatiq's barrier (the group's size, ``SET NX PX``
+    by ``group(...).run()``: its key is the bare completion uuid), the set of members that
+    completed (message ids) and the callbacks' firing claim."""
+    return completion_uuid, f"{completion_uuid}@done", f"{completion_uuid}@fired"
+
+
+#: Sorted set of cancelled message ids (Dramatiq's ``message_id``), scored by when the
+#: cancellation lapses (Redis time, ms): a worker skips or interrupts a message it names.
+CANCELLED: Final = f"{NAMESPACE}:__cancelled__"
+#: Channel on which a cancellation is announced (the message id), so that a running job
+#: is interrupted at once; a worker that (re)subscribes reads :data:`CANCELLED` after.
+CANCEL_CHANNEL: Final = f"{NAMESPACE}:__cancel__"
