@@ -14,6 +14,8 @@
 - :mod:`.preflight`: the cluster's prerequisites, one line per missing step.
 - :mod:`.render`: offline rendering through Pulumi's mocks.
 - :mod:`.simulate`: the rendered scalers against a queue model.
+- :mod:`.keys`: the Redis names the infrastructure reads (ready lists, the delay suffix,
+  the broker namespaces), checked against the service's ``layout/keys.py`` by the template.
 
 The pool model itself (fields, bounds, defaults) is the service's own ``pools.py``;
 worker_infra takes its validated objects (:meth:`PoolSpec.of`).

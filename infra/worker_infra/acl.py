@@ -28,6 +28,7 @@ from urllib.parse import quote
 import pulumi
 
 from .args import BrokerSpec
+from .keys import NAMESPACE, namespace_glob
 
 __all__ = ["ACL_COMMANDS", "acl_broker_url", "acl_key_patterns", "acl_rule", "password_sha256"]
 
@@ -56,9 +57,9 @@ def acl_key_patterns(namespace: str) -> list[str]:
     """
     if not namespace or any(c in namespace for c in _GLOB + ": \t\r\n"):
         raise ValueError(f"broker namespace {namespace!r} cannot be used in an ACL key pattern")
-    if namespace == "dramatiq":
-        raise ValueError("the sandbox user cannot share the broker namespace 'dramatiq'")
-    return [f"~{namespace}", f"~{namespace}:*"]
+    if namespace == NAMESPACE:
+        raise ValueError(f"the sandbox user cannot share the broker namespace {NAMESPACE!r}")
+    return [f"~{namespace}", f"~{namespace_glob(namespace)}"]
 
 
 def acl_rule(username: str, password: str, namespace: str) -> str:

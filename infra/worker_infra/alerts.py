@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .args import PoolSpec
+from .keys import DELAY_SUFFIX
 from .monitoring import POOL_SERIES_LABEL, PoolSeries, queues_regex, scrape_job
 
 Rule = dict[str, Any]
@@ -97,7 +98,7 @@ def pool_backlog_rules(pool: PoolSpec, series: PoolSeries, project: str) -> list
     """The pool's backlog alerts: each queue's age, overdue delayed messages, dead letters,
     and a backlog that no worker serves (read from the scheduler's copy at zero pods)."""
     rules = [backlog_age_rule(pool, series, queue) for queue in pool.queues]
-    delayed = series.backlog(f'queue=~"{queues_regex(pool.queues, ".DQ")}"')
+    delayed = series.backlog(f'queue=~"{queues_regex(pool.queues, DELAY_SUFFIX)}"')
     ready = series.backlog(f'queue=~"{queues_regex(pool.queues)}"')
     head = series.backlog(f'queue="{pool.queues[0]}"')
     here = (series.project, series.namespace, series.pool)
@@ -201,7 +202,7 @@ def pool_worker_rules(series: PoolSeries, database: bool) -> list[Rule]:
     kills, and the broker's faults (:func:`pool_broker_rules`)."""
     w = series.workers
     failed = w('outcome=~"retry|failure|dead_letter"')
-    ready = series.backlog('queue!~".+\\\\.DQ"')
+    ready = series.backlog(f'queue!~"{queues_regex([".+"], DELAY_SUFFIX)}"')  # no delay queue
     here = (series.project, series.namespace, series.pool)
     on = f"on ({POOL_SERIES_LABEL})"
     rules: list[Rule] = [

@@ -40,6 +40,7 @@ from typing import Any
 
 from .alerts import WORKER_CONTAINER, alert_groups, pool_series
 from .args import PoolSpec
+from .keys import delay_queue
 from .monitoring import POOL_SERIES_LABEL, scrape_job
 
 #: When each case is evaluated; its series run from 0 to :data:`SPAN_M` minutes, one a minute.
@@ -239,7 +240,7 @@ class _Builder:
 
     def backlog(self, pool: PoolSpec, s: PoolState, labels: dict[str, str]) -> None:
         for queue in pool.queues:
-            q, dq = {**labels, "queue": queue}, {**labels, "queue": f"{queue}.DQ"}
+            q, dq = {**labels, "queue": queue}, {**labels, "queue": delay_queue(queue)}
             self.add("queue_depth", q, growing(s.depth, s.depth_per_minute))
             self.add("queue_depth", dq, constant(s.delayed))
             self.add("queue_oldest_message_seconds", q, constant(s.age_s))
@@ -466,7 +467,7 @@ class RuleTests:
                     *(
                         Expected(
                             "WorkerDelayedMessagesOverdue",
-                            self.by_pool(pool, queue=f"{q}.DQ"),
+                            self.by_pool(pool, queue=delay_queue(q)),
                             600,
                             pool.slug,
                         )

@@ -39,6 +39,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from .args import BrokerSpec, PoolSpec, ScalingSpec
+from .keys import DELAY_SUFFIX, ready_list
 from .monitoring import PoolSeries, queues_regex
 from .pool import BROKER_PASSWORD_KEY, pool_labels
 
@@ -54,7 +55,7 @@ def load_query(series: PoolSeries, queues: tuple[str, ...]) -> str:
 def age_query(series: PoolSeries, queues: tuple[str, ...]) -> str:
     """How long the pool's oldest due message has waited (PromQL): the heads of its ready
     lists and how overdue the heads of its delay lists are."""
-    due = series.backlog(f'queue=~"{queues_regex(queues)}|{queues_regex(queues, ".DQ")}"')
+    due = series.backlog(f'queue=~"{queues_regex(queues)}|{queues_regex(queues, DELAY_SUFFIX)}"')
     return f"max(queue_oldest_message_seconds{{{due}}})"
 
 
@@ -214,7 +215,7 @@ def triggers(args: BacklogScalerArgs, auth: str | None) -> list[dict[str, Any]]:
         out.append(
             redis_trigger(
                 f"ready-{queue}",
-                f"{args.broker_namespace}:{queue}",
+                ready_list(args.broker_namespace, queue),
                 args.broker,
                 args.per_replica,
                 auth,

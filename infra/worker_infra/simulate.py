@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from .capacity import PROBE_CONNECTIONS, TRANSITION_PODS
+from .keys import is_delay_queue
 from .policy import of_kind, pod_env, pod_pools_file, workers
 
 TOLERANCE = 0.1
@@ -130,7 +131,7 @@ def _trigger(raw: Obj) -> Trigger:
     meta = raw["metadata"]
     name = str(raw.get("name", raw["type"]))
     if raw["type"] == "redis":
-        source = "delayed" if str(meta["listName"]).endswith(".DQ") else "ready"
+        source = "delayed" if is_delay_queue(str(meta["listName"])) else "ready"
         target, activation = float(meta["listLength"]), float(meta.get("activationListLength", 0))
     elif raw["type"] == "prometheus":
         query = str(meta["query"])

@@ -27,7 +27,10 @@ the namespace of every key of a queue, so the sandbox pool's keys and any other 
 are disjoint, and its Redis ACL user (``~dramatiq-sandbox:*``, rendered by worker_infra)
 can neither forge nor remove another pool's heartbeat, acks, delayed or dead messages.
 
-This module imports nothing of this package: the template's tests load it on its own.
+worker_infra spells the names KEDA and the alerts read (a queue's ready list, the delay
+suffix, the namespace glob of the sandbox's ACL user) in its ``keys.py``; the template's
+``tests/test_infra_keys.py`` checks them against this module, which imports nothing of
+its package so that test can load it on its own.
 """
 
 from __future__ import annotations
