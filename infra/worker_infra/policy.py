@@ -209,6 +209,7 @@ def sandbox_problems(
     quota and limits (a CPU limit on every container), no Secret but the broker's, and no
     secret in the pods' environment (references or plain values)."""
     from .guards import secret_like
+    from .secrets import BROKER_SECRET_SUFFIX
 
     problems = []
     ns = [o for o in of_kind(objects, "Namespace") if o["metadata"]["name"] == namespace]
@@ -260,7 +261,7 @@ def sandbox_problems(
     if not of_kind(inside, "ResourceQuota") or not of_kind(inside, "LimitRange"):
         problems.append(f"{namespace}: no ResourceQuota or LimitRange")
     secrets = [s["metadata"]["name"] for s in of_kind(inside, "Secret")]
-    if len(secrets) != 1 or not secrets[0].endswith("-broker"):
+    if len(secrets) != 1 or not secrets[0].endswith(BROKER_SECRET_SUFFIX):
         problems.append(f"{namespace}: secrets {secrets}")
     for d in of_kind(inside, "Deployment"):
         for c in d["spec"]["template"]["spec"]["containers"]:

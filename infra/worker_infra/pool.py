@@ -22,12 +22,10 @@ from .guards import (
     grace_period_s,
 )
 from .poolsfile import POOLS_FILE
+from .secrets import broker_env, database_env
 from .workload import Workload, container_env, readiness_probe, restricted_workload
 
 POOL_LABEL = "worker-template/pool"
-BROKER_URL_KEY = "redis-url"
-BROKER_PASSWORD_KEY = "redis-password"
-DATABASE_URL_KEY = "database-url"
 
 
 def pool_labels(project: str, slug: str) -> dict[str, str]:
@@ -170,7 +168,7 @@ class WorkerPool(pulumi.ComponentResource):
             "OTEL_SERVICE_NAME": args.project,
         }
         plain.update(args.env)
-        secrets = [("REDIS_URL", args.broker_secret, BROKER_URL_KEY)]
+        secrets = [broker_env(args.broker_secret)]
         if args.database_secret is not None:
-            secrets.append(("DATABASE_URL", args.database_secret, DATABASE_URL_KEY))
+            secrets.append(database_env(args.database_secret))
         return container_env(plain, secrets)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_kubernetes as k8s
 
-from .acl import acl_broker_url, acl_rule
+from .acl import acl_rule
 from .args import (
     DEFAULT_GRACE_MARGIN_S,
     DEFAULT_MEMORY_BASE,
@@ -25,9 +25,15 @@ from .capacity import TRANSITION_PODS
 from .errors import GuardError
 from .guards import mib
 from .monitoring import pod_monitor
-from .pool import BROKER_PASSWORD_KEY, BROKER_URL_KEY, WorkerPool, WorkerPoolArgs, pool_labels
+from .pool import WorkerPool, WorkerPoolArgs, pool_labels
 from .poolsfile import checksum, config_map_name, pools_config_map
 from .scaler import BacklogScaler, BacklogScalerArgs
+from .secrets import (
+    BROKER_USERNAME_KEY,
+    acl_broker_secret,
+    broker_secret,
+    broker_secret_name,
+)
 
 RESTRICTED_LABELS = {
     "pod-security.kubernetes.io/enforce": "restricted",
@@ -37,62 +43,6 @@ RESTRICTED_LABELS = {
 }
 #: DNS on both protocols, the sandbox's only egress besides the broker.
 DNS_PORTS = (("UDP", 53), ("TCP", 53))
-
-
-def broker_secret(
-    name: str,
-    secret_name: str,
-    namespace: pulumi.Input[str],
-    broker: BrokerSpec,
-    labels: dict[str, str],
-    opts: pulumi.ResourceOptions,
-) -> k8s.core.v1.Secret:
-    """The broker credentials: ``redis-url`` and (with a password) ``redis-password``."""
-    data: dict[str, pulumi.Input[str]] = {BROKER_URL_KEY: broker.url()}
-    if broker.password is not None:
-        data[BROKER_PASSWORD_KEY] = pulumi.Output.secret(broker.password)
-    return opaque_secret(name, secret_name, namespace, data, labels, opts)
-
-
-def opaque_secret(
-    name: str,
-    secret_name: str,
-    namespace: pulumi.Input[str],
-    data: Mapping[str, pulumi.Input[str]],
-    labels: dict[str, str],
-    opts: pulumi.ResourceOptions,
-) -> k8s.core.v1.Secret:
-    """The Opaque Secret ``secret_name`` holding ``data`` (Pulumi resource ``name``)."""
-    return k8s.core.v1.Secret(
-        name,
-        metadata=k8s.meta.v1.ObjectMetaArgs(name=secret_name, namespace=namespace, labels=labels),
-        type="Opaque",
-        string_data=dict(data),
-        opts=opts,
-    )
-
-
-BROKER_USERNAME_KEY = "redis-username"
-
-
-def acl_broker_secret(
-    name: str,
-    secret_name: str,
-    namespace: pulumi.Input[str],
-    broker: BrokerSpec,
-    sandbox: SandboxSpec,
-    labels: dict[str, str],
-    opts: pulumi.ResourceOptions,
-) -> k8s.core.v1.Secret:
-    """The sandbox's own broker credentials (its ACL user): ``redis-url``,
-    ``redis-username``, ``redis-password``; never the shared password."""
-    assert sandbox.broker_user and sandbox.broker_password is not None
-    data: dict[str, pulumi.Input[str]] = {
-        BROKER_URL_KEY: acl_broker_url(broker, sandbox.broker_user, sandbox.broker_password),
-        BROKER_USERNAME_KEY: sandbox.broker_user,
-        BROKER_PASSWORD_KEY: pulumi.Output.secret(sandbox.broker_password),
-    }
-    return opaque_secret(name, secret_name, namespace, data, labels, opts)
 
 
 def without_trace_export(env: Mapping[str, str]) -> dict[str, str]:
@@ -336,7 +286,7 @@ class SandboxPool(pulumi.ComponentResource):
                 handler=sb.runtime_handler,
                 opts=child,
             )
-        secret_name = f"{args.project}-broker"
+        secret_name = broker_secret_name(args.project)
         #: The ACL rule to install on the broker (a secret Output), None without an ACL user.
         self.broker_acl: pulumi.Output[str] | None = None
         username_key: str | None = None

@@ -41,7 +41,8 @@ import pulumi_kubernetes as k8s
 from .args import BrokerSpec, PoolSpec, ScalingSpec
 from .keys import DELAY_SUFFIX, ready_list
 from .monitoring import PoolSeries, queues_regex
-from .pool import BROKER_PASSWORD_KEY, pool_labels
+from .pool import pool_labels
+from .secrets import BROKER_PASSWORD_KEY
 
 
 def load_query(series: PoolSeries, queues: tuple[str, ...]) -> str:

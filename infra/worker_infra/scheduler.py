@@ -16,8 +16,8 @@ import pulumi_kubernetes as k8s
 
 from .args import DEFAULT_METRICS_PORT, DEFAULT_RUN_AS_USER, SchedulerSpec
 from .guards import check_scheduler
-from .pool import BROKER_URL_KEY
 from .poolsfile import POOLS_FILE
+from .secrets import broker_env
 from .workload import Workload, container_env, readiness_probe, restricted_workload
 
 COMPONENT = "scheduler"
@@ -69,7 +69,7 @@ def scheduler_env(args: SchedulerArgs) -> list[k8s.core.v1.EnvVarArgs]:
         **({"WORKER_POOLS_FILE": POOLS_FILE} if args.pools_config_map else {}),
         **args.env,
     }
-    return container_env(plain, [("REDIS_URL", args.broker_secret, BROKER_URL_KEY)])
+    return container_env(plain, [broker_env(args.broker_secret)])
 
 
 class SchedulerDeployment(pulumi.ComponentResource):

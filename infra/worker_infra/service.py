@@ -11,11 +11,12 @@ from .alerts import alert_groups
 from .args import PoolSpec, ServiceSpec
 from .guards import PoolPlan, ServicePlan, check_env, check_scheduler, plan
 from .monitoring import check_selector_labels, pod_monitor
-from .pool import DATABASE_URL_KEY, WorkerPool, WorkerPoolArgs
+from .pool import WorkerPool, WorkerPoolArgs
 from .poolsfile import checksum, config_map_name, pools_config_map
-from .sandbox import RESTRICTED_LABELS, SandboxPool, SandboxPoolArgs, broker_secret
+from .sandbox import RESTRICTED_LABELS, SandboxPool, SandboxPoolArgs
 from .scaler import BacklogScaler, BacklogScalerArgs
 from .scheduler import SchedulerArgs, SchedulerDeployment
+from .secrets import broker_secret, broker_secret_name, database_secret, database_secret_name
 
 #: PriorityClass value of critical pools (above the default 0, below system classes).
 CRITICAL_PRIORITY = 100_000
@@ -68,7 +69,7 @@ class WorkerService(pulumi.ComponentResource):
         self.namespace_opts = self._namespace()
         self.pools_checksum = checksum(spec.pools_file)
         self.pools_config_map_name = config_map_name(spec.project, spec.pools_file)
-        self.broker_secret_name = f"{spec.project}-broker"
+        self.broker_secret_name = broker_secret_name(spec.project)
         self.database_secret_name: str | None = None
         self.priority_class_name: str | None = None
         ordinary = [p for p in self.plan.pools if not p.pool.sandbox]
@@ -171,18 +172,15 @@ class WorkerService(pulumi.ComponentResource):
             ),
         ]
         if spec.database_url is not None and any(self._uses_db(p.pool) for p in ordinary):
-            self.database_secret_name = f"{spec.project}-database"
+            self.database_secret_name = database_secret_name(spec.project)
             depends.append(
-                k8s.core.v1.Secret(
+                database_secret(
                     f"{name}-database",
-                    metadata=k8s.meta.v1.ObjectMetaArgs(
-                        name=self.database_secret_name,
-                        namespace=spec.namespace,
-                        labels=self.labels,
-                    ),
-                    type="Opaque",
-                    string_data={DATABASE_URL_KEY: pulumi.Output.secret(spec.database_url)},
-                    opts=opts,
+                    self.database_secret_name,
+                    spec.namespace,
+                    spec.database_url,
+                    self.labels,
+                    opts,
                 )
             )
         if spec.scaling.pod_monitor:
