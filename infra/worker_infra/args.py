@@ -79,9 +79,25 @@ class DownstreamModel(Protocol):
     def per_process(self) -> PerProcess: ...
 
 
+#: Pool fields whose default is another field's value ("defaults to concurrency"), as the
+#: service's pool model declares them (``pools.derived_defaults()``; the template's
+#: ``infra/tests/test_derived_defaults.py`` checks the two agree). :meth:`PoolSpec.of` reads
+#: their value in effect from the model; :func:`derived_value` resolves them in a rendered
+#: pools file (``simulate``), where an unset field is absent.
+DERIVED_DEFAULTS = {"prefetch": "concurrency", "db_pool_size": "concurrency"}
 #: PoolSpec fields the pool model holds under another name (what the pods get, after
-#: the model's defaulting).
-MODEL_ATTRIBUTE = {"prefetch": "effective_prefetch", "db_pool_size": "effective_db_pool_size"}
+#: the model's defaulting): ``effective_<field>`` of each derived field.
+MODEL_ATTRIBUTE = {name: f"effective_{name}" for name in DERIVED_DEFAULTS}
+
+
+def derived_value(pool: Mapping[str, Any], field: str) -> Any:
+    """``pool[field]`` of a pools-file table, or, absent, the value of the field it defaults
+    to (:data:`DERIVED_DEFAULTS`)."""
+    if field in pool or field not in DERIVED_DEFAULTS:
+        return pool[field]
+    return pool[DERIVED_DEFAULTS[field]]
+
+
 #: What :meth:`DownstreamSpec.of` reads of a ``Downstream``, in its fields' order.
 DOWNSTREAM_FIELDS = ("capacity", "reserved", "per_process")
 

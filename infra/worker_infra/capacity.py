@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from .args import DownstreamSpec, PoolSpec
 from .errors import GuardError
@@ -31,6 +32,22 @@ from .errors import GuardError
 TRANSITION_PODS = 2
 #: Connections the readiness probe opens per pod (database resources only).
 PROBE_CONNECTIONS = 1
+
+
+class PoolShape(Protocol):
+    """What the formula reads of a pool: a :class:`PoolSpec`, or the simulation's view of
+    a rendered pools file (``simulate.pools_of``)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def processes(self) -> int: ...
+    @property
+    def concurrency(self) -> int: ...
+    @property
+    def db_pool_size(self) -> int: ...
+    @property
+    def max_replicas(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -94,7 +111,7 @@ class Usage:
         )
 
 
-def per_process_usage(pool: PoolSpec, resource: DownstreamSpec) -> int:
+def per_process_usage(pool: PoolShape, resource: DownstreamSpec) -> int:
     """What one process of ``pool`` holds of ``resource``: DB pool size or concurrency."""
     if resource.per_process == "concurrency":
         return pool.concurrency
@@ -106,12 +123,12 @@ def probe_usage(resource: DownstreamSpec) -> int:
     return PROBE_CONNECTIONS if resource.per_process == "db_pool_size" else 0
 
 
-def per_replica_usage(pool: PoolSpec, resource: DownstreamSpec) -> int:
+def per_replica_usage(pool: PoolShape, resource: DownstreamSpec) -> int:
     """What one pod of ``pool`` holds of ``resource``: ``processes x per_process + probe``."""
     return pool.processes * per_process_usage(pool, resource) + probe_usage(resource)
 
 
-def share(pool: PoolSpec, resource: DownstreamSpec, replicas: int | None = None) -> Share:
+def share(pool: PoolShape, resource: DownstreamSpec, replicas: int | None = None) -> Share:
     """The pool's worst case on the resource at ``replicas`` (default: its ``max_replicas``)."""
     return Share(
         pool=pool.name,

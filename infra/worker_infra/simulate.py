@@ -39,7 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .capacity import PROBE_CONNECTIONS, TRANSITION_PODS
+from .args import DownstreamSpec, derived_value
+from .capacity import Share, share
 from .keys import is_delay_queue
 from .policy import of_kind, pod_env, pod_pools_file, workers
 
@@ -158,6 +159,17 @@ def scaler_of(scaled_object: Obj) -> Scaler:
     )
 
 
+@dataclass(frozen=True)
+class _Shape:
+    """A rendered pool as the capacity formula reads it (:class:`.capacity.PoolShape`)."""
+
+    name: str
+    processes: int
+    concurrency: int
+    db_pool_size: int
+    max_replicas: int
+
+
 def pools_of(objects: Sequence[Obj]) -> list[PoolModel]:
     """Every pool of a rendered stack, as the simulation sees it."""
     scaled = {
@@ -172,19 +184,28 @@ def pools_of(objects: Sequence[Obj]) -> list[PoolModel]:
         rendered.append((name, pools_file, scaler_of(scaled[meta["namespace"], meta["name"]])))
     # Each pool's pods read their own entry and the resources they use (``for_pool``).
     entries = {name: pools_file["pools"][name] for name, pools_file, _ in rendered}
-    downstream: dict[str, Any] = {
+    raw: dict[str, Any] = {
         resource: budget
         for _, pools_file, _ in rendered
         for resource, budget in pools_file.get("downstream", {}).items()
     }
+    resources = {
+        name: DownstreamSpec(name, int(d["capacity"]), int(d["reserved"]), d["per_process"])
+        for name, d in raw.items()
+    }
 
-    def per_pod(pool: Mapping[str, Any]) -> dict[str, int]:
-        out = {}
-        for resource in pool.get("uses", []):
-            db = downstream[resource].get("per_process", "db_pool_size") == "db_pool_size"
-            per = pool.get("db_pool_size", pool["concurrency"]) if db else pool["concurrency"]
-            out[resource] = pool["processes"] * per + (PROBE_CONNECTIONS if db else 0)
-        return out
+    def shape(name: str, pool: Mapping[str, Any], max_replicas: int) -> _Shape:
+        return _Shape(
+            name,
+            int(pool["processes"]),
+            int(pool["concurrency"]),
+            int(derived_value(pool, "db_pool_size")),
+            max_replicas,
+        )
+
+    def shares(name: str, pool: Mapping[str, Any], replicas: int) -> dict[str, Share]:
+        """The capacity formula's share of each resource ``pool`` uses, at ``replicas``."""
+        return {r: share(shape(name, pool, replicas), resources[r], replicas) for r in pool["uses"]}
 
     models = []
     for name, _, scaler in rendered:
@@ -193,9 +214,8 @@ def pools_of(objects: Sequence[Obj]) -> list[PoolModel]:
         for other, _, other_scaler in rendered:
             if other == name:
                 continue
-            for resource, count in per_pod(entries[other]).items():
-                worst = (other_scaler.max_replicas + TRANSITION_PODS) * count
-                others[resource] = others.get(resource, 0) + worst
+            for resource, worst in shares(other, entries[other], other_scaler.max_replicas).items():
+                others[resource] = others.get(resource, 0) + worst.total
         models.append(
             PoolModel(
                 name=name,
@@ -204,10 +224,8 @@ def pools_of(objects: Sequence[Obj]) -> list[PoolModel]:
                 concurrency=int(pool["concurrency"]),
                 job_time_s=max(1.0, pool["job_timeout_ms"] / 1000 * JOB_TIME_FRACTION),
                 age_target_s=float(pool["backlog_age_target_s"]),
-                per_pod=per_pod(pool),
-                budgets={
-                    r: int(d["capacity"]) - int(d.get("reserved", 0)) for r, d in downstream.items()
-                },
+                per_pod={r: s.per_pod for r, s in shares(name, pool, scaler.max_replicas).items()},
+                budgets={r: resource.budget for r, resource in resources.items()},
                 others=others,
             )
         )

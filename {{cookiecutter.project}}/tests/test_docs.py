@@ -13,7 +13,8 @@ from typing import Any
 import redis
 from pydantic import SecretStr
 
-from {{ cookiecutter.package }}.settings import _POOL_DEFAULTS, Settings
+from {{ cookiecutter.package }}.pools import derived_defaults, pool_env_fields
+from {{ cookiecutter.package }}.settings import Settings
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 #: The whole text of the commands whose --help shows only their summary and usage.
@@ -32,11 +33,15 @@ _RULES = {
 }
 
 
+#: Settings field -> the pool field that supplies its default.
+POOL_FIELDS = {var.lower(): name for name, var in pool_env_fields().items()}
+
+
 def _default(name: str, field: Any) -> str:
-    if name in _POOL_DEFAULTS:
-        return f"the pool's `{_POOL_DEFAULTS[name]}`"
-    if name == "db_pool_size":
-        return "the pool's `db_pool_size` (else `concurrency`)"
+    if name in POOL_FIELDS:
+        source = derived_defaults().get(POOL_FIELDS[name])
+        otherwise = f" (else `{source}`)" if source else ""
+        return f"the pool's `{POOL_FIELDS[name]}`{otherwise}"
     if field.is_required():
         return "required"
     value = field.get_default(call_default_factory=True)

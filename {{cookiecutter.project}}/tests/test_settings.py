@@ -77,6 +77,21 @@ def test_config_shows_the_values_in_effect(monkeypatch: pytest.MonkeyPatch) -> N
     assert all(shown[key] is not None for key in shown if key.startswith("WORKER_"))
 
 
+def test_derived_variables_follow_the_concurrency_in_effect(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """WORKER_PREFETCH and DB_POOL_SIZE default to the concurrency in effect, the
+    environment's when it overrides the pool's (one rule, pools.derived_defaults)."""
+    pool = load_pools().pools["interactive"]
+    assert pool.prefetch is None and pool.db_pool_size is None, "needs a pool leaving both unset"
+    raised = str(pool.concurrency * 2)
+    settings = settings_with(monkeypatch, WORKER_POOL="interactive", WORKER_CONCURRENCY=raised)
+    assert settings.prefetch == settings.worker_concurrency == pool.concurrency * 2
+    if "db_pool_size" in Settings.model_fields:  # the database option
+        shown = settings.masked()
+        assert shown["DB_POOL_SIZE"] == shown["WORKER_PREFETCH"] == pool.concurrency * 2
+
+
 def test_environment_overrides_the_pool(monkeypatch: pytest.MonkeyPatch) -> None:
     settings = settings_with(monkeypatch, WORKER_POOL="interactive", WORKER_CONCURRENCY="3")
     assert settings.worker_concurrency == 3

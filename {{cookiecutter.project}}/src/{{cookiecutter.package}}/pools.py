@@ -45,10 +45,19 @@ DbPoolSize = Annotated[int, Field(ge=1, le=1000)]
 #: ``"worker"``: the worker reads it from the pools file itself;
 #: ``"infra"``: only the infra program reads it (Deployment, scaler, guards).
 REACHES = "reaches"
+#: A pool field whose default is another field's value (``json_schema_extra["defaults_to"]``):
+#: unset, ``prefetch`` and ``db_pool_size`` take the concurrency. The one statement of that
+#: rule: the model (:meth:`Pool.effective`), the settings (against WORKER_CONCURRENCY,
+#: :func:`derived_env_defaults`) and worker_infra (which the template's tests check against
+#: :func:`derived_defaults`) resolve it from here.
+DEFAULTS_TO = "defaults_to"
 
 
-def _reaches(how: str) -> Any:
-    return Field(json_schema_extra={REACHES: how})
+def _reaches(how: str, defaults_to: str | None = None) -> Any:
+    extra: dict[str, Any] = {REACHES: how}
+    if defaults_to is not None:
+        extra[DEFAULTS_TO] = defaults_to
+    return Field(json_schema_extra=extra)
 
 
 def memory_bytes(quantity: str) -> int:
@@ -122,12 +131,6 @@ def prefetch_feeds_every_thread(prefetch: int, concurrency: int) -> bool:
     return prefetch >= concurrency
 
 
-def prefetch_or_concurrency(prefetch: int | None, concurrency: int) -> int:
-    """Messages one process holds, running or waiting: ``prefetch``, by default
-    ``concurrency`` (a process holds no message it cannot start at once)."""
-    return prefetch or concurrency
-
-
 #: Redis connections a worker process may use beyond its consumers' and handlers' own: the
 #: Recovery pass, the schedule lock's renewals, the drain's sweep, a middleware's call.
 SPARE_REDIS_CONNECTIONS = 8
@@ -192,8 +195,8 @@ class Pool(_Strict):
         ShutdownTimeoutMs, _reaches("env:WORKER_SHUTDOWN_TIMEOUT_MS")
     ] = 40_000
     max_attempts: Annotated[MaxAttempts, _reaches("env:WORKER_MAX_ATTEMPTS")] = 5
-    prefetch: Annotated[Prefetch | None, _reaches("env:WORKER_PREFETCH")] = None
-    db_pool_size: Annotated[DbPoolSize | None, _reaches("env:DB_POOL_SIZE")] = None
+    prefetch: Annotated[Prefetch | None, _reaches("env:WORKER_PREFETCH", "concurrency")] = None
+    db_pool_size: Annotated[DbPoolSize | None, _reaches("env:DB_POOL_SIZE", "concurrency")] = None
     memory: Annotated[str, _reaches("infra")] = "512Mi"
     cpu: Annotated[str, _reaches("infra")] = "250m"
     handler_memory: Annotated[str | None, _reaches("infra")] = None
@@ -259,15 +262,23 @@ class Pool(_Strict):
         ``dramatiq-sandbox`` for the sandbox pool, ``dramatiq`` for the others."""
         return SANDBOX_NAMESPACE if self.sandbox else NAMESPACE
 
+    def effective(self, field: str) -> Any:
+        """The value in effect of pool field ``field``: its own, or, unset, the value of the
+        field it defaults to (:func:`derived_defaults`)."""
+        value = getattr(self, field)
+        source = derived_defaults().get(field)
+        return getattr(self, source) if value is None and source is not None else value
+
     @property
     def effective_db_pool_size(self) -> int:
         """Connections per process: ``db_pool_size``, by default the pool's concurrency."""
-        return self.db_pool_size or self.concurrency
+        return int(self.effective("db_pool_size"))
 
     @property
     def effective_prefetch(self) -> int:
-        """Messages one process holds, running or waiting: ``prefetch``, else concurrency."""
-        return prefetch_or_concurrency(self.prefetch, self.concurrency)
+        """Messages one process holds, running or waiting: ``prefetch``, by default the
+        concurrency (a process holds no message it cannot start at once)."""
+        return int(self.effective("prefetch"))
 
     @property
     def memory_bytes(self) -> int:
@@ -285,14 +296,14 @@ class Pool(_Strict):
         return cpu_millis(self.cpu)
 
     def worker_defaults(self) -> dict[str, Any]:
-        """The defaults this pool gives the worker's environment variables (``env:`` fields)."""
-        values: dict[str, Any] = {}
-        for name, var in pool_env_fields().items():
-            value = getattr(self, name)
-            if name == "db_pool_size":
-                value = self.effective_db_pool_size
-            values[var] = value
-        return values
+        """The defaults this pool gives the worker's environment variables (``env:`` fields);
+        a field this pool leaves unset that defaults to another (:func:`derived_defaults`)
+        is left out: the settings resolve it against the variable of that field."""
+        return {
+            var: getattr(self, name)
+            for name, var in pool_env_fields().items()
+            if getattr(self, name) is not None or name not in derived_defaults()
+        }
 
 
 def reaches(field: str) -> str:
@@ -301,6 +312,22 @@ def reaches(field: str) -> str:
     if not isinstance(extra, dict) or not isinstance(extra.get(REACHES), str):
         raise LookupError(f"pool field {field!r} does not say how it reaches a pod")
     return str(extra[REACHES])
+
+
+def derived_defaults() -> dict[str, str]:
+    """Pool field -> the pool field whose value it takes when unset (:data:`DEFAULTS_TO`)."""
+    return {
+        name: str(extra[DEFAULTS_TO])
+        for name, field in Pool.model_fields.items()
+        if isinstance(extra := field.json_schema_extra, dict) and DEFAULTS_TO in extra
+    }
+
+
+def derived_env_defaults() -> dict[str, str]:
+    """:func:`derived_defaults` as environment variables: ``WORKER_PREFETCH`` and
+    ``DB_POOL_SIZE`` -> ``WORKER_CONCURRENCY``."""
+    env = pool_env_fields()
+    return {env[name]: env[source] for name, source in derived_defaults().items()}
 
 
 def pool_env_fields() -> dict[str, str]:

@@ -40,13 +40,12 @@ from .pools import (
     Prefetch,
     Processes,
     ShutdownTimeoutMs,
+    derived_env_defaults,
     load_pools,
-    pool_env_fields,
 {%- if cookiecutter.database == "postgres" %}
     pool_holds_every_handler,
 {%- endif %}
     prefetch_feeds_every_thread,
-    prefetch_or_concurrency,
     timing_problems,
 )
 from .redisclient import url_problem
@@ -57,16 +56,9 @@ DATABASE_ENABLED = {{ "True" if cookiecutter.database == "postgres" else "False"
 #: The downstream resource of pools.toml that DATABASE_URL points at.
 DATABASE_RESOURCE = "postgres"
 
-#: Settings field -> the pool field that supplies its default, as the pool model states it
-#: (``DB_POOL_SIZE`` defaults to the pool's effective size: ``db_pool_size``, else concurrency).
-_POOL_DEFAULTS = {
-    var.lower(): name for name, var in pool_env_fields().items() if name != "db_pool_size"
-}
 _SECRET_FIELDS = {"redis_url", "database_url"}
 #: Days a dead letter is kept before the worker deletes it (the runbook's rule).
 DLQ_RETENTION_DAYS = 14
-#: Fields whose value in effect, when unset, is a property (``config`` shows what runs).
-_EFFECTIVE = {"worker_prefetch": "prefetch"}
 
 # Rules of the variables every process of the service reads (the worker's, the scheduler's),
 # stated once: both settings classes type these fields with them.
@@ -129,7 +121,7 @@ class Settings(BaseSettings):
     """Drain window after SIGTERM; below the pod's grace period."""
     worker_max_attempts: MaxAttempts
     """Deliveries, crashes included, before a message is dead-lettered."""
-    worker_prefetch: Prefetch | None = None
+    worker_prefetch: Prefetch
     """Messages a process holds, running or waiting; unset: WORKER_CONCURRENCY."""
     worker_heartbeat_timeout_ms: Annotated[int, Field(ge=2_000, le=600_000)] = 30_000
     """How long a silent worker keeps its messages before others recover them."""
@@ -180,9 +172,12 @@ class Settings(BaseSettings):
     @model_validator(mode="before")
     @classmethod
     def _pool_defaults(cls, data: Any) -> Any:
-        """Fill unset WORKER_* values from the pool that WORKER_POOL names.
+        """Fill unset WORKER_* values from the pool that WORKER_POOL names, then each
+        variable the pool leaves unset that defaults to another (``WORKER_PREFETCH``,
+        ``DB_POOL_SIZE``: to ``WORKER_CONCURRENCY``) from that variable's value.
 
-        The pool model says which variables a pool supplies (:meth:`Pool.worker_defaults`).
+        The pool model says which variables a pool supplies (:meth:`Pool.worker_defaults`)
+        and which default to another (:func:`derived_env_defaults`).
         """
         if not isinstance(data, dict):
             return data
@@ -192,6 +187,9 @@ class Settings(BaseSettings):
         for var, value in pool.worker_defaults().items():
             if var.lower() in cls.model_fields:
                 data.setdefault(var.lower(), value)
+        for var, source in derived_env_defaults().items():
+            if var.lower() in cls.model_fields and source.lower() in data:
+                data.setdefault(var.lower(), data[source.lower()])
         return data
 
     @field_validator("worker_pool")
@@ -229,13 +227,9 @@ class Settings(BaseSettings):
 
     @field_validator("worker_prefetch")
     @classmethod
-    def _prefetch_feeds_every_thread(cls, value: int | None, info: ValidationInfo) -> int | None:
+    def _prefetch_feeds_every_thread(cls, value: int, info: ValidationInfo) -> int:
         concurrency = info.data.get("worker_concurrency")
-        if (
-            value is not None
-            and concurrency is not None
-            and not prefetch_feeds_every_thread(value, concurrency)
-        ):
+        if concurrency is not None and not prefetch_feeds_every_thread(value, concurrency):
             raise ValueError(
                 f"must be at least WORKER_CONCURRENCY ({concurrency}): threads would sit idle"
             )
@@ -291,7 +285,7 @@ class Settings(BaseSettings):
     @property
     def prefetch(self) -> int:
         """Messages one process holds, running or waiting (default: its concurrency)."""
-        return prefetch_or_concurrency(self.worker_prefetch, self.worker_concurrency)
+        return self.worker_prefetch
 
     @property
     def uses_database(self) -> bool:
@@ -311,7 +305,7 @@ class Settings(BaseSettings):
         """The effective config as JSON-ready values (defaults resolved), secrets masked."""
         shown: dict[str, Any] = {}
         for name in type(self).model_fields:
-            value = getattr(self, _EFFECTIVE.get(name, name))
+            value = getattr(self, name)
             if name in _SECRET_FIELDS and value is not None:
                 value = mask_url(value.get_secret_value())
             elif isinstance(value, Path):
