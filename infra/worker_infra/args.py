@@ -106,6 +106,13 @@ DOWNSTREAM_FIELDS = ("capacity", "reserved", "per_process")
 PIN = "infra/requirements.txt"
 
 
+def dns_label(name: str) -> str:
+    """``name`` (a pool's, a queue's) as a DNS label: ``_`` becomes ``-``. The service's
+    ``pools.pool_slug`` labels the series of a pool the same way (the template's
+    ``infra/tests/test_pool_slug.py`` checks the two agree)."""
+    return name.replace("_", "-")
+
+
 def model_value(model: object, what: str, attribute: str) -> Any:
     """``model.attribute``, read from the service's model; a model without it (a
     worker-infra newer than the service's template, the version skew) is refused in one
@@ -224,8 +231,8 @@ class PoolSpec:
 
     @property
     def slug(self) -> str:
-        """The pool name as a DNS label (``_`` becomes ``-``)."""
-        return self.name.replace("_", "-")
+        """The pool name as a DNS label (:func:`dns_label`)."""
+        return dns_label(self.name)
 
 
 @dataclass(frozen=True)

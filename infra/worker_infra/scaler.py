@@ -38,7 +38,7 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
-from .args import BrokerSpec, PoolSpec, ScalingSpec
+from .args import BrokerSpec, PoolSpec, ScalingSpec, dns_label
 from .keys import DELAY_SUFFIX, ready_list
 from .monitoring import PoolSeries, queues_regex
 from .pool import pool_labels
@@ -66,7 +66,7 @@ def redis_trigger(
     """A ``redis`` list-length trigger, active as soon as the list holds one message."""
     trigger: dict[str, Any] = {
         "type": "redis",
-        "name": name.replace("_", "-"),
+        "name": dns_label(name),
         "metricType": "AverageValue",
         "metadata": {
             "address": broker.address,
@@ -291,7 +291,7 @@ class BacklogScaler(pulumi.ComponentResource):
     ) -> None:
         super().__init__("worker-infra:index:BacklogScaler", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        full_name = f"{args.project}-{args.pool}".replace("_", "-")
+        full_name = dns_label(f"{args.project}-{args.pool}")
         labels = {**args.labels, **pool_labels(args.project, args.pool)}
         auth_name: str | None = None
         self.trigger_auth: k8s.apiextensions.CustomResource | None = None

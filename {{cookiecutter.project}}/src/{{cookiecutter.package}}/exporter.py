@@ -54,6 +54,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from . import brokerstate, layout, redisclient
+from .pools import pool_slug
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -140,11 +141,6 @@ def read_backlog(
 #: of a worker pod becomes ``worker_template_pool`` (worker_infra's PodMonitor,
 #: ``podTargetLabels``); the scheduler, whose pod serves no pool, sets it on the backlog.
 POOL_SERIES_LABEL = "worker_template_pool"
-
-
-def pool_slug(pool: str) -> str:
-    """A pool's name as its pods' label value (a DNS label: ``_`` becomes ``-``)."""
-    return pool.replace("_", "-")
 
 
 class BacklogCollector(Collector):

@@ -306,6 +306,14 @@ class Pool(_Strict):
         }
 
 
+def pool_slug(pool: str) -> str:
+    """Pool ``pool``'s name as a DNS label (``_`` becomes ``-``): its pods' label value
+    (``worker-template/pool``, the series label the scheduler sets on the backlog) and the
+    suffix of the Kubernetes names worker_infra gives it (``PoolSpec.slug``, which the
+    template's ``infra/tests/test_pool_slug.py`` checks against this)."""
+    return pool.replace("_", "-")
+
+
 def reaches(field: str) -> str:
     """How pool field ``field`` reaches a pod: ``env:<VAR>``, ``worker`` or ``infra``."""
     extra = Pool.model_fields[field].json_schema_extra
