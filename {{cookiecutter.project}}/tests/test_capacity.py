@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from {{ cookiecutter.package }}.capacity import (
+from {{ cookiecutter.package }}_bench.capacity import (
     NOISY_SPREAD,
     CapacityError,
     Level,

@@ -13,7 +13,7 @@ import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -58,6 +58,18 @@ def _reaches(how: str, defaults_to: str | None = None) -> Any:
     if defaults_to is not None:
         extra[DEFAULTS_TO] = defaults_to
     return Field(json_schema_extra=extra)
+
+
+def bounds(kind: Any) -> tuple[int, int]:
+    """The lowest and highest value of a bounded type such as :data:`Concurrency` (its
+    ``ge`` and ``le``), for a command that checks a number against it outside a model."""
+    found: dict[str, int] = {}
+    for meta in get_args(kind)[1:]:
+        for item in getattr(meta, "metadata", [meta]):
+            for key in ("ge", "le"):
+                if (value := getattr(item, key, None)) is not None:
+                    found[key] = int(value)
+    return found["ge"], found["le"]
 
 
 def memory_bytes(quantity: str) -> int:

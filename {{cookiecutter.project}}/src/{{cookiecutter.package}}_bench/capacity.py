@@ -65,10 +65,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from . import layout
-from .arguments import command_parser, positive_int
-from .exitcodes import EX_FAILURE, EX_INTERRUPTED, EX_OK
-from .layout import QueueKeys
+from {{ cookiecutter.package }} import layout
+from {{ cookiecutter.package }}.arguments import command_parser, positive_int
+from {{ cookiecutter.package }}.exitcodes import EX_FAILURE, EX_INTERRUPTED, EX_OK
+from {{ cookiecutter.package }}.layout import QueueKeys
+from {{ cookiecutter.package }}.pools import KILL_AFTER_DRAIN_S, Concurrency, bounds
 
 if TYPE_CHECKING:
     import dramatiq
@@ -189,7 +190,7 @@ def remove(client: redis.Redis, queue: str, message_ids: set[str]) -> int:
 
 def failure_reason(client: redis.Redis, queue: str) -> str:
     """Why the latest probe job failed: its dead-letter reason or its traceback's last line."""
-    from .dlq import DeadLetter
+    from {{ cookiecutter.package }}.dlq import DeadLetter
 
     keys = QueueKeys.of(queue)
     newest = cast(list[bytes], client.zrange(keys.dead, -1, -1))
@@ -212,7 +213,7 @@ def worker_environment(
     ``WORKER_*`` and ``DB_POOL_SIZE`` of this process are not passed on (they may
     belong to another pool); ``WORKER_POOLS_FILE`` is.
     """
-    from .settings import DATABASE_ENABLED, pools
+    from {{ cookiecutter.package }}.settings import DATABASE_ENABLED, pools
 
     env = {
         name: value
@@ -239,7 +240,7 @@ def start_worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     The worker is told to drain (SIGTERM) when the probe dies, however it dies: a probe
     killed mid-measurement never leaves a worker behind taking jobs from the queue.
     """
-    package = __name__.rpartition(".")[0]
+    package = layout.__name__.rpartition(".")[0]  # the service's package, not this one
     with log.open("wb") as output:
         return subprocess.Popen(
             [sys.executable, "-m", package, "worker"],
@@ -354,9 +355,9 @@ def steady_rate(samples: list[tuple[float, int]], jobs: int, concurrency: int) -
 
 def measure(client: redis.Redis, probe: Probe, pool: str, concurrency: int) -> float:
     """Jobs per second of ``probe`` run by a worker of ``pool`` with ``concurrency`` threads."""
-    from .settings import pools
+    from {{ cookiecutter.package }}.settings import pools
 
-    drain_s = pools().pools[pool].shutdown_timeout_ms / 1000 + 10
+    drain_s = pools().pools[pool].shutdown_timeout_ms / 1000 + KILL_AFTER_DRAIN_S
     if messages_in(client, probe.queue):
         raise CapacityError(
             f"queue {probe.queue!r} holds messages; the probe runs only on an "
@@ -456,8 +457,8 @@ def _row(concurrency: object, rate: object, gain: object, rounds: object) -> str
 def _probe(args: argparse.Namespace) -> Probe:
     from dramatiq.errors import ActorNotFound
 
-    from . import actors  # noqa: F401  (declares every actor on the broker)
-    from .broker import broker
+    from {{ cookiecutter.package }} import actors  # noqa: F401  (declares every actor on the broker)
+    from {{ cookiecutter.package }}.broker import broker
 
     try:
         actor = broker.get_actor(args.actor)
@@ -471,7 +472,7 @@ def run(args: argparse.Namespace) -> int:
     """The ``capacity`` command."""
     import redis
 
-    from .settings import load_settings, mask_url, pools
+    from {{ cookiecutter.package }}.settings import load_settings, mask_url, pools
 
     try:
         probe = _probe(args)
@@ -552,8 +553,9 @@ def _levels(text: str) -> list[int]:
         levels = sorted({int(part) for part in text.split(",") if part.strip()})
     except ValueError:
         raise argparse.ArgumentTypeError("a comma list of whole numbers, e.g. 1,2,4,8") from None
-    if not levels or levels[0] < 1 or levels[-1] > 256:
-        raise argparse.ArgumentTypeError("levels must be between 1 and 256")
+    low, high = bounds(Concurrency)
+    if not levels or levels[0] < low or levels[-1] > high:
+        raise argparse.ArgumentTypeError(f"levels must be between {low} and {high}")
     return levels
 
 
