@@ -1,0 +1,118 @@
+"""The import contracts (import-linter, run by ``make lint``) catch the imports they forbid.
+
+Each case copies the code, plants one bad import and runs ``lint-imports`` on the copy:
+the contract that forbids it must be reported broken (and the unplanted copy keeps every
+contract). In the bake: an upward import across the layers, a middleware importing
+another, a circle, layout's keys importing its scripts, the runtime importing the
+benchmarks. In worker_infra: a spec importing a component, a guard importing Secrets,
+the Redis names importing a component.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from bakery import TEMPLATE, bake_project, package_of
+
+LINT = [sys.executable, "-c", "from importlinter.cli import lint_imports_command as l; l()"]
+
+
+def verdict(stdout: str, contract: str) -> str:
+    """``KEPT`` or ``BROKEN``: what lint-imports says of the contract named ``contract...``
+    (its report wraps long names over lines)."""
+    joined = " ".join(stdout.split())
+    found = re.search(r"\b(KEPT|BROKEN)\b", joined[joined.index(contract) :])
+    assert found, stdout[-2000:]
+    return found.group(1)
+
+
+def lint(cwd: Path, pythonpath: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*LINT, "--no-cache"],
+        cwd=cwd,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(pythonpath)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def bake(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return bake_project(tmp_path_factory.mktemp("contracts"))
+
+
+#: (module of the bake, the import planted in it, words of the contract it breaks).
+BAKED = [
+    ("settings.py", "from . import broker", "layers: commands"),
+    ("middleware/retries.py", "from . import metrics", "the middleware are independent"),
+    ("layout/keys.py", "from . import delivery", "layout's concepts"),
+    ("pools.py", "import {package}_bench.capacity", "the benchmarks (capacity)"),
+    ("supervisor.py", "from . import consumer", "the supervisor and its exporter"),
+    ("layout/clock.py", "from .. import settings", "no import circle"),
+]
+
+
+def test_the_bake_keeps_every_contract(bake: Path) -> None:
+    result = lint(bake, bake / "src")
+    assert result.returncode == 0 and " 0 broken" in result.stdout, result.stdout[-2000:]
+
+
+@pytest.mark.parametrize(("module", "planted", "contract"), BAKED)
+def test_a_planted_import_breaks_the_bakes_contract(
+    bake: Path, tmp_path: Path, module: str, planted: str, contract: str
+) -> None:
+    copy = tmp_path / bake.name
+    shutil.copytree(bake, copy, ignore=shutil.ignore_patterns("__pycache__", ".*_cache"))
+    path = copy / "src" / package_of(bake) / module
+    path.write_text(path.read_text() + "\n" + planted.format(package=package_of(bake)) + "\n")
+    result = lint(copy, copy / "src")
+    assert result.returncode != 0, result.stdout[-2000:]
+    assert verdict(result.stdout, contract) == "BROKEN", result.stdout[-3000:]
+
+
+WORKER_INFRA = [
+    ("args.py", "from . import service", "layers: service"),
+    ("guards.py", "from . import secrets", "layers: service"),
+    ("keys.py", "from . import scaler", "layers: service"),
+    ("secrets.py", "from . import pool", "layers: service"),
+]
+
+
+def _infra_copy(tmp_path: Path) -> Path:
+    copy = tmp_path / "infra"
+    copy.mkdir()
+    shutil.copy(TEMPLATE / "infra" / "pyproject.toml", copy)
+    shutil.copytree(
+        TEMPLATE / "infra" / "worker_infra",
+        copy / "worker_infra",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    return copy
+
+
+def test_worker_infra_keeps_every_contract(tmp_path: Path) -> None:
+    copy = _infra_copy(tmp_path)
+    result = lint(copy, copy)
+    assert result.returncode == 0 and " 0 broken" in result.stdout, result.stdout[-2000:]
+
+
+@pytest.mark.parametrize(("module", "planted", "contract"), WORKER_INFRA)
+def test_a_planted_import_breaks_worker_infras_layers(
+    tmp_path: Path, module: str, planted: str, contract: str
+) -> None:
+    copy = _infra_copy(tmp_path)
+    path = copy / "worker_infra" / module
+    path.write_text(path.read_text() + "\n" + planted + "\n")
+    result = lint(copy, copy)
+    assert result.returncode != 0, result.stdout[-2000:]
+    assert verdict(result.stdout, contract) == "BROKEN"
+    assert f"is not allowed to import worker_infra.{planted.split()[-1]}" in result.stdout, (
+        result.stdout[-3000:]
+    )
