@@ -36,6 +36,21 @@ def load_module(name: str, path: Path) -> Any:
     return module
 
 
+def template_layout_keys() -> Any:
+    """The template's ``layout/keys.py``, the one owner of the Redis key names (no Jinja in
+    it, no import of its package), registered in ``sys.modules`` as ``_template_layout_keys``
+    (its dataclass needs its module)."""
+    name = "_template_layout_keys"
+    if name not in sys.modules:
+        path = TEMPLATE / "{{cookiecutter.project}}" / "src" / "{{cookiecutter.package}}"
+        spec = importlib.util.spec_from_file_location(name, path / "layout" / "keys.py")
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
 #: The baked projects' own conftest (no Jinja in it), loaded under another name.
 BAKED_FIXTURES = load_module(
     "baked_conftest", TEMPLATE / "{{cookiecutter.project}}" / "tests" / "conftest.py")

@@ -14,31 +14,16 @@ from __future__ import annotations
 
 import ast
 import fnmatch
-import importlib.util
-import sys
 import tomllib
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
-from bakery import TEMPLATE, bake_project, make_manifests
+from bakery import bake_project, make_manifests, template_layout_keys
 from worker_infra import keys as infra_keys
 
 
-def _layout_keys() -> Any:
-    """The template's ``layout/keys.py`` (no Jinja, no import of its package), registered
-    in ``sys.modules`` (its dataclass needs its module)."""
-    path = TEMPLATE / "{{cookiecutter.project}}" / "src" / "{{cookiecutter.package}}"
-    spec = importlib.util.spec_from_file_location("_layout_keys", path / "layout" / "keys.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-LAYOUT_KEYS = _layout_keys()
+LAYOUT_KEYS = template_layout_keys()
 WORKER_INFRA = Path(infra_keys.__file__).parent
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> Path:

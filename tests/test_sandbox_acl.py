@@ -14,7 +14,6 @@ server (FLUSHALL, KEYS, ...).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -31,7 +30,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import dramatiq
 import pytest
 import redis
-from bakery import BAKED_FIXTURES, TEMPLATE, package_of, project_env
+from bakery import BAKED_FIXTURES, package_of, project_env, template_layout_keys
 from dramatiq import Message
 from worker_infra.acl import acl_key_patterns, acl_rule
 
@@ -39,20 +38,7 @@ USER, PASSWORD = "orders-worker-sandbox", "s3cret/with:odd@chars"
 NS = "dramatiq"
 
 
-def _template_layout() -> Any:
-    """The template's layout/keys.py (no Jinja, no import of its package): the one owner
-    of the namespaces."""
-    package = TEMPLATE / "{{cookiecutter.project}}" / "src" / "{{cookiecutter.package}}"
-    path = package / "layout" / "keys.py"
-    spec = importlib.util.spec_from_file_location("_template_layout", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-LAYOUT = _template_layout()
+LAYOUT = template_layout_keys()
 SNS = LAYOUT.SANDBOX_NAMESPACE
 QUEUE = LAYOUT.SANDBOX_QUEUE
 
