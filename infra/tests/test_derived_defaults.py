@@ -10,12 +10,11 @@ formula) gives the same numbers: a change of the rule in one place fails here.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
+import tomllib
 from typing import Any
 
 import pytest
-from conftest import SERVICE_POOLS
 from poolmodel import pools_file, pools_module
 
 from worker_infra import ServiceSpec, WorkerService
@@ -57,7 +56,7 @@ def test_the_simulation_uses_the_capacity_formula_on_what_the_pods_mount(
     """Per pod, the simulation's usage of each resource (read from the rendered pools file:
     db_pool_size unset means the concurrency) is the capacity guard's own formula on the
     model's specs."""
-    data = copy.deepcopy(SERVICE_POOLS)
+    data = tomllib.loads(service.pools_file)  # the fixture's pools, as the model dumped them
     if interactive_db_pool_size is not None:
         data["pools"]["interactive"]["db_pool_size"] = interactive_db_pool_size
     pools, downstream, text = pools_file(data)
