@@ -14,6 +14,7 @@
 - :mod:`.preflight`: the cluster's prerequisites, one line per missing step.
 - :mod:`.render`: offline rendering through Pulumi's mocks.
 - :mod:`.simulate`: the rendered scalers against a queue model.
+- :mod:`.secrets`: every Secret: its name, its keys, the variables that read them, its builder.
 - :mod:`.keys`: the Redis names the infrastructure reads (ready lists, the delay suffix,
   the broker namespaces), checked against the service's ``layout/keys.py`` by the template.
 
