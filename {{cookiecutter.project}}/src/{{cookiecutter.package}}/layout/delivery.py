@@ -13,8 +13,8 @@ written nothing yet). Times are Redis's (:data:`CLOCK`).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from .keys import (
