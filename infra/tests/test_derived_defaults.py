@@ -10,12 +10,12 @@ formula) gives the same numbers: a change of the rule in one place fails here.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
-import tomllib
 from typing import Any
 
 import pytest
-from poolmodel import pools_file, pools_module
+from poolmodel import SERVICE_POOLS, pool_files, pools_file, pools_module
 
 from worker_infra import ServiceSpec, WorkerService
 from worker_infra.args import DERIVED_DEFAULTS, MODEL_ATTRIBUTE, PoolSpec, derived_value
@@ -56,11 +56,17 @@ def test_the_simulation_uses_the_capacity_formula_on_what_the_pods_mount(
     """Per pod, the simulation's usage of each resource (read from the rendered pools file:
     db_pool_size unset means the concurrency) is the capacity guard's own formula on the
     model's specs."""
-    data = tomllib.loads(service.pools_file)  # the fixture's pools, as the model dumped them
+    data = copy.deepcopy(SERVICE_POOLS)
     if interactive_db_pool_size is not None:
         data["pools"]["interactive"]["db_pool_size"] = interactive_db_pool_size
     pools, downstream, text = pools_file(data)
-    spec = dataclasses.replace(service, pools=pools, downstream=downstream, pools_file=text)
+    spec = dataclasses.replace(
+        service,
+        pools=pools,
+        downstream=downstream,
+        pools_file=text,
+        pool_files=pool_files(data),
+    )
     objects = render(lambda: WorkerService("orders-worker", spec), project="p", stack="s")
     simulated = {model.name: model for model in pools_of(objects)}
     resources = {r.name: r for r in downstream}
