@@ -377,6 +377,8 @@ def test_a_scrape_costs_one_redis_call_whatever_the_backlog(
     assert calls.pop("eval") == 1  # one round trip for the whole backlog
     # broker_full: one write probe per scrape (a short-lived key; refused when Redis is full).
     assert calls.pop("set") == 1
+    # Redis's TIME: the backlog age is judged on Redis's clock, not the exporter host's (#22).
+    assert calls.pop("time") == 1
     # Inside it, a constant number of O(1) commands per queue.
     assert calls == {"llen": 2, "lrange": 2, "hget": 2, "zcard": 1}
 

@@ -203,7 +203,9 @@ def parser() -> argparse.ArgumentParser:
     from .dlq import add_commands as add_dlq_commands
 
     add_dlq_commands(commands)
-    from {{ cookiecutter.package }}_bench.capacity import add_command as add_capacity_command
+    from {{ cookiecutter.package }}_bench.capacity import (
+        add_command as add_capacity_command,
+    )
 
     add_capacity_command(commands)
     from .status import add_command as add_status_command
