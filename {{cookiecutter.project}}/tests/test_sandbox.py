@@ -794,17 +794,15 @@ for attack in spec["runs"]:
     sibling = None
     if attack.get("sibling"):  # another tenant's run, in flight beside the attack
         sibling = threading.Thread(target=sandbox.run_untrusted, args=(attack["sibling"], None),
-                                   kwargs={"limits": sandbox.Limits(wall_seconds=30),
-                                           "allow_uncontained_writes": attack["allow"]})
+                                   kwargs={"limits": sandbox.Limits(wall_seconds=30)})
         sibling.start()
     try:
         if attack.get("check"):
-            layers = sandbox.check_sandbox(allow_uncontained_writes=attack["allow"])
+            layers = sandbox.check_sandbox()
             result = {"status": "ok", "output": None, "error": None, "logs": "",
                       "layers": list(layers)}
         else:
-            result = sandbox.run_untrusted(attack["source"], payload, limits=limits,
-                                           allow_uncontained_writes=attack["allow"]).to_dict()
+            result = sandbox.run_untrusted(attack["source"], payload, limits=limits).to_dict()
     except sandbox.SandboxUnavailableError as exc:
         result = {"status": "refused", "output": None, "error": str(exc), "logs": "",
                   "layers": []}
@@ -990,9 +988,8 @@ for _name, _source, _limits, _expected in MATRIX:
         ESCAPE_LIMITS[f"matrix-{_name}"] = _limits
 
 #: Layer configurations: (identity, layers switched off).
-#: The one configuration without a file wall: its runs are refused (SandboxUnavailableError)
-#: unless they accept it (``allow_uncontained_writes``, SANDBOX_ALLOW_UNCONTAINED_WRITES);
-#: the matrix runs it accepted, test_no_file_wall_is_refused checks the refusal.
+#: The one configuration without a file wall: its runs are refused (SandboxUnavailableError),
+#: always (issue #25 removed the opt-in): test_no_file_wall_is_refused. The matrices run WALLED.
 NO_FILE_WALL = "nonroot-no-userns-no-landlock"
 CONFIGS: dict[str, tuple[str, frozenset[str]]] = {
     "root": ("root", frozenset()),
@@ -1002,6 +999,7 @@ CONFIGS: dict[str, tuple[str, frozenset[str]]] = {
     "nonroot-no-userns-no-landlock": ("nonroot", frozenset({"userns", "landlock"})),
     "nonroot-no-landlock": ("nonroot", frozenset({"landlock"})),  # gVisor: userns, no Landlock
 }
+WALLED = [config for config in CONFIGS if config != NO_FILE_WALL]
 
 
 def driver_python() -> str | None:
@@ -1100,7 +1098,6 @@ def drive(
         os.chown(workdirs, NOBODY, NOBODY)
     for attack in runs:
         attack["off"] = sorted(off | set(attack.get("off", ())))
-        attack.setdefault("allow", config == NO_FILE_WALL)
     ipc_before, mine_before = ipc_objects(), own_state()
     spec = {"role": "supervisor", "workdirs": str(workdirs), "runs": runs}
     done = subprocess.run(
@@ -1203,22 +1200,17 @@ WITHOUT_SOME_LAYERS = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    "config", ["root-no-landlock", "nonroot-no-userns", "nonroot-no-userns-no-landlock"]
-)
+@pytest.mark.parametrize("config", ["root-no-landlock", "nonroot-no-userns", "nonroot-no-landlock"])
 @pytest.mark.usefixtures("files_left_behind")
 def test_escapes_without_some_layers(config: str, driver_tree: Path, workdirs: Path) -> None:
-    """The kernel of a restricted pod (no user namespaces), or one without Landlock. The
-    configuration without either runs with the opt-in (its refusal without it:
-    test_no_file_wall_is_refused), where files left in /tmp are what it accepted."""
+    """The kernel of a restricted pod (no user namespaces), or one without Landlock (the
+    configuration without either is refused: test_no_file_wall_is_refused)."""
     names = list(WITHOUT_SOME_LAYERS)
-    if config == NO_FILE_WALL:
-        names.remove("posix-shm-and-tmp-files")
     results = drive(driver_tree, config, attack_runs(names), workdirs)
     assert failed_attacks(names, results) == []
 
 
-@pytest.mark.parametrize("config", list(CONFIGS))
+@pytest.mark.parametrize("config", WALLED)
 def test_threads_work_up_to_max_threads(config: str, driver_tree: Path, workdirs: Path) -> None:
     source = PRELUDE + (
         "import time\n"
@@ -1309,7 +1301,7 @@ def main(p):
 )
 
 
-@pytest.mark.parametrize("config", list(CONFIGS))
+@pytest.mark.parametrize("config", WALLED)
 @pytest.mark.usefixtures("files_left_behind")
 def test_no_other_process_of_the_pod_is_open_to_a_snippet(
     config: str, driver_tree: Path, workdirs: Path
@@ -1379,7 +1371,7 @@ def main(p):
 )
 
 
-@pytest.mark.parametrize("config", [config for config in CONFIGS if config != NO_FILE_WALL])
+@pytest.mark.parametrize("config", WALLED)
 @pytest.mark.usefixtures("files_left_behind")
 def test_tenant_b_finds_nothing_of_tenant_a(config: str, driver_tree: Path, workdirs: Path) -> None:
     """Tenant A writes into every world-writable directory of the machine (found by find(1):
@@ -1423,7 +1415,7 @@ def main(p):
 """
 
 
-@pytest.mark.parametrize("config", list(CONFIGS))
+@pytest.mark.parametrize("config", WALLED)
 @pytest.mark.usefixtures("files_left_behind")
 def test_what_a_run_writes_is_bounded_in_total(
     config: str, driver_tree: Path, workdirs: Path
@@ -1432,12 +1424,10 @@ def test_what_a_run_writes_is_bounded_in_total(
     the per-file limit applied) and 93,500 files. Now a run's writes, all files and places
     together, stop at Limits.max_disk_bytes and max_files: the status disk. With a mount
     namespace the run's own tmpfs bounds them; without one the worker measures the private
-    directory every 100 ms (where Landlock keeps the writes; the opt-in without any wall
-    bounds only that directory)."""
+    directory every 100 ms (where Landlock keeps the writes)."""
     limits = asdict(Limits(cpu_seconds=10, wall_seconds=30, max_disk_bytes=4 << 20,
                            max_files=200))  # fmt: skip
-    # the opt-in without any wall has no private places: files there are what it accepts
-    places = {"places": world_writable_dirs() if config != NO_FILE_WALL else []}
+    places = {"places": world_writable_dirs()}
     runs = [{"source": DISK_BYTES, "limits": limits, "payload": places},
             {"source": DISK_FILES, "limits": limits}]  # fmt: skip
     started = time.monotonic()
@@ -1452,29 +1442,25 @@ def test_what_a_run_writes_is_bounded_in_total(
 
 @pytest.mark.usefixtures("files_left_behind")
 def test_no_file_wall_is_refused(driver_tree: Path, workdirs: Path) -> None:
-    """A non-root worker with neither Landlock nor user namespaces: nothing would keep a
-    snippet's files in /tmp or /dev/shm from outliving its run, so every run (and the boot
-    check) is refused before the snippet starts, naming the missing layers and the opt-in;
-    with the opt-in it runs. The worker stays as it was (drive checks it)."""
+    """A non-root worker with neither Landlock nor user namespaces: the snippet would keep the
+    worker uid's file rights (other runs' private directories, the pod's state files, files
+    that outlive the run) and see processes of the pod still dumpable at their start, so
+    every run and the boot check are refused before the snippet starts, naming the missing
+    layers. Issue #25: there is no opt-in any more (it ran the snippet, which read the
+    supervisor's secrets in that configuration). The worker stays as it was (drive checks)."""
     limits = asdict(FAST)
-    benign = "def main(p):\n    return 'ran'\n"
-    runs = [
-        {"source": TENANT_A, "limits": limits, "allow": False},
-        {"source": "", "limits": limits, "allow": False, "check": True},
-        {"source": benign, "limits": limits, "allow": True},
-        {"source": "", "limits": limits, "allow": True, "check": True},
+    runs: list[dict[str, Any]] = [
+        {"source": TENANT_A, "limits": limits},
+        {"source": PROC_ATTACK, "limits": limits, "payload": {"marker": str(workdirs)}},
+        {"source": "", "limits": limits, "check": True},
     ]
-    refused_run, refused_check, accepted, checked = drive(driver_tree, NO_FILE_WALL, runs, workdirs)
-    for result in (refused_run, refused_check):
+    for result in drive(driver_tree, NO_FILE_WALL, runs, workdirs):
         assert result["status"] == "refused", result
-        for named in ("landlock-fs", "private-mounts", "SANDBOX_ALLOW_UNCONTAINED_WRITES"):
+        for named in ("landlock-fs", "private-mounts", "gVisor"):
             assert named in result["error"]
+        assert "SANDBOX_ALLOW_UNCONTAINED_WRITES" not in result["error"]
     for path in ("/tmp/tenant-a", "/dev/shm/tenant-a", "/var/tmp/tenant-a"):  # noqa: S108
         assert not os.path.exists(path), f"the refused snippet ran: {path}"
-    assert (accepted["status"], accepted["output"]) == ("ok", "ran"), accepted["error"]
-    for result in (accepted, checked):
-        assert not {"landlock-fs", "private-mounts"} & set(result["layers"]), result["layers"]
-        assert "seccomp-allowlist" in result["layers"]
 
 
 def test_the_sandbox_pool_refuses_to_boot_where_the_sandbox_cannot_run(
@@ -1488,20 +1474,21 @@ def test_the_sandbox_pool_refuses_to_boot_where_the_sandbox_cannot_run(
 
     asked: list[bool] = []
 
-    def refuse_here(*, allow_uncontained_writes: bool) -> tuple[str, ...]:
-        asked.append(allow_uncontained_writes)
+    def refuse_here() -> tuple[str, ...]:
+        asked.append(True)
         raise sandbox.SandboxUnavailableError("refused: no layer contains\nthe writes")
 
     monkeypatch.setattr(actor, "check_sandbox", refuse_here)
-    actor._check_at_boot(None)  # not a worker of the sandbox pool: nothing to check
+    actor._check_at_boot(False)  # not a worker of the sandbox pool: nothing to check
+    assert asked == []
     with pytest.raises(ConfigRefused) as refused:
-        actor._check_at_boot(False)
-    assert refused.value.code == EX_CONFIG and asked == [False]
+        actor._check_at_boot(True)
+    assert refused.value.code == EX_CONFIG and asked == [True]
     assert refused.value.lines == [
         "the sandbox cannot run here: refused: no layer contains the writes"
     ]
     assert capsys.readouterr().err.count("\n") == 1
-    monkeypatch.setattr(actor, "check_sandbox", lambda **kwargs: ("rlimits",))
+    monkeypatch.setattr(actor, "check_sandbox", lambda: ("rlimits",))
     actor._check_at_boot(True)  # the real check passes: no refusal
 
 
@@ -1548,7 +1535,8 @@ def test_the_sandbox_pool_exits_78_at_boot_on_a_node_without_a_file_wall(
     redis_url: str, tmp_path: Path
 ) -> None:
     """End to end: the worker command on such a node refuses to boot, one line, exit 78, and
-    takes no job; with SANDBOX_ALLOW_UNCONTAINED_WRITES=true it boots and runs one."""
+    takes no job; SANDBOX_ALLOW_UNCONTAINED_WRITES=true is refused too (issue #25: that
+    opt-in booted and ran snippets that read the supervisor's secrets through /proc)."""
     client = redis.Redis.from_url(redis_url)
     from {{ cookiecutter.package }} import layout
     from {{ cookiecutter.package }}.exitcodes import EX_CONFIG
@@ -1565,41 +1553,33 @@ def test_the_sandbox_pool_exits_78_at_boot_on_a_node_without_a_file_wall(
     assert sent.returncode == 0, sent.stderr[-2000:]
     ready = layout.queue_key(layout.SANDBOX_QUEUE)
     assert client.llen(ready) == 1
-    refused = worker_on_a_node_without_walls(redis_url, tmp_path / "refused")
+    expected = {
+        "plain": ("config error: the sandbox cannot run here: no layer keeps",
+                  ("landlock-fs", "private-mounts", "gVisor")),
+        "opt-in": ("config error: SANDBOX_ALLOW_UNCONTAINED_WRITES",
+                   ("no longer accepted", "gVisor")),
+    }  # fmt: skip
     try:
-        out, err = refused.communicate(timeout=120)
+        for name, (start, named) in expected.items():
+            extra = {"SANDBOX_ALLOW_UNCONTAINED_WRITES": "true"} if name == "opt-in" else {}
+            refused = worker_on_a_node_without_walls(redis_url, tmp_path / name, **extra)
+            try:
+                _, err = refused.communicate(timeout=120)
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(refused.pid, signal.SIGKILL)
+            assert refused.returncode == EX_CONFIG, (name, err[-3000:])
+            # the worker process's line, repeated by its supervisor (as for every refusal)
+            (line,) = {line for line in err.splitlines() if line.startswith("config error:")}
+            assert line.startswith(start), line
+            for word in named:
+                assert word in line, (word, line)
+            records = [json.loads(r) for r in err.splitlines() if r.startswith("{")]
+            assert not [r for r in records if r.get("event") == "process_died"], "no restart"
+            assert "Traceback" not in err
+            assert client.llen(ready) == 1, f"the refused pool took a job ({name})"
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(refused.pid, signal.SIGKILL)
-    assert refused.returncode == EX_CONFIG, err[-3000:]
-    # the worker process's line, repeated by its supervisor (as for every boot refusal)
-    (line,) = {line for line in err.splitlines() if line.startswith("config error:")}
-    assert line.startswith("config error: the sandbox cannot run here: no layer contains")
-    for named in ("landlock-fs", "private-mounts", "SANDBOX_ALLOW_UNCONTAINED_WRITES"):
-        assert named in line
-    records = [json.loads(r) for r in err.splitlines() if r.startswith("{")]
-    assert [r["exit_code"] for r in records if r.get("event") == "boot_failed"] == [EX_CONFIG]
-    assert not [r for r in records if r.get("event") == "process_died"], "no restart"
-    assert "Traceback" not in err
-    assert client.llen(ready) == 1, "the refused pool took a job"
-
-    accepted = worker_on_a_node_without_walls(
-        redis_url, tmp_path / "accepted", SANDBOX_ALLOW_UNCONTAINED_WRITES="true"
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while client.llen(ready) or client.hlen(layout.bodies_key(layout.SANDBOX_QUEUE)):
-            assert accepted.poll() is None, accepted.communicate()[1][-3000:]
-            assert time.monotonic() < deadline, "the accepted pool did not run the job"
-            time.sleep(0.1)
-    finally:
-        os.killpg(accepted.pid, signal.SIGTERM)
-        out, err = accepted.communicate(timeout=60)
-    assert accepted.returncode == 0, err[-3000:]
-    finished = [json.loads(line) for line in (out + err).splitlines()
-                if line.startswith("{") and "sandbox run finished" in line]  # fmt: skip
-    assert [entry["sandbox_status"] for entry in finished] == ["ok"], (out + err)[-3000:]
-    assert not {"landlock-fs", "private-mounts"} & set(finished[0]["sandbox_layers"])
+        client.delete(ready, layout.bodies_key(layout.SANDBOX_QUEUE))
 
 
 # -- The result channel cannot hurt the worker ----------------------------------------------

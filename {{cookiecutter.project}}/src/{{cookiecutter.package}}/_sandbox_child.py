@@ -16,10 +16,11 @@ imported by the worker), confines itself and then runs the customer's snippet:
    system libraries and the working directory (``landlock-fs``), no TCP bind or
    connect (``landlock-net``), no signals to processes outside the sandbox
    (``landlock-signal``);
-   Without either ``landlock-fs`` or ``private-mounts`` nothing would keep a file the
-   snippet writes to /tmp or /dev/shm from outliving the run: the launcher then refuses
-   (exit :data:`UNCONTAINED`, the message naming the missing layers) unless the worker
-   passed the opt-in ``allow_uncontained_writes``;
+   Without either ``landlock-fs`` or ``private-mounts`` the snippet would keep the worker
+   uid's file rights (other runs' private directories, the pod's state files, files that
+   outlive the run) and could see processes of the pod in their first, still dumpable
+   milliseconds: the launcher then refuses (exit :data:`UNCONTAINED`, the message naming
+   the missing layers), always;
 4. as root, drops to uid = gid = ``ID_BASE + pid`` with no groups (``own-uid``); drops
    every capability (``no-caps``);
 5. sets the resource limits (``rlimits``), ``RLIMIT_NPROC`` = ``max_threads`` where the
@@ -131,16 +132,16 @@ class UncontainedError(SetupError):
 FILE_WALLS = ("landlock-fs", "private-mounts")
 
 
-def _check_file_wall(layers: list[str], allowed: bool) -> None:
-    """Refuse unless a layer of :data:`FILE_WALLS` is active or the worker accepted that."""
-    if allowed or any(layer in layers for layer in FILE_WALLS):
+def _check_file_wall(layers: list[str]) -> None:
+    """Refuse unless a layer of :data:`FILE_WALLS` is active (no opt-in: issue #25)."""
+    if any(layer in layers for layer in FILE_WALLS):
         return
     raise UncontainedError(
-        "no layer contains the snippet's file writes, so files it leaves in /tmp "
-        "or /dev/shm would outlive the run: landlock-fs is missing (Landlock, Linux 5.13+) "
-        "and so is private-mounts (user namespaces, or a root worker). Run the sandbox pool "
-        "under gVisor or on a kernel with Landlock, or accept the weaker sandbox with "
-        "SANDBOX_ALLOW_UNCONTAINED_WRITES=true (docs/sandbox.md)"
+        "no layer keeps the snippet from the worker's files and processes (its uid's file "
+        "rights: other runs' private directories, the pod's state files; /proc of processes "
+        "still dumpable at their start): landlock-fs is missing (Landlock, Linux 5.13+) and "
+        "so is private-mounts (user namespaces, or a root worker). Run the sandbox pool "
+        "under gVisor or on a kernel with Landlock (docs/sandbox.md)"
     )
 
 
@@ -687,7 +688,7 @@ def main() -> int:
         if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             raise SetupError(f"PR_SET_NO_NEW_PRIVS failed: {_errno_text()}")
         layers += [] if "landlock" in off else _landlock(workdir)
-        _check_file_wall(layers, bool(config.get("allow_uncontained_writes", False)))
+        _check_file_wall(layers)
         _drop_bounding_set()
         if ident is not None:
             layers += _drop_to(ident)

@@ -20,11 +20,10 @@ becomes :attr:`SandboxResult.output`. The snippet sees only the standard library
 A breach of a limit or a policy is a result, never an exception: see
 :data:`STATUSES`. Only a failure of the sandbox itself (it could not be set up)
 raises :class:`SandboxError`, so the message is retried. Where no layer can keep the
-snippet's file writes inside its run (a non-root worker on a kernel with neither Landlock
-nor user namespaces) every run raises :class:`SandboxUnavailableError` before the snippet
-starts, unless the caller accepts that (``allow_uncontained_writes=True``, the setting
-``SANDBOX_ALLOW_UNCONTAINED_WRITES``); the sandbox pool checks it once at boot
-(:func:`check_sandbox`) and refuses to start (exit 78).
+snippet from the worker's files and processes (a non-root worker on a kernel with neither
+Landlock nor user namespaces) every run raises :class:`SandboxUnavailableError` before the
+snippet starts; the sandbox pool checks it once at boot (:func:`check_sandbox`) and refuses
+to start (exit 78). There is no opt-in (issue #25).
 
 The layers (reported in :attr:`SandboxResult.layers` as far as the kernel supports
 them) are described in ``docs/sandbox.md`` of worker-template and in
@@ -146,9 +145,9 @@ class SandboxError(RuntimeError):
 
 
 class SandboxUnavailableError(SandboxError):
-    """The sandbox refuses to run here: no layer can keep the snippet's file writes
-    inside its run (neither ``landlock-fs`` nor ``private-mounts``). The message names
-    the missing layers and the opt-in; nothing of the snippet ran."""
+    """The sandbox refuses to run here: no layer keeps the snippet from the worker's files
+    and processes (neither ``landlock-fs`` nor ``private-mounts``). The message names the
+    missing layers; nothing of the snippet ran."""
 
 
 @dataclass(frozen=True)
@@ -639,7 +638,6 @@ def run_untrusted(
     payload: Any = None,
     *,
     limits: Limits | None = None,
-    allow_uncontained_writes: bool = False,
 ) -> SandboxResult:
     """Run ``main(payload)`` from ``source`` in a confined child process.
 
@@ -647,10 +645,6 @@ def run_untrusted(
       source(str): Python source that defines ``main(payload)``.
       payload(Any): JSON-serialisable data passed to ``main`` (via the child's stdin).
       limits(Limits): the caps; defaults to ``Limits()``.
-      allow_uncontained_writes(bool): run even where no layer keeps the snippet's file
-        writes inside its run (a non-root worker without Landlock and without user
-        namespaces: files it leaves in /tmp or /dev/shm outlive the run). Defaults to
-        False: such a run raises :class:`SandboxUnavailableError`.
 
     Returns:
       SandboxResult: the status, the output and the resources used. Every breach by
@@ -660,8 +654,8 @@ def run_untrusted(
       ValueError: if the payload is not JSON-serialisable.
       SandboxError: if the sandbox could not be started or set up (for example
         ``libseccomp`` is missing, or ``max_processes > 1`` without a uid of its own).
-      SandboxUnavailableError: if no layer contains the snippet's file writes and
-        ``allow_uncontained_writes`` is False.
+      SandboxUnavailableError: if no layer keeps the snippet from the worker's files and
+        processes (neither Landlock nor a mount namespace).
     """
     limits = limits or Limits()
     problems = limits.problems()
@@ -683,7 +677,6 @@ def run_untrusted(
                 "workdir": workdir,
                 "limits": asdict(limits),
                 "off": sorted(_DISABLED_LAYERS),
-                "allow_uncontained_writes": allow_uncontained_writes,
                 "places": places,
             }
         )
@@ -714,24 +707,17 @@ def run_untrusted(
         _remove_private_dir(workdir)
 
 
-def check_sandbox(*, allow_uncontained_writes: bool = False) -> tuple[str, ...]:
+def check_sandbox() -> tuple[str, ...]:
     """Run a trivial snippet once, as a worker of the sandbox pool does at boot.
-
-    Parameters:
-      allow_uncontained_writes(bool): as for :func:`run_untrusted`; defaults to False.
 
     Returns:
       tuple[str, ...]: the layers a run gets on this machine.
 
     Raises:
-      SandboxUnavailableError: no layer contains the snippet's file writes (and not allowed).
+      SandboxUnavailableError: no layer keeps the snippet from the worker's files.
       SandboxError: the sandbox cannot be set up, or the trivial snippet did not run.
     """
-    result = run_untrusted(
-        "def main(payload):\n    return payload\n",
-        1,
-        allow_uncontained_writes=allow_uncontained_writes,
-    )
+    result = run_untrusted("def main(payload):\n    return payload\n", 1)
     if result.status != "ok" or result.output != 1:
         raise SandboxError(f"a trivial snippet ended {result.status}: {result.error}")
     return result.layers

@@ -163,10 +163,9 @@ class Settings(BaseSettings):
     """json (one object per line, for production) or console (readable at a desk)."""
 {%- if cookiecutter.sandbox_pool == "yes" %}
     sandbox_allow_uncontained_writes: bool = False
-    """Sandbox pool: run even with neither Landlock nor user namespaces, where a snippet has
-    the worker uid's file rights (what it leaves in /tmp outlives its run; it can read and
-    write other runs' files and the pod's state files: docs/sandbox.md); false: refuse to
-    boot (exit 78)."""
+    """Removed (issue #25): true is refused. The sandbox pool never runs with neither
+    Landlock nor user namespaces, where a snippet would have the worker uid's file rights
+    and see the pod's processes; it refuses to boot there (exit 78, docs/sandbox.md)."""
 {%- endif %}
 
     @model_validator(mode="before")
@@ -278,6 +277,19 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"must be at least WORKER_CONCURRENCY ({concurrency}): "
                 "every handler thread may hold a connection"
+            )
+        return value
+{%- endif %}
+{%- if cookiecutter.sandbox_pool == "yes" %}
+
+    @field_validator("sandbox_allow_uncontained_writes")
+    @classmethod
+    def _no_uncontained_sandbox(cls, value: bool) -> bool:
+        if value:
+            raise ValueError(
+                "true is no longer accepted: with neither Landlock nor user namespaces a "
+                "snippet reaches other runs' files and the pod's processes; run the sandbox "
+                "pool under gVisor or on a kernel with Landlock (docs/sandbox.md)"
             )
         return value
 {%- endif %}

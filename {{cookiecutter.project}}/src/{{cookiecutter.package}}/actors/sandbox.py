@@ -5,10 +5,9 @@ result: it is logged and returned, never retried. Only a failure of the sandbox
 itself raises :class:`..sandbox.SandboxError`, which Dramatiq retries.
 
 A worker process that serves this queue checks the sandbox once, at boot
-(:func:`..sandbox.check_sandbox`): where it cannot run (no layer contains a snippet's
-file writes and ``SANDBOX_ALLOW_UNCONTAINED_WRITES`` is not set, or libseccomp is
-missing) the process refuses to boot with one line and exit 78, instead of failing
-every job.
+(:func:`..sandbox.check_sandbox`): where it cannot run (no layer keeps a snippet from
+the worker's files and processes, or libseccomp is missing) the process refuses to boot
+with one line and exit 78, instead of failing every job.
 """
 
 from __future__ import annotations
@@ -27,30 +26,26 @@ from ..settings import load_settings, refuse
 logger = logging.getLogger(__name__)
 
 
-def _allow_uncontained_writes() -> bool | None:
-    """``SANDBOX_ALLOW_UNCONTAINED_WRITES`` in a worker process that serves this queue;
-    None in any other process (a producer, a worker of another pool)."""
+def _serves_sandbox() -> bool:
+    """Whether this is a worker process that serves this queue (not a producer, nor a
+    worker of another pool, which never pay the sandbox's boot check)."""
     if not os.environ.get(POOL_ENV):
-        return None
-    settings = load_settings()
-    if layout.SANDBOX_QUEUE not in settings.worker_queues:
-        return None
-    return settings.sandbox_allow_uncontained_writes
+        return False
+    return layout.SANDBOX_QUEUE in load_settings().worker_queues
 
 
-def _check_at_boot(allowed: bool | None) -> None:
+def _check_at_boot(serves: bool) -> None:
     """Refuse to boot (exit 78, one line) where the sandbox cannot run."""
-    if allowed is None:
+    if not serves:
         return
     try:
-        layers = check_sandbox(allow_uncontained_writes=allowed)
+        layers = check_sandbox()
     except SandboxError as error:
         refuse([f"the sandbox cannot run here: {' '.join(str(error).split())}"])
     logger.info("sandbox checked", extra={"sandbox_layers": list(layers)})
 
 
-_ALLOWED = _allow_uncontained_writes()
-_check_at_boot(_ALLOWED)
+_check_at_boot(_serves_sandbox())
 
 
 @dramatiq.actor(queue_name=layout.SANDBOX_QUEUE, max_retries=2)
@@ -65,12 +60,7 @@ def run_customer_code(
       limits(dict|None): overrides of :class:`..sandbox.Limits` fields, e.g.
         ``{"cpu_seconds": 2}``; defaults to ``Limits()``.
     """
-    result = run_untrusted(
-        source,
-        payload,
-        limits=Limits(**(limits or {})),
-        allow_uncontained_writes=bool(_ALLOWED),
-    )
+    result = run_untrusted(source, payload, limits=Limits(**(limits or {})))
     logger.info(
         "sandbox run finished",
         extra={
