@@ -40,7 +40,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import time
+from pathlib import Path
 
 import dramatiq
 import redis
@@ -48,6 +50,28 @@ import redis
 from ..lifecycle import checkpoint
 
 _client = redis.Redis.from_url(os.environ["REDIS_URL"])
+
+
+class _KillAsGroupCallbackEnqueued(dramatiq.Middleware):
+    """SIGKILLs this worker process once (``TEST_GROUP_KILL_MARKER`` not there yet) as a
+    group's callback is enqueued, before the member's ack: ``TEST_GROUP_KILL=before`` (the
+    callback prepared, not stored) or ``after`` (stored)."""
+
+    def _kill(self, when: str, message: dramatiq.Message) -> None:
+        marker = os.environ.get("TEST_GROUP_KILL_MARKER")
+        if (message.actor_name == "api_group_done" and marker
+                and os.environ.get("TEST_GROUP_KILL") == when and not Path(marker).exists()):
+            Path(marker).touch()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def before_enqueue(self, broker, message, delay):
+        self._kill("before", message)
+
+    def after_enqueue(self, broker, message, delay):
+        self._kill("after", message)
+
+
+dramatiq.get_broker().add_middleware(_KillAsGroupCallbackEnqueued())
 
 
 def _record(kind: str, job_id: str) -> None:
@@ -268,6 +292,28 @@ def test_a_group_callback_fires_once_after_every_member_even_one_delivered_twice
     wait_for(lambda: jobs.client.llen("test:group_done"), 30, "the group's callback")
     time.sleep(2)  # a second firing would come now
     assert jobs.client.lrange("test:group_done", 0, -1) == [b"g1 4"]  # after all 4 deliveries
+    assert worker.stop() == 0
+
+
+@pytest.mark.parametrize("moment", ["before", "after"])
+def test_a_group_callback_fires_once_when_the_worker_is_killed_as_it_is_enqueued(
+        moment: str, workers: Callable[..., Worker], jobs: Jobs, api_project: Path,
+        redis_url: str, tmp_path: Path) -> None:
+    marker = tmp_path / "killed"
+    done = produce(api_project, redis_url, GROUP.replace('"m3", 3.0', '"m3"'))
+    assert done.returncode == 0, done.stderr
+    worker = workers(TEST_GROUP_KILL=moment, TEST_GROUP_KILL_MARKER=str(marker),
+                     WORKER_HEARTBEAT_TIMEOUT_MS="3000")
+    wait_for(marker.exists, 30, "the worker process killed as the callback is enqueued")
+    wait_for(lambda: jobs.client.llen("test:group_done"), 30, "the group's callback")
+    # The members the killed process held (the last one among them) run again, completing the
+    # group again: nothing more.
+    wait_for(lambda: jobs.client.llen("test:members") > 3, 30, "the last member run again")
+    wait_for(lambda: not jobs.stranded() and jobs.queued() == [], 30, "everything settled")
+    time.sleep(1)
+    (fired,) = jobs.client.lrange("test:group_done", 0, -1)
+    assert fired.startswith(b"g1 "), fired
+    assert jobs.dead_letters() == [] and jobs.delayed() == 0
     assert worker.stop() == 0
 
 

@@ -624,20 +624,27 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
         ``eta`` of a delayed message, and the ``message_timestamp`` of a new one (not yet
         enqueued: no redis id; one moved from the delay queue keeps its own), from which
         the backlog's age is counted."""
+        message = self.prepare_enqueue(message, delay)
+        self.do_enqueue(
+            message.queue_name, message.options[layout.REDIS_MESSAGE_ID], message.encode()
+        )
+        self.emit_after("enqueue", message, delay)
+        return message
+
+    def prepare_enqueue(self, message: Message[Any], delay: int | None = None) -> Message[Any]:
+        """``message`` as :meth:`enqueue` stores it (its redis id, its timestamp, its delay
+        queue and ``eta``), ``before_enqueue`` emitted: what a script that enqueues it
+        atomically with other writes stores (then emits ``after_enqueue``)."""
         now = self.redis_millis()
         options: dict[str, Any] = {layout.REDIS_MESSAGE_ID: str(uuid.uuid4())}
         changes: dict[str, Any] = {}
         if layout.REDIS_MESSAGE_ID not in message.options:
             changes["message_timestamp"] = now
-        queue_name = message.queue_name
         if delay is not None:
-            queue_name = dq_name(queue_name)
             options["eta"] = now + delay
-            changes["queue_name"] = queue_name
+            changes["queue_name"] = dq_name(message.queue_name)
         message = message.copy(options=options, **changes)
         self.emit_before("enqueue", message, delay)
-        self.do_enqueue(queue_name, options[layout.REDIS_MESSAGE_ID], message.encode())
-        self.emit_after("enqueue", message, delay)
         return message
 
     def held_deliveries(self) -> set[tuple[str, str]]:

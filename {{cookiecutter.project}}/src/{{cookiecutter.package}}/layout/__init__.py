@@ -59,11 +59,11 @@ from .jobs import (
     CANCEL,
     CANCEL_TTL_MS,
     GROUP_MEMBER_DONE,
+    Callback,
     cancelled_ids,
     group_member_done,
     holds_message,
     record_cancel,
-    release_group_callbacks,
 )
 from .keys import (
     BODIES_SUFFIX,
@@ -191,6 +191,7 @@ __all__ = [
     "SETTLE",
     "STALE_WORKERS",
     "WAKE_CHANNEL",
+    "Callback",
     "FleetMember",
     "QueueKeys",
     "ScheduleState",
@@ -239,7 +240,6 @@ __all__ = [
     "record_cancel",
     "redis_now",
     "redis_now_ms",
-    "release_group_callbacks",
     "release_lock",
     "renew_lock",
     "replay_dead_letter",

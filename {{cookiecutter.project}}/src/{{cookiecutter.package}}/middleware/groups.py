@@ -1,5 +1,6 @@
 """GroupCompletion: Dramatiq's group completion callbacks, fired once when every member of the
-group has completed, whatever is delivered twice, and never lost to a Redis error."""
+group has completed, whatever is delivered twice, and never lost to a Redis error or to a
+worker killed at the worst moment."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from dramatiq.broker import MessageProxy
 from dramatiq.middleware import GroupCallbacks
 from dramatiq.rate_limits.backends import RedisBackend
 
-from ..layout import group_member_done, release_group_callbacks
+from ..layout import REDIS_MESSAGE_ID, Callback, group_member_done
 from ..settlement import REQUEUE, settle_with
 
 logger = logging.getLogger(__name__)
@@ -28,10 +29,16 @@ class GroupCompletion(GroupCallbacks):
     counts a member twice when it is delivered twice (a worker killed before the ack,
     recovery) and fires the callbacks before the last member has run.
 
-    When the callbacks cannot be enqueued (Redis refused or is unreachable), the claim is
-    released and the member's delivery is requeued (its settlement): it runs again and
-    enqueues them then, so a completion is not lost; handlers are idempotent. A message of
-    no group costs one dictionary look-up.
+    The last member's completion and its group's callbacks are one script: the callbacks
+    (carried by every member since ``run()``) are prepared as the broker enqueues a message
+    (``before_enqueue`` emitted), then recorded and enqueued together, ``after_enqueue``
+    emitted after. A worker killed at any moment either did neither (the member is
+    delivered again and enqueues them then) or both (the member delivered again finds the
+    group complete and enqueues nothing): the callbacks run exactly once.
+
+    When Redis refuses or is unreachable, the member's delivery is requeued (its
+    settlement): it runs again and completes the group then; handlers are idempotent. A
+    message of no group costs one dictionary look-up.
 
     Parameters:
       client: the broker's Redis client (the barrier's ``RedisBackend``).
@@ -53,23 +60,30 @@ class GroupCompletion(GroupCallbacks):
         if "group_completion_uuid" not in options or exception is not None:
             return
         completion = options["group_completion_uuid"]
-        callbacks = options.get("group_completion_callbacks") or []
-        claimed = False
         try:
-            claimed = group_member_done(
-                self.client, completion, message.message_id, self.barrier_ttl
+            callbacks = [
+                prepare(broker, Message(**callback))
+                for callback in options.get("group_completion_callbacks") or []
+            ]
+            stored = [
+                Callback(c.queue_name, c.options[REDIS_MESSAGE_ID], c.encode()) for c in callbacks
+            ]
+            fired = group_member_done(
+                self.client, completion, message.message_id, self.barrier_ttl, stored
             )
-            for callback in callbacks if claimed else []:
-                broker.enqueue(Message(**callback))
         except redis.RedisError as error:
-            if claimed:
-                try:
-                    release_group_callbacks(self.client, completion)
-                except redis.RedisError:
-                    logger.exception("group callbacks of %s may be lost", completion)
             logger.warning(
                 "group member requeued: its completion could not be recorded: %s",
                 error,
                 extra={"job_id": message.message_id, "group": completion},
             )
             settle_with(message, REQUEUE)
+            return
+        for callback in callbacks if fired else []:
+            broker.emit_after("enqueue", callback, None)
+
+
+def prepare(broker: Broker, message: Message[Any]) -> Message[Any]:
+    """``message`` as ``broker`` enqueues it (the service's broker's ``prepare_enqueue``)."""
+    prepared: Message[Any] = broker.prepare_enqueue(message)  # type: ignore[attr-defined]
+    return prepared
