@@ -1391,6 +1391,70 @@ def test_tenant_b_finds_nothing_of_tenant_a(config: str, driver_tree: Path, work
         assert not os.path.exists(f"{place}/tenant-a"), f"tenant A left {place}/tenant-a"
 
 
+#: Tenant A appends to a file of the host, B reads it back.
+PLANTED_A = """
+def main(p):
+    try:
+        with open(p["file"], "a") as f:
+            f.write("tenant-a-secret")
+    except OSError as exc:
+        return ["refused", exc.errno]
+    return ["written"]
+"""
+
+PLANTED_B = """
+def main(p):
+    try:
+        with open(p["file"]) as f:
+            return f.read()
+    except OSError as exc:
+        return exc.errno
+"""
+
+
+@pytest.fixture
+def planted_file() -> Iterator[Path]:
+    """A world-writable file (0666) in a directory only root may write (0755): the walk for
+    writable directories does not find it."""
+    if os.geteuid() != 0:
+        pytest.skip("planting a root-owned file needs a root test run")
+    directory = Path(tempfile.mkdtemp(prefix="sandbox-planted-", dir="/var/lib"))
+    try:
+        directory.chmod(0o755)
+        planted = directory / "shared.txt"
+        planted.write_text("")
+        planted.chmod(0o666)
+        yield planted
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.mark.parametrize(
+    ("config", "off"),
+    [(config, []) for config in WALLED]
+    + [("root-no-landlock", ["mount_setattr"]), ("nonroot-no-landlock", ["mount_setattr"])],
+    ids=lambda value: "-".join(value) if isinstance(value, list) else value,
+)
+def test_a_world_writable_file_is_no_channel(
+    config: str, off: list[str], driver_tree: Path, workdirs: Path, planted_file: Path
+) -> None:
+    """Issue #25: the walk found world-writable directories only; a world-writable file
+    elsewhere was a channel between tenants (and to the host) without Landlock. Every mount
+    of the run's namespace is now read-only but its own tmpfs (mount_setattr, or one mount
+    at a time on an older kernel: off=mount_setattr), so A's write is refused everywhere
+    (Landlock: EACCES; read-only: EROFS) and the host's file stays empty."""
+    limits = asdict(FAST)
+    payload = {"file": str(planted_file)}
+    runs = [{"source": PLANTED_A, "limits": limits, "payload": payload, "off": off},
+            {"source": PLANTED_B, "limits": limits, "payload": payload, "off": off}]  # fmt: skip
+    a, b = drive(driver_tree, config, runs, workdirs)
+    assert a["status"] == "ok", a["error"]
+    assert b["status"] == "ok", b["error"]
+    assert a["output"][0] == "refused", a["output"]
+    assert "tenant-a-secret" not in json.dumps(b["output"])
+    assert planted_file.read_text() == ""
+
+
 DISK_BYTES = """
 import errno
 def main(p):
@@ -1424,7 +1488,7 @@ def test_what_a_run_writes_is_bounded_in_total(
     the per-file limit applied) and 93,500 files. Now a run's writes, all files and places
     together, stop at Limits.max_disk_bytes and max_files: the status disk. With a mount
     namespace the run's own tmpfs bounds them; without one the worker measures the private
-    directory every 100 ms (where Landlock keeps the writes)."""
+    directory every 20 ms (where Landlock keeps the writes)."""
     limits = asdict(Limits(cpu_seconds=10, wall_seconds=30, max_disk_bytes=4 << 20,
                            max_files=200))  # fmt: skip
     places = {"places": world_writable_dirs()}
@@ -1580,6 +1644,55 @@ def test_the_sandbox_pool_exits_78_at_boot_on_a_node_without_a_file_wall(
             assert client.llen(ready) == 1, f"the refused pool took a job ({name})"
     finally:
         client.delete(ready, layout.bodies_key(layout.SANDBOX_QUEUE))
+
+
+def test_only_the_sandbox_pool_walks_the_filesystem(redis_url: str, tmp_path: Path) -> None:
+    """The walk for the places a snippet could write (seconds on a big root filesystem) runs
+    in the sandbox pool's worker processes alone, once, at their boot check: a worker of
+    another pool (``external``: no database needed), fully booted (its consumer's heartbeat
+    is in Redis), never logs it."""
+    from {{ cookiecutter.package }} import layout
+
+    client = redis.Redis.from_url(redis_url)
+    project = Path(__file__).resolve().parents[1]
+    package = sandbox.__name__.rpartition(".")[0]
+    walks = {}
+    for pool, namespace in (("external", layout.NAMESPACE),
+                            ("sandbox", layout.SANDBOX_NAMESPACE)):  # fmt: skip
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        environ = {
+            **{k: v for k, v in os.environ.items() if not k.startswith(("WORKER_", "SANDBOX_"))},
+            "PYTHONPATH": str(project / "src"),
+            "WORKER_POOL": pool,
+            "WORKER_PROCESSES": "1",
+            "WORKER_STATE_DIR": str(tmp_path / pool),
+            "METRICS_PORT": str(port),
+            "REDIS_URL": redis_url,
+            "LOG_FORMAT": "json",
+        }
+        before = client.zcard(layout.heartbeats_key(namespace))
+        worker = subprocess.Popen(
+            [sys.executable, "-m", package, "worker"], env=environ, cwd=project,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 120
+            while client.zcard(layout.heartbeats_key(namespace)) <= before:
+                assert worker.poll() is None, worker.communicate()[1][-3000:]
+                assert time.monotonic() < deadline, f"the {pool} pool did not start consuming"
+                time.sleep(0.1)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(worker.pid, signal.SIGTERM)
+            out, err = worker.communicate(timeout=120)
+        assert worker.returncode == 0, err[-3000:]
+        records = [json.loads(line) for line in (out + err).splitlines() if line.startswith("{")]
+        walks[pool] = [r for r in records if r.get("event") == "sandbox_places_walked"]
+    assert walks["external"] == []
+    assert len(walks["sandbox"]) == 1, walks["sandbox"]
+    assert walks["sandbox"][0]["directories"] > 0
 
 
 # -- The result channel cannot hurt the worker ----------------------------------------------

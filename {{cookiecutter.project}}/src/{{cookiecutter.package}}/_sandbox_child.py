@@ -216,7 +216,7 @@ def _own_namespaces(
         if _libc.unshare(_CLONE_NEWIPC) == 0:
             layers.append("ipcns")
         if _libc.unshare(_CLONE_NEWNS) == 0:
-            layers += _private_mounts(workdir, limits, places)
+            layers += _private_mounts(workdir, limits, places, off)
         ident = ID_BASE + os.getpid()
         os.chown(workdir, ident, ident)
         return layers, ident
@@ -232,7 +232,7 @@ def _own_namespaces(
     except OSError as exc:
         raise SetupError(f"cannot map ids in the new user namespace: {exc}") from exc
     layers = ["userns", "own-uid", "ipcns", *([] if "netns" in off else ["netns"])]
-    return layers + _private_mounts(workdir, limits, places), None
+    return layers + _private_mounts(workdir, limits, places, off), None
 
 
 def _mount(source: str, target: str, fstype: str | None, flags: int, data: str | None) -> None:
@@ -246,23 +246,39 @@ class _MountAttr(ctypes.Structure):
                 ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]  # fmt: skip
 
 
-def _read_only(target: str) -> None:
-    """Bind ``target`` onto itself read-only, the mounts below it included where the kernel
-    has ``mount_setattr`` (5.12+; else the top mount only)."""
-    _mount(target, target, None, _MS_BIND | _MS_REC, None)
-    number = _SYS_MOUNT_SETATTR.get(os.uname().machine)
+def _unescape(field: str) -> str:
+    """A path of ``/proc/self/mountinfo`` (space, tab, newline, backslash are octal)."""
+    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
+        field = field.replace(code, char)
+    return field
+
+
+def _all_read_only(recursive: bool = True) -> None:
+    """Make every mount of the run's new namespace read-only: no file of the host is then
+    writable by the snippet, whatever its mode (a world-writable file in a directory nobody
+    may write, one created after the worker's walk), only the run's own tmpfs, mounted
+    after. One ``mount_setattr(AT_RECURSIVE)`` on ``/`` (5.12+); else a read-only bind
+    remount of each mount point. Devices (``/dev/null``) stay writable: a read-only mount
+    only stops changes to the filesystem. ``recursive=False`` (tests) takes the latter way."""
+    number = _SYS_MOUNT_SETATTR.get(os.uname().machine) if recursive else None
     attr = _MountAttr(attr_set=_MOUNT_ATTR_RDONLY)
     if number is not None:
-        args = (-100, target.encode(), _AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr))
+        args = (-100, b"/", _AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr))
         if _libc.syscall(number, *args) == 0:  # AT_FDCWD
             return
-    flags = os.statvfs(target).f_flag
-    kept = (flags & _KEPT_FLAGS) | (_MS_RELATIME if flags & _ST_RELATIME else 0)
-    _mount("none", target, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | kept, None)
+    with open("/proc/self/mountinfo") as handle:
+        points = [_unescape(line.split()[4]) for line in handle]
+    for point in points:
+        try:
+            flags = os.statvfs(point).f_flag
+        except OSError:
+            continue  # hidden under another mount, or gone
+        kept = (flags & _KEPT_FLAGS) | (_MS_RELATIME if flags & _ST_RELATIME else 0)
+        _mount("none", point, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | kept, None)
 
 
 def _private_mounts(
-    workdir: str, limits: dict[str, Any], places: dict[str, list[str]]
+    workdir: str, limits: dict[str, Any], places: dict[str, list[str]], off: set[str]
 ) -> list[str]:
     """The run's own size-limited filesystem, and every place it could write made its own.
 
@@ -271,13 +287,13 @@ def _private_mounts(
     against it); an empty directory of that tmpfs bound over each directory the snippet's
     identity could write (``places["private"]``, enumerated by the worker: /tmp, /var/tmp,
     /dev/shm, /run/lock, a writable emptyDir, ...), so what it leaves there dies with the run
-    and shares the one bound; those that hold the Python installation are bound read-only
-    instead (``places["readonly"]``). The private directory is bound back at its path.
+    and shares the one bound; those that hold the Python installation
+    (``places["readonly"]``) stay read-only like every other mount of the namespace
+    (:func:`_all_read_only`: no file of the host is writable, world-writable or not). The
+    private directory is bound back at its path.
     """
     _mount("none", "/", None, _MS_REC | _MS_PRIVATE, None)  # nothing propagates out
-    for target in places.get("readonly", ()):  # first: the run's tmpfs stays writable
-        if os.path.isdir(target) and not os.path.islink(target):
-            _read_only(target)
+    _all_read_only("mount_setattr" not in off)  # first: the run's own mounts stay writable
     size, inodes = int(limits["max_disk_bytes"]), int(limits["max_files"])
     _mount("tmpfs", workdir, "tmpfs", _MS_NOSUID | _MS_NODEV,
            f"size={size},nr_inodes={inodes},mode=0700")  # fmt: skip
