@@ -392,6 +392,44 @@ def test_a_queued_job_cancelled_never_runs_and_a_running_one_stops(
     assert worker.stop() == 0
 
 
+CANCEL_AMONG_MANY = """\
+import json
+from {package}.actors.lc_test import lc_quick
+from {package}.producer import broker, cancel
+
+ids = [lc_quick.send(f"q{{i}}").message_id for i in range(2000)]
+before = broker.client.info("commandstats")
+found = cancel(ids[1000])
+after = broker.client.info("commandstats")
+calls = {{name: stats["calls"] - before.get(name, {{"calls": 0}})["calls"]
+         for name, stats in after.items()}}
+print(found, json.dumps({{name: n for name, n in calls.items() if n}}))
+"""
+
+
+def test_a_cancel_among_many_queued_messages_reads_no_bodies(
+        workers: Callable[..., Worker], jobs: Jobs, api_project: Path, redis_url: str) -> None:
+    done = produce(api_project, redis_url, CANCEL_AMONG_MANY)
+    assert done.returncode == 0, done.stderr
+    found, raw = done.stdout.split(" ", 1)
+    assert found == "True"
+    calls = json.loads(raw)
+    calls.pop("cmdstat_info", None)  # the measurement's own
+    # One round trip: a script per namespace (the sandbox's too), each reading the message
+    # index once; nothing that reads a queue or its bodies.
+    for reader in ("hscan", "hgetall", "hvals", "hkeys", "lrange", "scan", "keys"):
+        assert f"cmdstat_{reader}" not in calls, calls
+    assert sum(calls.values()) <= 16, calls
+    assert calls.get("cmdstat_hget") == 2 and calls.get("cmdstat_hexists") == 1, calls
+    worker = workers()
+    wait_for(lambda: len(jobs.client.keys("test:done:q*")) == 1999, 120, "the other 1,999 jobs")
+    wait_for(lambda: counted(worker.metrics(), "success") == 1999, 30, "their metrics")
+    assert counted(worker.metrics(), "cancelled") == 1
+    assert jobs.starts("q1000") == [] and len(jobs.dones("q1001")) == 1
+    assert jobs.client.hlen(f"{NS}:__where__") == 0  # the index follows the messages out
+    assert worker.stop() == 0
+
+
 EVOLVE = '''\\
 """A typed actor at schema version {version}, for the rolling-deploy test."""
 

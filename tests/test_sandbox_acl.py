@@ -222,6 +222,78 @@ def test_sandbox_worker_runs_its_own_jobs_as_the_acl_user(
     ]
 
 
+CANCEL_PRODUCE = """
+from {package}.actors.sandbox import run_customer_code
+from {package}.producer import cancel
+queued = run_customer_code.send("def main(p):\\n    return 'cancelled, never run'\\n", None)
+run_customer_code.send("def main(p):\\n    import time\\n    time.sleep(600)\\n", None,
+                       {{"wall_seconds": 900, "cpu_seconds": 900}})
+print(cancel(queued.message_id), queued.message_id)
+"""
+
+
+def test_sandbox_jobs_are_cancelled_queued_or_running_as_the_acl_user(
+    default_project: Path, redis_url: str, sandbox_user: redis.Redis, tmp_path: Path
+) -> None:
+    """A queued sandbox job cancelled never runs; a running one stops; the sandbox worker,
+    logged in as its ACL user, reads its namespace's cancellations without one refusal."""
+    admin = sandbox_user
+    package = package_of(default_project)
+    producer = project_env(default_project, REDIS_URL=redis_url)  # a producer: full credential
+    sent = subprocess.run([sys.executable, "-c", CANCEL_PRODUCE.format(package=package)],
+                          env=producer, cwd=default_project, capture_output=True, text=True,
+                          timeout=60, check=False)  # fmt: skip
+    assert sent.returncode == 0, sent.stderr[-2000:]
+    found, _ = sent.stdout.split()
+    assert found == "True"  # found in the sandbox's message index
+    port = BAKED_FIXTURES.free_port()
+    env = project_env(
+        default_project, WORKER_POOL="sandbox", REDIS_URL=as_user(redis_url),
+        METRICS_PORT=str(port), WORKER_STATE_DIR=str(tmp_path / "state"), WORKER_PROCESSES="1",
+    )  # fmt: skip
+    worker = subprocess.Popen(
+        [sys.executable, "-m", package, "worker"], env=env, cwd=default_project,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+
+    def metrics() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as page:
+            return str(page.read().decode())
+
+    def cancelled() -> float:
+        lines = [line for line in metrics().splitlines()
+                 if line.startswith("jobs_processed_total{") and 'outcome="cancelled"' in line]
+        return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
+
+    try:
+        wait_for(lambda: admin.scard(next(iter(admin.scan_iter(
+            match=f"{SNS}:__acks__.*.{QUEUE}")), "none")) == 1 and admin.llen(f"{SNS}:{QUEUE}")
+            == 0, 120, "the sleeping job running", worker)  # fmt: skip
+        time.sleep(1)  # its snippet started
+        (held,) = admin.hvals(f"{SNS}:{QUEUE}.msgs")
+        running = json.loads(held)["message_id"]
+        stop = subprocess.run([sys.executable, "-c", (
+            f"from {package}.producer import cancel\nprint(cancel({running!r}))\n")],
+            env=producer, cwd=default_project, capture_output=True, text=True, timeout=60,
+            check=False)  # fmt: skip
+        assert stop.stdout.strip() == "True", stop.stderr[-2000:]
+        wait_for(lambda: cancelled() == 2, 60, "both jobs counted cancelled", worker)
+        assert admin.hlen(f"{SNS}:{QUEUE}.msgs") == 0 and admin.llen(f"{SNS}:{QUEUE}.DQ") == 0
+        assert admin.zcard(f"{SNS}:{QUEUE}.XQ") == 0
+        assert admin.hlen(f"{SNS}:__where__") == 0  # the index follows the messages out
+    finally:
+        os.killpg(worker.pid, signal.SIGTERM)
+        try:
+            output, _ = worker.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(worker.pid, signal.SIGKILL)
+            output, _ = worker.communicate()
+    assert worker.returncode == 0, output[-3000:]
+    assert '"sandbox run finished"' not in output, output[-3000:]  # neither snippet finished
+    refused = [entry for entry in denials(admin) if entry.get("object") != "config|get"]
+    assert refused == [], "the sandbox worker needed more than its ACL allows"
+
+
 DISPATCH = Path(dramatiq.__file__).parent / "brokers" / "redis" / "dispatch.lua"
 
 

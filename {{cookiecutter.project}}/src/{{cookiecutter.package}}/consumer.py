@@ -364,7 +364,7 @@ class SettlingConsumer(_RedisConsumer):
         refill = self._claim(1, releasing=redis_id)
         try:
             settled, fetched = self.broker.settle_and_take(
-                self.queue_name, redis_id, settlement, refill
+                self.queue_name, redis_id, settlement, refill, message.message_id
             )
         except redis.RedisError as error:
             # Still held: Dramatiq retries the settlement until Redis answers.
@@ -625,9 +625,7 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
         enqueued: no redis id; one moved from the delay queue keeps its own), from which
         the backlog's age is counted."""
         message = self.prepare_enqueue(message, delay)
-        self.do_enqueue(
-            message.queue_name, message.options[layout.REDIS_MESSAGE_ID], message.encode()
-        )
+        self._store(message)
         self.emit_after("enqueue", message, delay)
         return message
 
@@ -705,31 +703,46 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
         dispatch = self.scripts["dispatch"]
 
         def do_dispatch(queue_name: str, *args: Any) -> Any:
-            arguments = [
-                command,
-                self.redis_millis(),
-                queue_name,
-                self.broker_id,
-                self.heartbeat_timeout,
-                self.dead_message_ttl,
-                self._should_do_maintenance(command),
-                self._max_unpack_size(),  # type: ignore[no-untyped-call]
-                *args,
-            ]
-            namespace = layout.namespace_of(queue_name)
-            if command != "enqueue" or namespace != layout.NAMESPACE:
-                return dispatch(args=arguments, keys=[namespace])
-            # Wake the idle consumers of the queue, in the same round trip; a user without
-            # pub/sub rights still enqueues (the consumers then poll).
-            pipe = self.client.pipeline(transaction=False)
-            dispatch(args=arguments, keys=[namespace], client=pipe)
-            pipe.publish(layout.WAKE_CHANNEL, queue_name)
-            enqueued, _ = pipe.execute(raise_on_error=False)
-            if isinstance(enqueued, Exception):
-                raise enqueued
-            return enqueued
+            arguments = self._dispatch_arguments(command, queue_name, args)
+            return dispatch(args=arguments, keys=[layout.namespace_of(queue_name)])
 
         return do_dispatch
+
+    def _dispatch_arguments(self, command: str, queue_name: str, args: Sequence[Any]) -> list[Any]:
+        """The ARGV of Dramatiq's dispatch script for ``command`` on ``queue_name``."""
+        return [
+            command,
+            self.redis_millis(),
+            queue_name,
+            self.broker_id,
+            self.heartbeat_timeout,
+            self.dead_message_ttl,
+            self._should_do_maintenance(command),
+            self._max_unpack_size(),  # type: ignore[no-untyped-call]
+            *args,
+        ]
+
+    def _store(self, message: Message[Any]) -> None:
+        """Store ``message`` (prepared by :meth:`prepare_enqueue`) with Dramatiq's dispatch
+        script, and in the same round trip note its place in the message index
+        (:func:`.layout.message_index_key`) and wake the idle consumers of its queue (not
+        the sandbox's: its Redis user may not use pub/sub, its consumers poll). Only the
+        dispatch's failure raises: the index and the wake-up are for ``cancel`` and speed."""
+        queue_name, redis_id = message.queue_name, message.options[layout.REDIS_MESSAGE_ID]
+        namespace = layout.namespace_of(queue_name)
+        arguments = self._dispatch_arguments("enqueue", queue_name, (redis_id, message.encode()))
+        pipe = self.client.pipeline(transaction=False)
+        self.scripts["dispatch"](args=arguments, keys=[namespace], client=pipe)
+        pipe.hset(
+            layout.message_index_key(namespace),
+            message.message_id,
+            layout.message_place(queue_name, redis_id),
+        )
+        if namespace == layout.NAMESPACE:
+            pipe.publish(layout.WAKE_CHANNEL, queue_name)
+        enqueued = pipe.execute(raise_on_error=False)[0]
+        if isinstance(enqueued, Exception):
+            raise enqueued
 
     def wake(self, queue: str) -> None:
         """A message was enqueued on ``queue`` (named on a wake channel): wake its consumer."""
@@ -755,10 +768,11 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
         )
 
     def settle_and_take(
-        self, queue: str, redis_id: str, settlement: Settlement, take: int
+        self, queue: str, redis_id: str, settlement: Settlement, take: int, message_id: str = ""
     ) -> tuple[bool, list[tuple[str, bytes | None]]]:
         """:meth:`settle`, then take up to ``take`` messages off ``queue`` into this worker's
-        acks set, in one call: (settled, [(redis id, body or None), ...])."""
+        acks set, in one call: (settled, [(redis id, body or None), ...]). ``message_id``
+        (default: none) keeps the message index (:func:`.layout.message_index_key`)."""
         raw = self.lanes.call(
             self.settle_script,
             layout.settle_keys(self.broker_id, queue, settlement.target_queue or queue),
@@ -769,6 +783,7 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
                 settlement.target_id,
                 self.broker_id,
                 take,
+                message_id,
             ],
         )
         if raw[0] and settlement.kind in ("retry", "requeue"):

@@ -65,9 +65,10 @@ def cancel(message_id: str) -> bool:
     and it is not retried. The cancellation holds for :data:`.layout.CANCEL_TTL_MS` (7 days).
 
     Returns True when the message was found queued, delayed or running (False: it had
-    ended, or never existed; it is cancelled all the same should it appear). Finding it
-    reads the bodies of the actors' queues in pages (one round trip per 1,000 messages).
+    ended, or never existed; it is cancelled all the same should it appear). One round
+    trip, whatever is queued: the message is found by its id in the message index
+    (:func:`.layout.message_index_key`), the sandbox's queue's too. A message this service
+    did not enqueue (raw Redis, a dead letter replayed) is not in the index: cancelled all
+    the same, reported False.
     """
-    layout.record_cancel(broker.client, message_id)
-    queues = layout.with_delay_queues(sorted({a.queue_name for a in broker.actors.values()}))
-    return any(layout.holds_message(broker.client, queue, message_id) for queue in queues)
+    return layout.record_cancel(broker.client, message_id)

@@ -24,6 +24,7 @@ from .keys import (
     dead_letter_keys,
     epoch_key,
     heartbeats_key,
+    message_index_key,
     namespace_of,
     namespaces_of,
     process_key,
@@ -158,24 +159,35 @@ return redis.call('zrangebyscore', KEYS[1], 0, now_ms() - tonumber(ARGV[1]))
 #: heartbeat and refill the freed slot: take up to ARGV[7] messages as FETCH does, so a
 #: handler's next job costs no round trip of its own.
 #: The removal from the acks set comes first (it frees: a full Redis still takes the rest).
+#: The message index (:func:`message_index_key`) follows the message when its id is given:
+#: a retry copy is its new place, an ack or a dead letter of the place it names removes it
+#: (a delayed message moved to its queue was indexed there by its enqueue, before the ack).
 #: KEYS: acks set, bodies of the queue, target list, target bodies, dead zset, dead bodies,
-#: heartbeats, the queue.  ARGV: kind (ack, retry, requeue, dead_letter), redis id, body
-#: (retry copy, dead letter; '' keeps the stored one), target id (retry copy), broker id,
-#: how many to take.  Returns [settled (1 or 0), id1, body1, id2, body2, ...].
+#: heartbeats, the queue, the message index.  ARGV: kind (ack, retry, requeue,
+#: dead_letter), redis id, body (retry copy, dead letter; '' keeps the stored one), target
+#: id (retry copy), broker id, how many to take, message id ('': not indexed).
+#: Returns [settled (1 or 0), id1, body1, id2, body2, ...].
 SETTLE: Final = (
     _TAKE
     + CLOCK
     + """
+local function unindex()
+  if ARGV[7] ~= '' and redis.call('hget', KEYS[9], ARGV[7]) == KEYS[2] .. ' ' .. ARGV[2] then
+    redis.call('hdel', KEYS[9], ARGV[7])
+  end
+end
 local settled = redis.call('srem', KEYS[1], ARGV[2])
 local now = now_ms()
 if settled == 1 then
   local kind = ARGV[1]
   if kind == 'ack' then
     redis.call('hdel', KEYS[2], ARGV[2])
+    unindex()
   elseif kind == 'retry' then
     redis.call('hdel', KEYS[2], ARGV[2])
     redis.call('hset', KEYS[4], ARGV[4], ARGV[3])
     redis.call('rpush', KEYS[3], ARGV[4])
+    if ARGV[7] ~= '' then redis.call('hset', KEYS[9], ARGV[7], KEYS[4] .. ' ' .. ARGV[4]) end
   elseif kind == 'requeue' then
     if redis.call('hexists', KEYS[2], ARGV[2]) == 1 then
       redis.call('rpush', KEYS[3], ARGV[2])
@@ -188,6 +200,7 @@ if settled == 1 then
       redis.call('hset', KEYS[6], ARGV[2], body)
     end
     redis.call('hdel', KEYS[2], ARGV[2])
+    unindex()
   end
 end
 beat(KEYS[7], ARGV[5], now)
@@ -215,6 +228,7 @@ def settle_keys(broker_id: str, queue: str, target: str) -> tuple[str, ...]:
         *dead_letter_keys(queue),
         heartbeats_key(namespace_of(queue)),
         queue_key(queue),
+        message_index_key(namespace_of(queue)),
     )
 
 

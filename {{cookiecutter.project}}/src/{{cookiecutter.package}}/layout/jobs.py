@@ -12,15 +12,17 @@ from .clock import redis_now_ms
 from .delivery import CLOCK
 from .keys import (
     CANCEL_CHANNEL,
-    CANCELLED,
     NAMESPACE,
+    SANDBOX_NAMESPACE,
     WAKE_CHANNEL,
     bodies_key,
+    cancelled_key,
     group_keys,
+    message_index_key,
     namespace_of,
     queue_key,
 )
-from .schema import raw_bytes, text
+from .schema import text
 
 if TYPE_CHECKING:
     import redis
@@ -29,9 +31,10 @@ if TYPE_CHECKING:
 #: the group's callbacks, in the same script: a member delivered twice (a crash before its
 #: ack, a duplicate) is counted once, and the callbacks are enqueued exactly once, even when
 #: the worker dies right after (there is no moment where they are claimed and not enqueued).
-#: KEYS: :func:`group_keys`, then each callback's ready list and bodies hash.
+#: KEYS: :func:`group_keys`, then each callback's ready list, bodies hash and message
+#: index (:func:`message_index_key`).
 #: ARGV: the member's message id, the keys' TTL ms, the wake-up channel, then each
-#: callback's redis id, body and the queue to wake ('' for none).
+#: callback's redis id, body, message id and the queue to wake ('' for none).
 #: Returns 1 when this call completed the group and enqueued the callbacks, else 0.
 GROUP_MEMBER_DONE: Final = """
 local parties = tonumber(redis.call('get', KEYS[1]) or '0')
@@ -39,11 +42,13 @@ redis.call('sadd', KEYS[2], ARGV[1])
 redis.call('pexpire', KEYS[2], ARGV[2])
 if parties > 0 and redis.call('scard', KEYS[2]) >= parties then
   if redis.call('set', KEYS[3], '1', 'NX', 'PX', ARGV[2]) then
-    for i = 1, (#KEYS - 3) / 2 do
-      local at = 3 + 3 * (i - 1)
-      redis.call('hset', KEYS[3 + 2 * i], ARGV[at + 1], ARGV[at + 2])
-      redis.call('rpush', KEYS[2 + 2 * i], ARGV[at + 1])
-      if ARGV[at + 3] ~= '' then redis.call('publish', ARGV[3], ARGV[at + 3]) end
+    for i = 1, (#KEYS - 3) / 3 do
+      local queue, bodies, index = KEYS[3 * i + 1], KEYS[3 * i + 2], KEYS[3 * i + 3]
+      local at = 3 + 4 * (i - 1)
+      redis.call('hset', bodies, ARGV[at + 1], ARGV[at + 2])
+      redis.call('rpush', queue, ARGV[at + 1])
+      redis.call('hset', index, ARGV[at + 3], bodies .. ' ' .. ARGV[at + 1])
+      if ARGV[at + 4] ~= '' then redis.call('publish', ARGV[3], ARGV[at + 4]) end
     end
     return 1
   end
@@ -55,11 +60,12 @@ return 0
 @dataclass(frozen=True)
 class Callback:
     """A group's completion callback as :data:`GROUP_MEMBER_DONE` enqueues it: its queue (or
-    delay queue), its redis id and its encoded body."""
+    delay queue), its redis id, its encoded body and its message id."""
 
     queue: str
     redis_id: str
     body: bytes
+    message_id: str
 
 
 def group_member_done(
@@ -74,45 +80,74 @@ def group_member_done(
     keys = [*group_keys(completion_uuid)]
     argv: list[Any] = [member, ttl_ms, WAKE_CHANNEL]
     for callback in callbacks:
+        namespace = namespace_of(callback.queue)
         keys += [queue_key(callback.queue), bodies_key(callback.queue)]
-        wakes = namespace_of(callback.queue) == NAMESPACE  # the sandbox's consumers poll
-        argv += [callback.redis_id, callback.body, callback.queue if wakes else ""]
+        keys += [message_index_key(namespace)]
+        wakes = namespace == NAMESPACE  # the sandbox's consumers poll
+        argv += [callback.redis_id, callback.body, callback.message_id]
+        argv += [callback.queue if wakes else ""]
     return bool(client.eval(GROUP_MEMBER_DONE, len(keys), *keys, *argv))
 
 
 #: How long a cancellation holds (7 days): a message delayed longer runs after all.
 CANCEL_TTL_MS: Final = 7 * 86_400_000
 
-#: Record a cancellation and announce it; drop the lapsed ones.
-#: KEYS: :data:`CANCELLED`.  ARGV: message id, TTL ms, channel.
+#: Record a cancellation in one namespace (announced on a channel, unless ''), and say
+#: whether the message is stored there (queued, delayed, or held by a worker): its place
+#: read from :func:`message_index_key`, its body looked up; no body is read. Drops the
+#: lapsed cancellations first.
+#: KEYS: :func:`cancelled_key`, :func:`message_index_key`.  ARGV: message id, TTL ms, channel.
+#: Returns 1 when the message's latest copy is stored in the namespace, else 0.
 CANCEL: Final = (
     CLOCK
     + """
 local now = now_ms()
 redis.call('zremrangebyscore', KEYS[1], '-inf', now)
 redis.call('zadd', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
-redis.call('publish', ARGV[3], ARGV[1])
-return 1
+if ARGV[3] ~= '' then redis.call('publish', ARGV[3], ARGV[1]) end
+local place = redis.call('hget', KEYS[2], ARGV[1])
+if not place then return 0 end
+local bodies, id = string.match(place, '^(.+) ([^ ]+)$')
+if bodies and redis.call('hexists', bodies, id) == 1 then return 1 end
+return 0
+"""
+)
+
+#: Whether a message is cancelled: 1 when ``ARGV[1]`` is in ``KEYS[1]`` (:func:`cancelled_key`)
+#: and its cancellation has not lapsed, else 0.
+IS_CANCELLED: Final = (
+    CLOCK
+    + """
+local lapses = redis.call('zscore', KEYS[1], ARGV[1])
+if lapses and tonumber(lapses) > now_ms() then return 1 end
+return 0
 """
 )
 
 
-def record_cancel(client: redis.Redis, message_id: str) -> None:
-    """:data:`CANCEL` ``message_id`` for :data:`CANCEL_TTL_MS`."""
-    client.eval(CANCEL, 1, CANCELLED, message_id, CANCEL_TTL_MS, CANCEL_CHANNEL)
+def record_cancel(client: redis.Redis, message_id: str) -> bool:
+    """:data:`CANCEL` ``message_id`` for :data:`CANCEL_TTL_MS` in every namespace (the
+    sandbox's queue has its own; its workers poll, the others hear it on
+    :data:`CANCEL_CHANNEL`), in one round trip. True when the message is stored in one."""
+    pipe = client.pipeline(transaction=False)
+    for namespace in (NAMESPACE, SANDBOX_NAMESPACE):
+        channel = CANCEL_CHANNEL if namespace == NAMESPACE else ""
+        keys = (cancelled_key(namespace), message_index_key(namespace))
+        pipe.eval(CANCEL, 2, *keys, message_id, CANCEL_TTL_MS, channel)
+    return any(pipe.execute())
 
 
-def cancelled_ids(client: redis.Redis) -> dict[str, int]:
-    """Every cancellation in force: message id -> when it lapses (Redis time, ms)."""
-    now = redis_now_ms(client)
-    found: Any = client.zrangebyscore(CANCELLED, now, "+inf", withscores=True)
+def is_cancelled(client: redis.Redis, message_id: str, namespace: str) -> bool:
+    """:data:`IS_CANCELLED`: whether ``message_id`` is cancelled in ``namespace``."""
+    return bool(client.eval(IS_CANCELLED, 1, cancelled_key(namespace), message_id))
+
+
+def cancelled_ids(
+    client: redis.Redis, namespace: str = NAMESPACE, after: float | None = None
+) -> dict[str, int]:
+    """The cancellations in force in ``namespace``: message id -> when it lapses (Redis
+    time, ms); only those that lapse at ``after`` or later, when given (those recorded since:
+    the TTL is the same for all)."""
+    low = max(after or 0, redis_now_ms(client))
+    found: Any = client.zrangebyscore(cancelled_key(namespace), low, "+inf", withscores=True)
     return {text(member): int(score) for member, score in found}
-
-
-def holds_message(client: redis.Redis, queue: str, message_id: str) -> bool:
-    """Whether ``queue``'s bodies (waiting or held by a worker; a delay queue's too) include
-    the message ``message_id``: an HSCAN of the bodies in pages, so Redis is never blocked
-    (one round trip per 1,000 bodies), matching the id as Dramatiq encodes it."""
-    needle = f'"message_id":"{message_id}"'.encode()
-    bodies = client.hscan_iter(bodies_key(queue), count=1000)
-    return any(needle in (raw_bytes(body) or b"") for _, body in bodies)

@@ -215,9 +215,31 @@ def group_keys(completion_uuid: str) -> tuple[str, str, str]:
     return completion_uuid, f"{completion_uuid}@done", f"{completion_uuid}@fired"
 
 
-#: Sorted set of cancelled message ids (Dramatiq's ``message_id``), scored by when the
-#: cancellation lapses (Redis time, ms): a worker skips or interrupts a message it names.
-CANCELLED: Final = f"{NAMESPACE}:__cancelled__"
+def cancelled_key(namespace: str = NAMESPACE) -> str:
+    """The sorted set of cancelled message ids (Dramatiq's ``message_id``) of ``namespace``,
+    scored by when each cancellation lapses (Redis time, ms; a later cancellation lapses
+    later): a worker skips or interrupts a message it names."""
+    return f"{namespace}:__cancelled__"
+
+
+#: :func:`cancelled_key` of :data:`NAMESPACE`.
+CANCELLED: Final = cancelled_key()
+
+
+def message_index_key(namespace: str = NAMESPACE) -> str:
+    """The hash message id -> ``"<bodies key> <redis id>"`` (:func:`message_place`) of the
+    latest copy of each message this service stored in ``namespace`` (an enqueue, a retry
+    copy), removed when that copy is settled (acked, dead-lettered): a message is found by
+    its id in one look-up, never by reading the bodies."""
+    return f"{namespace}:__where__"
+
+
+def message_place(queue: str, redis_id: str) -> str:
+    """The value :func:`message_index_key` holds for the copy ``redis_id`` on ``queue`` (the
+    scripts that keep the index, SETTLE and GROUP_MEMBER_DONE, join the same two parts)."""
+    return f"{bodies_key(queue)} {redis_id}"
+
+
 #: Channel on which a cancellation is announced (the message id), so that a running job
 #: is interrupted at once; a worker that (re)subscribes reads :data:`CANCELLED` after.
 CANCEL_CHANNEL: Final = f"{NAMESPACE}:__cancel__"

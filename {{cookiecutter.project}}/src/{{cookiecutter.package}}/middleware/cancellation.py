@@ -36,9 +36,13 @@ class Cancellation(Middleware):
       ``async def`` handler's coroutine is cancelled). ``checkpoint()`` needs nothing more.
 
     Both are counted ``jobs_processed_total{outcome="cancelled"}`` and never retried.
-    Per job it costs two dictionary operations and one set look-up. The sandbox's queue
-    is not covered (its Redis user may not subscribe): a process serving only it starts no
-    listener.
+    Per job it costs two dictionary operations and one set look-up.
+
+    The sandbox's queue has its own cancellations (:func:`..layout.cancelled_key` of its
+    namespace, which its Redis user may read; it may not subscribe): a process serving it
+    asks Redis whether each message is cancelled before running it (one round trip per
+    job: a sandbox job starts a confined process, far slower), and its listener polls every
+    :attr:`LISTEN_S` for the cancellations recorded since, to interrupt a running job.
 
     Parameters:
       client: the broker's Redis client.
@@ -54,12 +58,17 @@ class Cancellation(Middleware):
 
     def __init__(self, client: redis.Redis, queues: list[str]) -> None:
         self.client = client
-        self.listens = layout.NAMESPACE in layout.namespaces_of(queues)
+        namespaces = layout.namespaces_of(queues)
+        self.listens = layout.NAMESPACE in namespaces
+        #: The sandbox's namespace when this process serves its queue (it polls), else None.
+        self.polls = layout.SANDBOX_NAMESPACE if not self.listens and namespaces else None
         #: Message id -> when its cancellation lapses (epoch ms).
         self.cancelled: dict[str, float] = {}
         #: Handler thread id -> the message id it runs (each thread sets and pops its own).
         self._running: dict[int, str] = {}
         self._stopped = threading.Event()
+        #: When the latest cancellation read lapses (Redis time, ms): the poll reads from it.
+        self._read_to: int | None = None
         self._listener: threading.Thread | None = None
         #: Held while a cancel looks for its message among the running ones; a handler that
         #: ends takes it only while :attr:`_cancelling` (most jobs take no lock).
@@ -72,11 +81,13 @@ class Cancellation(Middleware):
         """Read the cancellations in force before the consumers fetch anything (else a
         message cancelled while no worker ran could run before the listener has read them),
         then start the listener."""
-        if self.listens and self._listener is None:
+        if (self.listens or self.polls) and self._listener is None:
             with contextlib.suppress(redis.RedisError):  # unreachable: the listener reads them
                 self._load()
             self._listener = threading.Thread(
-                target=self._listen, name="cancellations", daemon=True
+                target=self._listen if self.listens else self._poll,
+                name="cancellations",
+                daemon=True,
             )
             self._listener.start()
 
@@ -108,10 +119,23 @@ class Cancellation(Middleware):
             finally:
                 pubsub.close()
 
+    def _poll(self) -> None:
+        """The sandbox's listener: read the cancellations recorded since the last read."""
+        while not self._stopped.wait(self.LISTEN_S):
+            try:
+                self._load()
+            except redis.RedisError as error:
+                logger.debug("cancellations not read: %s", error)
+
     def _load(self) -> None:
-        """Record every cancellation in force (:func:`..layout.cancelled_ids`)."""
-        for message_id, lapses in layout.cancelled_ids(self.client).items():
-            self.cancel(message_id, lapses)
+        """Record every cancellation in force (:func:`..layout.cancelled_ids`), or those
+        recorded since the last read (the sandbox's, polled)."""
+        namespace = self.polls or layout.NAMESPACE
+        after = self._read_to if self.polls else None
+        for message_id, lapses in layout.cancelled_ids(self.client, namespace, after).items():
+            self._read_to = max(self._read_to or 0, lapses)
+            if message_id not in self.cancelled:
+                self.cancel(message_id, lapses)
 
     def cancel(self, message_id: str, lapses: float | None = None) -> bool:
         """Record the cancellation of ``message_id`` (until ``lapses``, epoch ms; default:
@@ -141,10 +165,21 @@ class Cancellation(Middleware):
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         me, message_id = threading.get_ident(), message.message_id
         self._running[me] = message_id  # first: a cancel that comes now sees it
-        if message_id in self.cancelled:
+        if message_id in self.cancelled or self._cancelled_in_redis(message_id):
             self._running.pop(me, None)
             message.options[CANCELLED_OPTION] = True
             raise SkipMessage("cancelled")
+
+    def _cancelled_in_redis(self, message_id: str) -> bool:
+        """The sandbox's look-up (:attr:`polls`); False elsewhere, or when Redis does not
+        answer (the job runs: its poll interrupts it once Redis answers)."""
+        if self.polls is None:
+            return False
+        try:
+            return layout.is_cancelled(self.client, message_id, self.polls)
+        except redis.RedisError as error:
+            logger.warning("cannot tell whether a job is cancelled: %s", error)
+            return False
 
     def after_process_message(
         self,

@@ -66,7 +66,8 @@ class GroupCompletion(GroupCallbacks):
                 for callback in options.get("group_completion_callbacks") or []
             ]
             stored = [
-                Callback(c.queue_name, c.options[REDIS_MESSAGE_ID], c.encode()) for c in callbacks
+                Callback(c.queue_name, c.options[REDIS_MESSAGE_ID], c.encode(), c.message_id)
+                for c in callbacks
             ]
             fired = group_member_done(
                 self.client, completion, message.message_id, self.barrier_ttl, stored
