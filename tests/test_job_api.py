@@ -48,8 +48,18 @@ import dramatiq
 import redis
 
 from ..lifecycle import checkpoint
+from ..typed import JobArguments, actor
 
 _client = redis.Redis.from_url(os.environ["REDIS_URL"])
+
+
+class Stage(JobArguments):
+    label: str
+
+
+@actor(queue_name="notifications", max_retries=0)
+def api_typed_stage(job: Stage) -> None:
+    _client.rpush("test:typed_stage", job.label)
 
 
 class _KillAsGroupCallbackEnqueued(dramatiq.Middleware):
@@ -389,6 +399,39 @@ def test_a_queued_job_cancelled_never_runs_and_a_running_one_stops(
         assert counted(text, outcome) == 0, outcome
     assert jobs.queued() == [] and jobs.delayed() == 0 and jobs.dead_letters() == []
     assert not jobs.stranded()
+    assert worker.stop() == 0
+
+
+PIPELINES = """\
+import dramatiq
+from {package}.actors.job_api import api_add, api_typed_stage
+
+try:
+    dramatiq.pipeline([api_add.message(2, 3), api_typed_stage.message(label="sum")]).run()
+except ValueError as error:
+    print(error)
+ignoring = api_typed_stage.message_with_options(kwargs={{"label": "ok"}}, pipe_ignore=True)
+dramatiq.pipeline([api_add.message(2, 3), ignoring]).run()
+"""
+
+
+def test_a_typed_actor_as_a_pipeline_stage_is_refused_at_send_unless_it_ignores_the_result(
+        workers: Callable[..., Worker], jobs: Jobs, api_project: Path, redis_url: str) -> None:
+    done = produce(api_project, redis_url, PIPELINES)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "pipeline refused: typed actor 'api_typed_stage' cannot take the previous result as an "
+        "argument (its arguments are its model's fields): send its message with "
+        "pipe_ignore=True, or make the stage an untyped actor"]
+    assert len(jobs.queued()) == 1  # the second pipeline's first stage alone
+    # A pipeline sent past the check (an older producer): the result appended to the fields.
+    push(jobs, "api_typed_stage", [5], {"label": "x"}, schema_version=1)
+    worker = workers()
+    wait_for(lambda: jobs.client.lrange("test:typed_stage", 0, -1) == [b"ok"], 30, "stage 2")
+    wait_for(lambda: dead_reasons(worker), 30, "the appended result's dead letter")
+    assert dead_reasons(worker) == [
+        "invalid arguments: label: given both by position and by name (a pipeline's previous "
+        "result? a typed stage is sent with pipe_ignore=True)"]
     assert worker.stop() == 0
 
 

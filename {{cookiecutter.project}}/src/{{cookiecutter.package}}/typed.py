@@ -167,7 +167,15 @@ class TypedActor(dramatiq.Actor[Any, Any]):
                 f"{len(args)} positional arguments, the model has {len(names)} fields "
                 f"({', '.join(names)})",
             )
-        fields = {**dict(zip(names, args, strict=False)), **kwargs}
+        positional = dict(zip(names, args, strict=False))
+        both = sorted(set(positional) & set(kwargs))
+        if both:
+            raise InvalidArgumentsError(
+                self.actor_name,
+                f"{', '.join(both)}: given both by position and by name (a pipeline's "
+                "previous result? a typed stage is sent with pipe_ignore=True)",
+            )
+        fields = {**positional, **kwargs}
         reader: type[JobArguments] = model
         if version < model.version:
             fields = model.upgrade(version, fields)
