@@ -25,17 +25,41 @@ def _f(value: float, digits: int = 2) -> str:
     return f"{value:.{digits}f}"
 
 
+LABELS = {
+    "bare": "bare Dramatiq",
+    "celery_threads": "Celery threads",
+    "celery_threads_late": "Celery threads, acks_late + prefetch 1",
+    "celery_prefork": "Celery prefork",
+    "celery_prefork_late": "Celery prefork, acks_late + prefetch 1",
+}
+TOOLS = ("service", *LABELS)
+
+
+def _label(tool: str) -> str:
+    return LABELS.get(tool, tool)
+
+
 def throughput(results: dict[str, Any]) -> Iterator[Row]:
     rows = [r for r in results["rows"] if r.get("prefetch") == "defaults"]
     law = sorted((r for r in rows if r["shape"] == "48x100ms"), key=lambda r: r["threads"])
     if law:
+        threads = "/".join(str(r["threads"]) for r in law)
         yield (
-            "scaling law: 48 jobs x 100 ms at " + "/".join(str(r["threads"]) for r in law)
-            + " threads (slices of 100 ms)",
+            f"scaling law: 48 jobs x 100 ms at {threads} threads (slices of 100 ms)",
             "/".join(_f(r["service"]["slices"], 1) for r in law),
             "ideal " + "/".join(f"{r['ideal_slices']:g}" for r in law),
-            "/".join(_f(r["service_vs_ideal"]) for r in law),
+            "/".join(_f(r["service"]["slices"] / r["ideal_slices"]) for r in law),
         )
+        for tool in LABELS:
+            if all(tool in r for r in law):
+                yield (
+                    f"scaling law, {_label(tool)}: the same at {threads} threads (prefork: "
+                    "children)" if "prefork" in tool else
+                    f"scaling law, {_label(tool)}: the same at {threads} threads",
+                    "/".join(_f(r[tool]["slices"], 1) for r in law),
+                    "ideal " + "/".join(f"{r['ideal_slices']:g}" for r in law),
+                    "/".join(_f(r[tool]["slices"] / r["ideal_slices"]) for r in law),
+                )
     prefetches = {"defaults": "both tools' defaults", "equal": "equal prefetch"}
     for shape, label in (("3000xnoop", "no-op jobs"), ("1000x10ms", "10 ms jobs")):
         for prefetch, setting in prefetches.items():
@@ -47,6 +71,89 @@ def throughput(results: dict[str, Any]) -> Iterator[Row]:
                         f"bare Dramatiq {_f(r['bare']['span_s'])} s",
                         f"{_f(r['throughput_vs_bare'])} x bare throughput",
                     )
+                    if prefetch != "defaults":
+                        continue
+                    for tool in LABELS:
+                        if tool in r and tool != "bare":
+                            yield (
+                                f"{label}: {r['jobs']} at {r['threads']} threads, each "
+                                f"tool's defaults, vs {_label(tool)}",
+                                f"{_f(r['service']['span_s'])} s",
+                                f"{_label(tool)} {_f(r[tool]['span_s'])} s",
+                                f"{_f(r['throughput_vs'][tool])} x its throughput",
+                            )
+
+
+def compare(results: dict[str, Any]) -> Iterator[Row]:
+    if "scaling" in results:
+        scale = results["scaling"]
+        for tool in TOOLS:
+            if tool in scale:
+                one, two = scale[tool]["1p"], scale[tool]["2p"]
+                yield (f"no-op throughput, 2 processes vs 1 ({scale['jobs']} jobs, "
+                       f"{scale['threads']} threads; Celery: nodes): {_label(tool)}",
+                       f"{two['jobs_per_s']:.0f} jobs/s", f"1 process {one['jobs_per_s']:.0f} jobs/s",
+                       f"{_f(scale[tool]['two_vs_one'])} x")
+    if "ceiling" in results:
+        top = results["ceiling"]
+        bench = top["redis_benchmark"]
+        yield ("Redis ceiling: the service's settle-and-fetch script, redis-benchmark "
+               f"({bench['connections']} connections, pipeline {bench['pipeline']})",
+               f"{bench['jobs_per_s']:.0f} calls/s",
+               f"Python loop {top['python_loop_jobs_per_s']:.0f}/s, with the job body's "
+               f"writes {top['python_loop_with_body_jobs_per_s']:.0f}/s",
+               f"redis-server CPU {_f(bench['redis_cpu_us_per_job'], 1)} us per call")
+    if "ceiling_fraction" in results and "scaling" in results:
+        part, service = results["ceiling_fraction"], results["scaling"]["service"]
+        yield ("service no-op throughput as a fraction of the Redis ceiling: 1 / 2 processes",
+               f"{service['1p']['jobs_per_s']:.0f} / {service['2p']['jobs_per_s']:.0f} jobs/s",
+               "of the Python loop with the body: "
+               f"{_f(part['1p']['of_python_loop_with_body'])} / "
+               f"{_f(part['2p']['of_python_loop_with_body'])}",
+               f"{_f(part['1p']['of_ceiling'], 3)} / {_f(part['2p']['of_ceiling'], 3)}")
+    if "profile" in results and "self_share" in results["profile"]:
+        prof = results["profile"]
+        top3 = ", ".join(f"{name} {share:.0%}" for name, share in
+                         list(prof["self_share"].items())[:4])
+        yield (f"profile: one service process, {prof['jobs']:,} no-op jobs (py-spy --gil, "
+               "self time)", f"{prof['worker_cpu_us_per_job']:.0f} us CPU per job",
+               f"wall {prof['wall_us_per_job']:.0f} us, redis-server "
+               f"{prof['redis_cpu_us_per_job']:.0f} us per job", top3)
+    if "head_of_line" in results:
+        hol = results["head_of_line"]
+        for tool in TOOLS:
+            if tool in hol:
+                r = hol[tool]
+                yield (f"head-of-line: {hol['short_jobs']} no-op jobs behind one "
+                       f"{hol['long_ms'] / 1000:g} s job, 2 processes x 1 thread: {_label(tool)}",
+                       f"max wait {_f(r['max_wait_s'])} s",
+                       f"{r['behind_long']} of {hol['short_jobs']} waited behind the long job",
+                       f"{_f(r['max_wait_s'] / (hol['long_ms'] / 1000))} of the long job")
+    if "redelivery" in results:
+        red = results["redelivery"]
+        for tool in TOOLS:
+            if tool in red:
+                r = red[tool]
+                after = r["all_done_after_s"]
+                yield (f"redelivery after SIGKILL, {r['held']} of {red['jobs']} jobs of "
+                       f"{red['job_ms'] / 1000:g} s held: {_label(tool)}",
+                       f"all done {after:.1f} s after the kill" if after is not None else
+                       f"not redelivered within {red['bound_s']:g} s",
+                       f"{r['done']} of {red['jobs']} done",
+                       f"{r['in_unacked']} in Celery's unacked hash (visibility timeout 1 h), "
+                       f"{r['lost']} lost (acked before they ran)" if "lost" in r else "")
+    if "footprint" in results:
+        foot = results["footprint"]
+        for tool in TOOLS:
+            if tool in foot:
+                r = foot[tool]
+                yield (f"footprint, {foot['threads']} threads, {r['processes']} process(es): "
+                       f"{_label(tool)} (RSS idle / after {foot['jobs']:,} jobs; Redis round "
+                       "trips (commands))",
+                       f"{r['idle_rss_mb']:.0f} / {r['rss_after_jobs_mb']:.0f} MB",
+                       f"{_f(r['round_trips_per_job'])} ({_f(r['commands_per_job'])}) per job",
+                       f"{_f(r['idle_round_trips_per_s'], 1)} ({_f(r['idle_commands_per_s'], 1)})"
+                       " per idle s")
 
 
 def lifecycle(results: dict[str, Any]) -> Iterator[Row]:
@@ -139,6 +246,7 @@ def console(results: dict[str, Any]) -> Iterator[Row]:
 
 SUMMARIES: dict[str, Callable[[dict[str, Any]], Iterator[Row]]] = {
     "throughput_bench": throughput,
+    "compare_bench": compare,
     "call_count": calls,
     "lifecycle_bench": lifecycle,
     "metrics_bench": metrics,

@@ -1,30 +1,36 @@
-"""Throughput: the service's own worker against bare Dramatiq 2.2.1, side by side in one run.
+"""Throughput: the service's own worker against bare Dramatiq 2.2.1 and Celery 5.6, side by
+side in one run.
 
-    python bench/throughput_bench.py [--rounds 3] [--quick] [--shape NAME ...]
+    python bench/throughput_bench.py [--rounds 3] [--quick] [--shape NAME ...] [--tool T ...]
+                                     [--scale F]
 
-Both run the same actor body (three small Redis writes per job, plus the job's
-sleep) on the same redis-server, one worker process each, started once per
-configuration (process start is not measured). Rounds alternate between the two
-(service, bare, service, bare, ...) and each figure is the median of the rounds.
-A round enqueues a pre-built batch in one pipeline and measures
+Every runtime (``bench/_tools.py``: the service, bare Dramatiq, Celery's threads and prefork
+pools at its defaults and with ``acks_late`` + prefetch multiplier 1) runs the same job body
+(the job's sleep between two timestamps and a counter written to Redis) on the same
+redis-server, one worker process each, started once per configuration (process start is not
+measured). Rounds alternate between them (each round starts with the next runtime) and each
+figure is the median of the rounds. A round releases a staged batch in one round trip and
+measures
 
 * ``span``: from the first job's start to the last job's end (the jobs record both
   in Redis), the figure the table and the goals use: it is what throughput and the
   scaling law are about; and
-* ``total``: from the enqueue to the last job's end, which adds the idle poll of an
-  empty queue at the batch's start (service: at most 200 ms; Dramatiq: its
-  ``worker_timeout``, 1 s by default).
+* ``total``: from the release to the last job's end, which adds the idle poll of an
+  empty queue at the batch's start (service: none, its producer's wake-up; Dramatiq: its
+  ``worker_timeout``, 1 s by default; Celery: none, it blocks in ``BRPOP``).
 
 Work shapes (issue #11): 48 jobs of 100 ms at 1, 2, 4 and 8 threads (reported in
-slices of 100 ms against the ideal 48/threads), 3,000 near-no-op jobs at 8 threads,
-1,000 jobs of 10 ms at 8 threads. Each shape runs twice: at each tool's defaults
-(service: ``WORKER_PREFETCH`` = concurrency; Dramatiq: prefetch twice the threads),
-and at equal prefetch (Dramatiq's ``dramatiq_queue_prefetch`` = the threads, the
+slices of 100 ms against the ideal 48/threads; Celery's prefork pool: child processes),
+3,000 near-no-op jobs at 8 threads, 1,000 jobs of 10 ms at 8 threads. Each shape runs at
+each tool's defaults (service: ``WORKER_PREFETCH`` = concurrency; Dramatiq: prefetch twice
+the threads; Celery: prefetch multiplier 4, early acks), and the service and Dramatiq once
+more at equal prefetch (Dramatiq's ``dramatiq_queue_prefetch`` = the threads, the
 service's default). Writes ``bench/results/throughput_bench-<UTC>.json`` (marked
-``partial`` with ``--quick`` or ``--shape``: ``bench/report.py`` reports whole runs).
+``partial`` with ``--quick``, ``--shape``, ``--tool`` or ``--scale``: ``bench/report.py``
+reports whole runs).
 
-The figures depend on the machine's load: run it on a quiet machine and quote the
-core count with them.
+The figures depend on the machine's load: the core count and the load averages before and
+after are in the JSON.
 """
 
 from __future__ import annotations
@@ -34,57 +40,18 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import redis
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _workers  # noqa: E402
+import _results  # noqa: E402
+import _tools  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
-SERVICE_QUEUE = _workers.QUEUE
-BARE_QUEUE = "bare"
-
-#: The actor body both tools run: three small Redis writes and the job's sleep.
-BODY = '''
-import os
-import time
-
-import dramatiq
-import redis
-
-_client = redis.Redis.from_url(os.environ["REDIS_URL"])
-
-
-def _run(run, ms):
-    _client.zadd("bench:" + run + ":first", {"t": time.time()}, lt=True)
-    if ms:
-        time.sleep(ms / 1000)
-    _client.zadd("bench:" + run + ":last", {"t": time.time()}, gt=True)
-    _client.incr("bench:" + run + ":done")
-'''
-SERVICE_ACTOR = BODY + f'''
-
-@dramatiq.actor(queue_name="{SERVICE_QUEUE}", max_retries=0)
-def bench_job(run, ms):
-    _run(run, ms)
-'''
-BARE_MODULE = BODY + f'''
-from dramatiq.brokers.redis import RedisBroker
-
-dramatiq.set_broker(RedisBroker(url=os.environ["REDIS_URL"]))
-
-
-@dramatiq.actor(queue_name="{BARE_QUEUE}", max_retries=0)
-def bench_job(run, ms):
-    _run(run, ms)
-'''
+TOOLS = _tools.TOOLS
+#: The tools of the equal-prefetch rows (Celery has no such setting: its rows are its defaults).
+EQUAL_TOOLS = ("service", "bare")
 
 #: (name, jobs, ms per job, threads)
 SHAPES = [
@@ -97,109 +64,63 @@ SHAPES = [
 ]
 
 
-class Bench:
-    """A redis-server, a baked service with the bench actor, and the bare Dramatiq module."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.project = _workers.bake(root, {"bench_throughput": SERVICE_ACTOR}, database="none")
-        bare = root / "bare"
-        bare.mkdir()
-        (bare / "bare_bench.py").write_text(BARE_MODULE)
-        self.bare_dir = bare
-        self.redis = _workers.redis_server(root / "redis")
-        self.redis_url = self.redis.url
-        self.client = redis.Redis.from_url(self.redis_url)
-        self.runs = 0
-
-    def close(self) -> None:
-        self.redis.stop()
-
-    def start_service(self, threads: int, prefetch: int | None) -> subprocess.Popen[bytes]:
-        env = _workers.worker_env(
-            self.project, self.redis_url, self.root / "state", WORKER_QUEUES=SERVICE_QUEUE,
-            WORKER_CONCURRENCY=str(threads), WORKER_JOB_TIMEOUT_MS="20000",
-            WORKER_SHUTDOWN_TIMEOUT_MS="25000")
-        if prefetch is not None:
-            env["WORKER_PREFETCH"] = str(prefetch)
-        return self._started(_workers.start_worker(self.project, env, self._log(SERVICE_QUEUE)),
-                             SERVICE_QUEUE)
-
-    def start_bare(self, threads: int, prefetch: int | None) -> subprocess.Popen[bytes]:
-        env = _workers.foreign_free_env(dict(os.environ))
-        env.update(PYTHONPATH=str(self.bare_dir), REDIS_URL=self.redis_url)
-        if prefetch is not None:
-            env["dramatiq_queue_prefetch"] = str(prefetch)
-        command = [_workers.PYTHON, "-m", "dramatiq", "bare_bench", "--processes", "1",
-                   "--threads", str(threads)]
-        return self._started(_workers.start(command, self.bare_dir, env, self._log(BARE_QUEUE)),
-                             BARE_QUEUE)
-
-    def _log(self, queue: str) -> Path:
-        return self.root / f"{queue}.log"
-
-    def _started(self, proc: subprocess.Popen[bytes], queue: str) -> subprocess.Popen[bytes]:
-        self.round(queue, 4, 0.0)  # warm up: the worker consumes (imports done, threads up)
-        return proc
-
-    def round(self, queue: str, jobs: int, ms: float) -> dict[str, float]:
-        """Run one pre-built batch on ``queue``; return its span and total in seconds."""
-        self.runs += 1
-        run = f"r{self.runs}"
-        pipe = _workers.pipeline(
-            self.client, [_workers.message("bench_job", run, ms, queue=queue) for _ in range(jobs)])
-        enqueued = time.time()
-        pipe.execute()
-        _workers.wait_for(lambda: int(self.client.get(f"bench:{run}:done") or 0) >= jobs,
-                          600, f"{jobs} jobs on {queue}")
-        first = float(self.client.zscore(f"bench:{run}:first", "t") or 0)
-        last = float(self.client.zscore(f"bench:{run}:last", "t") or 0)
-        return {"span_s": last - first, "total_s": last - enqueued}
-
-
-def measure(bench: Bench, shape: tuple[str, int, float, int], equal_prefetch: bool,
-            rounds: int) -> dict[str, Any]:
+def measure(bench: _tools.Bench, shape: tuple[str, int, float, int], equal_prefetch: bool,
+            rounds: int, tools: list[str], scale: float = 1.0) -> dict[str, Any]:
     name, jobs, ms, threads = shape
-    prefetch = threads if equal_prefetch else None
-    procs = [bench.start_service(threads, None), bench.start_bare(threads, prefetch)]
-    samples: dict[str, list[dict[str, float]]] = {"service": [], "bare": []}
+    jobs = max(1, round(jobs * scale))
+    workers = []
     try:
+        for tool in tools:
+            prefetch = threads if equal_prefetch and tool == "bare" else None
+            workers.append(bench.start(tool, threads, prefetch=prefetch))
+        samples: dict[str, list[dict[str, float]]] = {w.tool: [] for w in workers}
         for index in range(rounds):
-            order = [("service", SERVICE_QUEUE), ("bare", BARE_QUEUE)]
-            for tool, queue in order if index % 2 == 0 else order[::-1]:
-                samples[tool].append(bench.round(queue, jobs, ms))
+            for worker in _tools.rotate(workers, index):
+                samples[worker.tool].append(bench.round(worker, jobs, ms))
     finally:
-        for proc in procs:
-            _workers.stop(proc)
+        for worker in workers:
+            bench.stop(worker)
     result: dict[str, Any] = {"shape": name, "jobs": jobs, "ms": ms, "threads": threads,
                               "prefetch": "equal" if equal_prefetch else "defaults"}
     for tool, rows in samples.items():
         span = statistics.median(row["span_s"] for row in rows)
         total = statistics.median(row["total_s"] for row in rows)
         result[tool] = {"span_s": round(span, 4), "total_s": round(total, 4),
-                        "spans_s": [round(row["span_s"], 4) for row in rows]}
+                        "spans_s": [round(row["span_s"], 4) for row in rows],
+                        "jobs_per_s": round(jobs / span, 1) if span else None}
         if ms >= 100:
             result[tool]["slices"] = round(span / (ms / 1000), 2)
+            result[f"{tool}_vs_ideal"] = round(result[tool]["slices"] / (jobs / threads), 3)
     if ms >= 100:
         result["ideal_slices"] = jobs / threads
-        result["service_vs_ideal"] = round(result["service"]["slices"] / (jobs / threads), 3)
-        result["bare_vs_ideal"] = round(result["bare"]["slices"] / (jobs / threads), 3)
-    # Throughput ratio: > 1 means the service finished the batch faster than bare Dramatiq.
-    result["throughput_vs_bare"] = round(result["bare"]["span_s"] / result["service"]["span_s"], 3)
+    # Throughput ratios: > 1 means the service finished the batch faster than the other.
+    result["throughput_vs"] = {
+        tool: round(result[tool]["span_s"] / result["service"]["span_s"], 3)
+        for tool in samples if tool != "service"}
+    if "bare" in samples:
+        result["throughput_vs_bare"] = result["throughput_vs"]["bare"]
     return result
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    lines = ["| work | threads | prefetch | bare Dramatiq | service | ideal | service/bare thr. |",
-             "|---|---|---|---|---|---|---|"]
+    tools = [t for t in TOOLS if any(t in row for row in results)]
+    lines = ["| work | threads | prefetch | " + " | ".join(_tools.LABELS[t] for t in tools)
+             + " | ideal | service/bare thr. | service/Celery threads thr. |",
+             "|---|---|---|" + "---|" * len(tools) + "---|---|---|"]
     for row in results:
-        if "ideal_slices" in row:
-            bare, ours = f"{row['bare']['slices']} slices", f"{row['service']['slices']} slices"
-            ideal = f"{row['ideal_slices']:g}"
-        else:
-            bare, ours, ideal = f"{row['bare']['span_s']:.2f} s", f"{row['service']['span_s']:.2f} s", ""
-        lines.append(f"| {row['shape']} | {row['threads']} | {row['prefetch']} | {bare} | {ours} "
-                     f"| {ideal} | {row['throughput_vs_bare']} |")
+        cells = []
+        for tool in tools:
+            if tool not in row:
+                cells.append("")
+            elif "ideal_slices" in row:
+                cells.append(f"{row[tool]['slices']} slices")
+            else:
+                cells.append(f"{row[tool]['span_s']:.2f} s")
+        ideal = f"{row['ideal_slices']:g}" if "ideal_slices" in row else ""
+        vs = row["throughput_vs"]
+        lines.append(f"| {row['shape']} | {row['threads']} | {row['prefetch']} | "
+                     + " | ".join(cells) + f" | {ideal} | {vs.get('bare', '')} "
+                     f"| {vs.get('celery_threads', '')} |")
     return "\n".join(lines)
 
 
@@ -209,33 +130,35 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="defaults only, 1 round")
     parser.add_argument("--shape", action="append", choices=sorted({s[0] for s in SHAPES}),
                         help="only this work shape (repeatable; default: all)")
+    parser.add_argument("--tool", action="append", choices=[t for t in TOOLS if t != "service"],
+                        help="only the service and this tool (repeatable; default: all)")
+    parser.add_argument("--scale", type=float, default=1.0,
+                        help="multiply each shape's job count (a smoke run: 0.02)")
     args = parser.parse_args()
     rounds = 1 if args.quick else args.rounds
     modes = [False] if args.quick else [False, True]
+    tools = ["service", *(args.tool or TOOLS[1:])]
     root = Path(tempfile.mkdtemp(prefix="throughput-bench-"))
-    bench = Bench(root)
-    results = []
     load_before = os.getloadavg()
+    bench = _tools.Bench(root)
+    results = []
     try:
         for equal in modes:
             for shape in SHAPES:
                 if args.shape and shape[0] not in args.shape:
                     continue
-                row = measure(bench, shape, equal, rounds)
+                chosen = [t for t in tools if t in EQUAL_TOOLS] if equal else tools
+                row = measure(bench, shape, equal, rounds, chosen, args.scale)
                 print(json.dumps(row), flush=True)
                 results.append(row)
     finally:
         bench.close()
         shutil.rmtree(root, ignore_errors=True)
     print(table(results))
-    RESULTS.mkdir(exist_ok=True)
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    out = RESULTS / f"throughput_bench-{stamp}.json"
-    out.write_text(json.dumps({"cores": os.cpu_count(), "rounds": rounds,
-                               "partial": bool(args.quick or args.shape),
-                               "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
-                               "results": {"rows": results, "table": table(results)}}, indent=2))
-    print(f"wrote {out}")
+    partial = bool(args.quick or args.shape or args.tool or args.scale != 1.0)
+    _results.write("throughput_bench", {"rows": results, "table": table(results)},
+                   rounds=rounds, partial=partial, loadavg_before=list(load_before),
+                   versions=_tools.versions())
     return 0
 
 
