@@ -64,15 +64,14 @@ def throughput(results: dict[str, Any]) -> Iterator[Row]:
     for shape, label in (("3000xnoop", "no-op jobs"), ("1000x10ms", "10 ms jobs")):
         for prefetch, setting in prefetches.items():
             for r in results["rows"]:
-                if r["shape"] == shape and r.get("prefetch") == prefetch:
+                if r["shape"] == shape and r.get("prefetch") == prefetch and "bare" in r:
                     yield (
                         f"{label}: {r['jobs']} at {r['threads']} threads, {setting}",
                         f"{_f(r['service']['span_s'])} s",
                         f"bare Dramatiq {_f(r['bare']['span_s'])} s",
                         f"{_f(r['throughput_vs_bare'])} x bare throughput",
                     )
-                    if prefetch != "defaults":
-                        continue
+                if r["shape"] == shape and r.get("prefetch") == prefetch == "defaults":
                     for tool in LABELS:
                         if tool in r and tool != "bare":
                             yield (

@@ -1,7 +1,6 @@
 """The comparison benchmarks run end to end at small sizes and write what ``bench/report.py``
 reads: ``throughput_bench.py`` (one shape, the service beside Celery's threads pool) and
-every part of ``compare_bench.py`` (the service, bare Dramatiq where a part has it, Celery's
-threads pool). Nothing here judges a figure: the figures live in the benchmarks' JSON."""
+every part of ``compare_bench.py`` (the service beside Celery's threads pool). Nothing here judges a figure: the figures live in the benchmarks' JSON."""
 
 from __future__ import annotations
 
@@ -41,15 +40,14 @@ def test_the_comparison_benchmarks_write_what_the_report_reads(tmp_path: Path) -
     rows = list(report.throughput(throughput["results"]))
     assert any("vs Celery threads" in measure for measure, *_ in rows), rows
 
-    compare = _run("compare_bench", tmp_path, "--quick", "--tool", "bare", "--tool",
-                   "celery_threads", "--noop", "100", "--jobs", "200", "--bound", "2",
-                   "--long", "1000")
+    compare = _run("compare_bench", tmp_path, "--quick", "--tool", "celery_threads", "--noop",
+                   "100", "--jobs", "200", "--bound", "2", "--long", "1000")
     results = compare["results"]
     assert set(results) >= {"scaling", "ceiling", "profile", "head_of_line", "redelivery",
                             "footprint", "ceiling_fraction"}
     assert results["ceiling"]["redis_benchmark"]["left_in_queue"] == 0
     assert results["profile"].get("samples", 0) > 0, results["profile"]
-    for tool in ("service", "bare", "celery_threads"):
+    for tool in ("service", "celery_threads"):
         assert results["head_of_line"][tool]["max_wait_s"] >= 0
         assert results["footprint"][tool]["idle_rss_mb"] > 0
     rendered = list(report.compare(results))
