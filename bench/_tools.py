@@ -15,6 +15,7 @@ length (``bench:<run>:starts``): the warm-up, head-of-line and redelivery measur
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import subprocess
@@ -53,8 +54,6 @@ LABELS: dict[str, str] = {
 SERVICE_QUEUES = ("notifications", "svc_b", "svc_c")
 BARE_QUEUES = ("bare", "bare_b", "bare_c")
 CELERY_QUEUES = ("a", "b", "c")
-#: The service's wake-up channel (the baked ``layout.WAKE_CHANNEL``, asserted at bake time).
-WAKE_CHANNEL = f"{_workers.NS}:__wake__"
 
 #: The job body every runtime runs: two timestamps and a counter around the job's sleep.
 BODY = '''
@@ -158,6 +157,13 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
+def baked_layout(project: Path) -> Any:
+    """The baked project's ``layout`` package (it imports neither redis-py nor Dramatiq): the
+    owner of the keys, channels and scripts the benchmarks use."""
+    sys.path.insert(0, str(project / "src"))
+    return importlib.import_module(f"{_workers.PACKAGE}.layout")
+
+
 class Bench:
     """A redis-server, a bake with the service's actors, the bare Dramatiq and Celery modules,
     and the workers started on them."""
@@ -170,9 +176,8 @@ class Bench:
         assert declared in pools.read_text(), "the interactive pool's queues moved"
         pools.write_text(pools.read_text().replace(
             declared, "queues = [" + ", ".join(f'"{q}"' for q in SERVICE_QUEUES) + "]"))
-        keys = (project / "src" / _workers.PACKAGE / "layout" / "keys.py").read_text()
-        assert 'WAKE_CHANNEL: Final = f"{NAMESPACE}:__wake__"' in keys, "the wake channel moved"
         self.project = project
+        self.layout = baked_layout(project)
         self.module_dir = root / "modules"
         self.module_dir.mkdir()
         (self.module_dir / "bare_bench.py").write_text(BARE_MODULE)
@@ -306,6 +311,9 @@ class Bench:
                 redis_id = item.options["redis_message_id"]
                 pipe.hset(f"{_workers.NS}:{worker.queue}.msgs", redis_id, item.encode())
                 pipe.rpush(staging, redis_id)
+                if worker.tool == "service":  # its producer indexes each message it stores
+                    pipe.hset(self.layout.message_index_key(), item.message_id,
+                              self.layout.message_place(worker.queue, redis_id))
         for start in range(0, len(pipe.command_stack), 20_000):
             chunk = self.client.pipeline(transaction=False)
             chunk.command_stack = pipe.command_stack[start:start + 20_000]
@@ -316,7 +324,7 @@ class Bench:
         pipe = self.client.pipeline(transaction=False)
         pipe.rename(self.staging(worker), self.queue_key(worker))
         if worker.tool == "service":
-            pipe.publish(WAKE_CHANNEL, worker.queue)
+            pipe.publish(self.layout.WAKE_CHANNEL, worker.queue)
         pipe.execute()
         return time.time()
 

@@ -114,7 +114,8 @@ def _ceiling_client(url: str, sha: str, keys: list[str], broker_id: str, body: b
     while lanes:
         pipe = client.pipeline(transaction=False)
         for redis_id in lanes:
-            pipe.evalsha(sha, len(keys), *keys, "ack", redis_id, "", "", broker_id, 1)
+            # the message id is the redis id here (the pre-filled index says so)
+            pipe.evalsha(sha, len(keys), *keys, "ack", redis_id, "", "", broker_id, 1, redis_id)
             if body and redis_id != "none":
                 pipe.zadd("ceiling:first", {"t": time.time()}, lt=True)
                 pipe.zadd("ceiling:last", {"t": time.time()}, gt=True)
@@ -127,12 +128,10 @@ def _ceiling_client(url: str, sha: str, keys: list[str], broker_id: str, body: b
 
 def ceiling(bench: _tools.Bench, jobs: int) -> dict[str, Any]:
     """The pipelined loop over the service's own SETTLE script (see the module docstring)."""
-    sys.path.insert(0, str(bench.project / "src"))
-    from orders_worker.layout import delivery  # the layout imports neither redis nor dramatiq
-
+    layout = bench.layout
     client = bench.client
     redis_pid = int(client.info("server")["process_id"])
-    sha = client.script_load(delivery.SETTLE)
+    sha = client.script_load(layout.SETTLE)
     queue = "ceiling"
     body = _workers.message("bench_notifications", "r0", 0.0, queue=queue).encode()
     result: dict[str, Any] = {"jobs": jobs, "pipeline": CEILING_PIPELINE}
@@ -145,19 +144,21 @@ def ceiling(bench: _tools.Bench, jobs: int) -> dict[str, Any]:
             pipe.hset(f"{_workers.NS}:{queue}.msgs",
                       mapping={i: body for i in ids[start:start + 5000]})
             pipe.rpush(f"{_workers.NS}:{queue}", *ids[start:start + 5000])
+            pipe.hset(layout.message_index_key(), mapping={
+                i: layout.message_place(queue, i) for i in ids[start:start + 5000]})
             pipe.execute()
 
     # redis-benchmark (a C client: 8 connections, 16 calls per round trip) runs the script
     # on the pre-filled queue; the id it settles is random (an ack that finds nothing: the
-    # script's removal from the acks set misses and its HDEL is skipped).
-    calls = jobs * 2
+    # script's removal from the acks set misses and its HDELs are skipped).
+    calls = max(jobs * 2, 50_000)
     fill(calls)
-    keys = list(delivery.settle_keys("ceiling-bench", queue, queue))
+    keys = list(layout.settle_keys("ceiling-bench", queue, queue))
     cpu = _cpu_s(redis_pid)
     bench_run = subprocess.run(
         ["redis-benchmark", "-h", "127.0.0.1", "-p", str(bench.redis.port), "-n", str(calls),
          "-c", "8", "-P", "16", "--csv", "EVALSHA", sha, str(len(keys)), *keys, "ack",
-         "__rand_int__", "", "", "ceiling-bench", "1"],
+         "__rand_int__", "", "", "ceiling-bench", "1", "__rand_int__"],
         capture_output=True, text=True, timeout=600, check=True)
     cpu = _cpu_s(redis_pid) - cpu
     rps = float(bench_run.stdout.strip().splitlines()[-1].split('","')[1])
@@ -165,7 +166,8 @@ def ceiling(bench: _tools.Bench, jobs: int) -> dict[str, Any]:
                                  "jobs_per_s": round(rps, 1),
                                  "left_in_queue": client.llen(f"{_workers.NS}:{queue}"),
                                  "redis_cpu_us_per_job": round(cpu / calls * 1e6, 2)}
-    client.delete(f"{_workers.NS}:{queue}", f"{_workers.NS}:{queue}.msgs", keys[0])
+    client.delete(f"{_workers.NS}:{queue}", f"{_workers.NS}:{queue}.msgs", keys[0],
+                  layout.message_index_key())
     for with_body in (False, True):
         for clients in CEILING_CLIENTS:
             fill(jobs)
@@ -174,7 +176,7 @@ def ceiling(bench: _tools.Bench, jobs: int) -> dict[str, Any]:
             procs = []
             for index in range(clients):
                 broker_id = f"ceiling-{index}"
-                keys = list(delivery.settle_keys(broker_id, queue, queue))
+                keys = list(layout.settle_keys(broker_id, queue, queue))
                 procs.append(context.Process(target=_ceiling_client, args=(
                     bench.redis_url, sha, keys, broker_id, with_body, go, out)))
             for proc in procs:
