@@ -1,5 +1,6 @@
 """`make e2e`: the real control plane of scripts/e2e/cluster.py and its promise to stop
-every process it started (the Pulumi scenarios of #33, scripts/e2e/run.py, come next).
+every process it started; then the Pulumi scenarios of #33 (scripts/e2e/run.py): a fresh
+bake's dev stack through the real Pulumi engine and Kubernetes provider against it.
 
 These need the engines of `make e2e-build` (scripts/e2e/build.py) and Debian's etcd. In CI
 (``CI`` set) a missing engine fails the test; on a desk it skips, naming the command.
@@ -22,6 +23,7 @@ from bakery import TEMPLATE
 E2E = TEMPLATE / "scripts" / "e2e"
 sys.path.insert(0, str(E2E))
 import build  # noqa: E402
+import run  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -98,3 +100,39 @@ def test_a_killed_harness_leaves_nothing_running(tmp_path: Path) -> None:
     while [pid for pid in kids if alive(pid)] and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not [pid for pid in kids if alive(pid)]
+
+
+def started_under(folder: Path) -> list[str]:
+    """Command lines of the live processes that name ``folder`` (the cluster's work dir is
+    below it: etcd, kube-apiserver & co, kwok)."""
+    out = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or not alive(int(proc.name)):
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        if str(folder) in cmdline:
+            out.append(cmdline[:200])
+    return out
+
+
+@pytest.mark.timeout(900)
+def test_the_pulumi_scenarios_pass_on_the_real_engines(tmp_path: Path) -> None:
+    """scripts/e2e/run.py end to end (its docstring lists the steps and assertions): every
+    step reports ok, and no process it started is left."""
+    require_engines("k8s", "kwok", "pulumi", "provider")
+    log = tmp_path / "run.log"
+    with log.open("w") as out:
+        proc = subprocess.run(
+            [sys.executable, str(E2E / "run.py")],
+            stdout=out, stderr=subprocess.STDOUT, text=True, timeout=840, check=False,
+            env={**os.environ, "TMPDIR": str(tmp_path)},
+        )
+    text = log.read_text()
+    print("\n".join(line for line in text.splitlines() if line.startswith("e2e:")))
+    assert proc.returncode == 0, text[-8000:]
+    for name in (run.PREFLIGHT, *run.SCENARIOS):
+        assert f"e2e: {name} ok in" in text, name
+    assert not started_under(tmp_path), started_under(tmp_path)

@@ -19,15 +19,13 @@ Steps (each prints its name and time; the first failed assertion stops the run, 
    pods and ReplicaSets stay, its old pods keep their old ConfigMap while they exist;
 4. a change that forces replacement (the sandbox's namespace): the new pool exists and is
    Ready before the old one is deleted: the pool is never without a Ready pod;
-5. wrong stacks refused by the real admission, the pool named: a sandbox pod asking for a
-   capability (PodSecurity), a sandbox quota too small for the pool's pods (ResourceQuota);
+5. wrong stacks refused by the real admission, the pool named in the engine's error, each
+   refused ``up`` bounded by a short custom timeout (:data:`REFUSED_WAIT_S`): a sandbox
+   quota too small for a rollout (its CPU below one pod's request: the next rollout's pod
+   is refused by ResourceQuota) and a sandbox pod asking for a capability (PodSecurity);
 6. destroy: nothing of the stack left in the API server.
 
-Status (2026-12-02): NOT YET GREEN, so neither ``make e2e`` nor CI runs it. Run against the real
-engines here: steps 1-4 and the PodSecurity refusal of step 5 pass (preview and up 13.9 s, one
-pool's change 73.9 s, replacement 93.2 s); the quota case finds no ResourceQuota refusal (a
-surge pod is not counted once its predecessor is deleted, and a replicas change is likely
-ignored by the Deployment's KEDA-owned replicas), and destroy has not run yet.
+``make e2e`` runs it (tests/test_e2e_cluster.py, which checks every step's ``ok`` line).
 
 Usage: ``run.py [--keep DIR]`` (``--keep``: work in DIR and leave it, logs included).
 """
@@ -66,6 +64,22 @@ PASSPHRASE = "e2e"  # the local backend's secrets passphrase (throwaway state)
 POOL_LABEL = "worker-template/pool"
 #: Seconds between two reads of the watcher (pods, ReplicaSets, ConfigMaps).
 WATCH_S = 0.5
+#: The interactive pool's drain window in the e2e's dev stack (a stack override).
+INTERACTIVE_DRAIN_MS = 5000
+#: The bound (the Deployment's custom timeout) of an ``up`` whose pods admission refuses.
+REFUSED_WAIT_S = 15
+
+
+#: The step of the bare cluster, then each scenario's step name and :class:`Run` method, in
+#: order; ``make e2e``'s test (tests/test_e2e_cluster.py) reads each ``e2e: <step> ok in``.
+PREFLIGHT = "preflight refuses a bare cluster"
+SCENARIOS = {
+    "preview and up (dev stack)": "first_up",
+    "one pool's change rolls that pool alone": "one_pool_change",
+    "replacement keeps a Ready pod": "replacement",
+    "wrong stacks refused by the real admission": "refused",
+    "destroy leaves nothing": "destroy",
+}
 
 
 class Failed(AssertionError):
@@ -286,6 +300,19 @@ def replica_sets(cluster: cl.Cluster, pool: str) -> list[dict[str, Any]]:
     return api_list(cluster, f"/apis/apps/v1/replicasets?labelSelector={POOL_LABEL}={pool}")
 
 
+def cpu_millis(quantity: str) -> int:
+    """A CPU quantity (``"250m"``, ``"1"``) in millicores."""
+    return int(quantity[:-1]) if quantity.endswith("m") else int(float(quantity) * 1000)
+
+
+def pool_line(error: str) -> str:
+    """The engine error's line that names the sandbox pool, an error's first (for the
+    numbers)."""
+    lines = [line.strip() for line in error.splitlines() if f"{PROJECT}-sandbox" in line]
+    errors = [line for line in lines if "error" in line.lower()]
+    return (errors or lines or [""])[0][:300]
+
+
 def wait_until(what: str, predicate: Callable[[], Any], timeout: float) -> Any:
     deadline = time.monotonic() + timeout
     last: Any = None
@@ -309,11 +336,10 @@ class Run:
     numbers: dict[str, Any] = field(default_factory=dict)
 
     def up(
-        self, what: str, expect_failure: bool | None = False
+        self, what: str, expect_failure: bool = False
     ) -> tuple[Any, Ops, Watcher, str]:
         """``pulumi up`` (the inline program), watched; returns (result or None, ops,
-        watcher, the engine's error text). ``expect_failure``: True, False, or None for
-        either."""
+        watcher, the engine's error text). ``expect_failure``: the up must fail."""
         from pulumi import automation as auto
 
         ops = Ops()
@@ -324,7 +350,7 @@ class Run:
             try:
                 result = stack.up(on_event=ops, color="never")
             except auto.errors.CommandError as failure:
-                if expect_failure is False:
+                if not expect_failure:
                     raise Failed(f"{what}: pulumi up failed:\n{str(failure)[-6000:]}") from None
                 error = str(failure)
         if expect_failure:
@@ -359,6 +385,12 @@ class Run:
         def dev(data: dict[str, Any]) -> None:
             config = data["config"]
             config[key("pools")]["sandbox"]["min_replicas"] = 1
+            # interactive drains in 5 s, not 40 (grace and minReadySeconds 20 s, not 55):
+            # step 3 rolls it, and that roll waits minReadySeconds.
+            config[key("pools")]["interactive"].update(
+                job_timeout_ms=INTERACTIVE_DRAIN_MS - 1000,
+                shutdown_timeout_ms=INTERACTIVE_DRAIN_MS,
+            )
             config.setdefault(key("sandbox"), {})["brokerAclInstalled"] = True
 
         edit_yaml(self.deployer.infra / "Pulumi.dev.yaml", dev)
@@ -507,82 +539,120 @@ class Run:
 
     # 5 ---------------------------------------------------------------------------------
     def refused(self) -> None:
-        """Two wrong stacks, refused by the API server's own admission, the pool named."""
-        sandbox_ns = f"{SANDBOX_NS}-b"
+        """Two wrong stacks, refused by the API server's own admission, the pool named.
 
-        def short_wait(args: Any) -> Any:
+        A quota too small for a rollout: the sandbox's ResourceQuota below ONE pod's CPU
+        request (a quota pinned while the pool grew). The running pod stays (a quota is
+        judged at admission, never evicts), and the next rollout's pod is refused by the
+        real ResourceQuota admission whatever the rollout strategy (a pods quota is no
+        probe: with ``maxSurge 0`` the old pod is gone before the new one is retried). The
+        quota is lowered in its own ``up`` first and read back from the quota controller's
+        status, so the refusal never races the quota's update.
+
+        A capability: the next rollout's pod asks for ``NET_RAW``; PodSecurity
+        ``restricted`` refuses it (it runs before ResourceQuota: the quota, restored in the
+        same ``up``, cannot hide it). Each refused ``up`` waits at most
+        :data:`REFUSED_WAIT_S` (the Deployment's custom timeout), not the pool's own bound.
+        """
+        namespace = f"{SANDBOX_NS}-b"
+        (pod,) = api_list(self.cluster, f"/api/v1/namespaces/{namespace}/pods")
+        request = cpu_millis(pod["spec"]["containers"][0]["resources"]["requests"]["cpu"])
+        too_small = f"{request // 2}m"
+
+        def small_quota(args: Any) -> Any:
             import pulumi
 
-            if args.type_ != "kubernetes:apps/v1:Deployment" or "sandbox" not in args.name:
+            if args.type_ != "kubernetes:core/v1:ResourceQuota" or "sandbox" not in args.name:
                 return None
             props = copy.deepcopy(dict(args.props))
-            props["metadata"].setdefault("annotations", {})["pulumi.com/timeoutSeconds"] = "40"
-            opts = args.opts
-            opts.custom_timeouts = pulumi.CustomTimeouts(create="40s", update="40s")
-            return props, opts
+            props["spec"]["hard"]["requests.cpu"] = too_small
+            return pulumi.ResourceTransformResult(props, args.opts)
 
-        def capability(args: Any) -> Any:
-            import pulumi
+        def sandbox_rollout(edit: Callable[[dict[str, Any]], None]) -> Callable[[Any], Any]:
+            """A transform: the sandbox Deployment's pod template edited (a rollout), its
+            wait bounded by :data:`REFUSED_WAIT_S`."""
 
-            changed = short_wait(args)
-            if changed is None:
-                return None
-            props, opts = changed
-            container = props["spec"]["template"]["spec"]["containers"][0]
-            container["securityContext"]["capabilities"]["add"] = ["NET_RAW"]
-            return pulumi.ResourceTransformResult(props, opts)
+            def transform(args: Any) -> Any:
+                import pulumi
 
-        self.deployer.transforms = [capability]
-        started = time.monotonic()
-        try:
-            _, _, _, error = self.up("capability", expect_failure=True)
-        finally:
-            self.deployer.transforms = []
-        # The wait is bounded by the Deployment's custom timeout (40 s here), not the
-        # provider's default 10 minutes.
-        waited = time.monotonic() - started
-        self.numbers["refused up took s"] = round(waited, 1)
-        check(waited < 40 + 120, f"the refused up waited {waited:.0f} s for a 40 s bound")
-        failures = self.replica_failures(sandbox_ns)
-        check(any("violates PodSecurity" in f and "NET_RAW" in f for f in failures.values()),
-              f"no PodSecurity refusal of NET_RAW in {failures}")
-        check(f"{PROJECT}-sandbox" in error, f"the engine's error does not name the pool:\n"
-                                            f"{error[-3000:]}")
-        self.numbers["capability refusal"] = next(iter(failures.values()))[:300]
-        self.up("restore after the capability")
-
-        # A quota of one pod under a pool that asks for two: the second pod is refused by the
-        # real ResourceQuota admission. (A rollout's surge pod is not a reliable probe: the
-        # quota stops counting a pod once it is deleted, so a maxSurge-0 rollout never meets
-        # the quota; seen in the first real run.)
-        def tight_quota(args: Any) -> Any:
-            import pulumi
-
-            if args.type_ == "kubernetes:core/v1:ResourceQuota" and "sandbox" in args.name:
+                if args.type_ != "kubernetes:apps/v1:Deployment" or "sandbox" not in args.name:
+                    return None
                 props = copy.deepcopy(dict(args.props))
-                props["spec"]["hard"]["pods"] = "1"
-                return pulumi.ResourceTransformResult(props, args.opts)
-            changed = short_wait(args)
-            if changed is None:
-                return None
-            props, opts = changed
-            props["spec"]["replicas"] = 2
-            return pulumi.ResourceTransformResult(props, opts)
+                annotations = props["metadata"].setdefault("annotations", {})
+                annotations["pulumi.com/timeoutSeconds"] = str(REFUSED_WAIT_S)
+                edit(props["spec"]["template"])
+                opts = args.opts
+                opts.custom_timeouts = pulumi.CustomTimeouts(
+                    create=f"{REFUSED_WAIT_S}s", update=f"{REFUSED_WAIT_S}s")
+                return pulumi.ResourceTransformResult(props, opts)
 
-        self.deployer.transforms = [tight_quota]
+            return transform
+
+        def annotate(template: dict[str, Any]) -> None:
+            template["metadata"].setdefault("annotations", {})["e2e/rollout"] = "quota"
+
+        def net_raw(template: dict[str, Any]) -> None:
+            container = template["spec"]["containers"][0]
+            container["securityContext"]["capabilities"]["add"] = ["NET_RAW"]
+
+        quota_path = f"/api/v1/namespaces/{namespace}/resourcequotas/sandbox-quota"
+        # (a) the quota lowered: nothing rolls, the running pod stays.
+        self.deployer.transforms = [small_quota]
+        _, ops, _, _ = self.up("quota lowered")
+        changed = ops.changed()
+        check(list(changed) and all("quota" in urn for urn in changed),
+              f"lowering the quota changed {changed}")
+        wait_until("the quota controller's status of the lowered quota", lambda: self.cluster.api(
+            "GET", quota_path)["status"]["hard"].get("requests.cpu") == too_small, 60)
+        pods = api_list(self.cluster, f"/api/v1/namespaces/{namespace}/pods")
+        check([p["metadata"]["uid"] for p in pods] == [pod["metadata"]["uid"]] and
+              is_ready(pods[0]), "a lowered quota touched the running sandbox pod")
+        # (b) a rollout under it: its pod refused by the ResourceQuota admission.
+        self.deployer.transforms = [small_quota, sandbox_rollout(annotate)]
+        error = self.refused_up("rollout under a quota below one pod")
+        self.numbers["quota refusal"] = self.refusal(
+            namespace, "exceeded quota: sandbox-quota", f"limited: requests.cpu={too_small}")
+        self.numbers["quota refused up error"] = pool_line(error)
+        # (c) the quota restored, a capability asked for: PodSecurity refuses it.
+        self.deployer.transforms = [sandbox_rollout(net_raw)]
+        error = self.refused_up("capability")
+        self.numbers["capability refusal"] = self.refusal(
+            namespace, "violates PodSecurity", "NET_RAW")
+        self.numbers["capability refused up error"] = pool_line(error)
+        # (d) the stack as baked: the pool Ready again.
+        self.deployer.transforms = []
+        self.up("restore after the refusals")
+        pods = api_list(self.cluster, f"/api/v1/namespaces/{namespace}/pods")
+        check(len(pods) == 1 and is_ready(pods[0]), f"{namespace}: {len(pods)} pods after "
+                                                     "the restore")
+
+    def refused_up(self, what: str) -> str:
+        """``up`` expected to fail within :data:`REFUSED_WAIT_S` (+ the engine's own time),
+        the sandbox pool named in the engine's error; that error."""
+        started = time.monotonic()
+        _, _, _, error = self.up(what, expect_failure=True)
+        waited = time.monotonic() - started
+        (self.deployer.state / f"{what}.error.txt").write_text(error)
+        self.numbers[f"{what} s"] = round(waited, 1)
+        check(waited < REFUSED_WAIT_S + 90, f"{what}: the refused up waited {waited:.0f} s "
+                                            f"for a {REFUSED_WAIT_S} s bound")
+        check(f"{PROJECT}-sandbox" in error, f"{what}: the engine's error does not name the "
+                                            f"pool:\n{error[-3000:]}")
+        return error
+
+    def refusal(self, namespace: str, *words: str) -> str:
+        """The sandbox ReplicaSet's pod refusal that says all of ``words`` (waited for: the
+        ReplicaSet's condition and event follow the refused create)."""
+
+        def found() -> str:
+            return next((f for f in self.replica_failures(namespace).values()
+                         if all(w in f for w in words)), "")
+
         try:
-            started = time.monotonic()
-            _, _, _, error = self.up("two pods under a one-pod quota", expect_failure=None)
-            self.numbers["two pods under a one-pod quota"] = (
-                f"{'failed' if error else 'succeeded'} after {time.monotonic() - started:.0f} s")
-        finally:
-            self.deployer.transforms = []
-        failures = self.replica_failures(sandbox_ns)
-        check(any("exceeded quota: sandbox-quota" in f for f in failures.values()),
-              f"no ResourceQuota refusal in {failures}")
-        self.numbers["quota refusal"] = next(
-            f for f in failures.values() if "exceeded quota" in f)[:300]
-        self.up("restore after the quota")
+            return str(wait_until(f"a refusal saying {words}", found, 30))[:300]
+        except Failed:
+            raise Failed(f"no refusal saying {words} in {namespace}: "
+                         f"{self.replica_failures(namespace)}") from None
 
     def replica_failures(self, namespace: str) -> dict[str, str]:
         """ReplicaSet -> its ReplicaFailure message or FailedCreate event, in ``namespace``."""
@@ -645,19 +715,13 @@ def main(argv: list[str] | None = None) -> int:
                 binaries=cl.Binaries(tuple(dirs)), workdir=work / "cluster", keep=True))
         os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
         run = Run(cluster, Deployer(project, work / "pulumi", cluster.kubeconfig), times)
-        with step("preflight refuses a bare cluster", times):
+        with step(PREFLIGHT, times):
             run.preflight()
         with step("CRDs", times):
             cluster.install_crds()
-        for name, scenario in (
-            ("preview and up (dev stack)", run.first_up),
-            ("one pool's change rolls that pool alone", run.one_pool_change),
-            ("replacement keeps a Ready pod", run.replacement),
-            ("wrong stacks refused by the real admission", run.refused),
-            ("destroy leaves nothing", run.destroy),
-        ):
+        for name in SCENARIOS:
             with step(name, times):
-                scenario()
+                getattr(run, SCENARIOS[name])()
     say("e2e: numbers " + json.dumps(run.numbers, default=str))
     say(f"e2e: all steps ok in {time.monotonic() - started:.1f} s")
     return 0
