@@ -20,7 +20,7 @@ demo: venv
 test: venv
 	$(BIN)/python -m pytest -n 2 -m "not e2e"
 
-# The real engines of the coming `make e2e` (kube-apiserver & co, kwok, the Pulumi CLI and its
+# The real engines of `make e2e` (kube-apiserver & co, kwok, the Pulumi CLI and its
 # Kubernetes provider), built once per machine into $(E2E_CACHE) (default
 # ~/.cache/worker-template-e2e), keyed by their versions (scripts/e2e/build.py).
 e2e-build:
@@ -28,7 +28,10 @@ e2e-build:
 
 # `pulumi up` for real (#33): tests/test_e2e_cluster.py against a real control plane with a
 # kwok node (scripts/e2e/cluster.py: etcd, kube-apiserver, controller-manager, scheduler,
-# kwok). Without the engines it fails in CI and skips on a desk, naming `make e2e-build`.
+# kwok): the harness stops what it started, then a fresh bake's dev stack through the real
+# Pulumi engine (scripts/e2e/run.py: up, one pool's roll, a replacement, wrong stacks
+# refused by the real admission, destroy). Without the engines it fails in CI and skips on
+# a desk, naming `make e2e-build`.
 e2e: venv
 	$(BIN)/python -m pytest tests/test_e2e_cluster.py -m e2e -p no:xdist -p no:cacheprovider -s -v
 
