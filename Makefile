@@ -30,9 +30,9 @@ e2e-build:
 # kwok node (scripts/e2e/cluster.py: etcd, kube-apiserver, controller-manager, scheduler,
 # kwok): the harness stops what it started, then a fresh bake's dev stack through the real
 # Pulumi engine (scripts/e2e/run.py: up, one pool's roll, a replacement, wrong stacks
-# refused by the real admission, destroy). Without the engines it fails in CI and skips on
-# a desk, naming `make e2e-build`.
-e2e: venv
+# refused by the real admission, destroy). It builds the engines first when they are not
+# cached (e2e-build: under a second when they are).
+e2e: venv e2e-build
 	$(BIN)/python -m pytest tests/test_e2e_cluster.py -m e2e -p no:xdist -p no:cacheprovider -s -v
 
 # worker_infra's import contracts (infra/pyproject.toml) and ruff; each bake's own

@@ -191,16 +191,21 @@ class Deployer:
 
 
 class Ops:
-    """The engine's per-resource operations of one run (its events), by URN."""
+    """The engine's per-resource operations of one run (its events), by URN, and its error
+    diagnostics as (URN, message)."""
 
     def __init__(self) -> None:
         self.by_urn: dict[str, list[str]] = {}
+        self.errors: list[tuple[str, str]] = []
 
     def __call__(self, event: Any) -> None:
         pre = getattr(event, "resource_pre_event", None)
         if pre is not None and pre.metadata is not None:
             op = str(getattr(pre.metadata.op, "value", pre.metadata.op))
             self.by_urn.setdefault(pre.metadata.urn, []).append(op)
+        diagnostic = getattr(event, "diagnostic_event", None)
+        if diagnostic is not None and diagnostic.severity == "error":
+            self.errors.append((diagnostic.urn or "", diagnostic.message))
 
     def changed(self) -> dict[str, str]:
         """URN (type::name) -> its ops, joined by ``+`` (a replacement is
@@ -303,14 +308,6 @@ def replica_sets(cluster: cl.Cluster, pool: str) -> list[dict[str, Any]]:
 def cpu_millis(quantity: str) -> int:
     """A CPU quantity (``"250m"``, ``"1"``) in millicores."""
     return int(quantity[:-1]) if quantity.endswith("m") else int(float(quantity) * 1000)
-
-
-def pool_line(error: str) -> str:
-    """The engine error's line that names the sandbox pool, an error's first (for the
-    numbers)."""
-    lines = [line.strip() for line in error.splitlines() if f"{PROJECT}-sandbox" in line]
-    errors = [line for line in lines if "error" in line.lower()]
-    return (errors or lines or [""])[0][:300]
 
 
 def wait_until(what: str, predicate: Callable[[], Any], timeout: float) -> Any:
@@ -612,13 +609,13 @@ class Run:
         error = self.refused_up("rollout under a quota below one pod")
         self.numbers["quota refusal"] = self.refusal(
             namespace, "exceeded quota: sandbox-quota", f"limited: requests.cpu={too_small}")
-        self.numbers["quota refused up error"] = pool_line(error)
+        self.numbers["quota refused up error"] = error[:300]
         # (c) the quota restored, a capability asked for: PodSecurity refuses it.
         self.deployer.transforms = [sandbox_rollout(net_raw)]
         error = self.refused_up("capability")
         self.numbers["capability refusal"] = self.refusal(
             namespace, "violates PodSecurity", "NET_RAW")
-        self.numbers["capability refused up error"] = pool_line(error)
+        self.numbers["capability refused up error"] = error[:300]
         # (d) the stack as baked: the pool Ready again.
         self.deployer.transforms = []
         self.up("restore after the refusals")
@@ -628,17 +625,23 @@ class Run:
 
     def refused_up(self, what: str) -> str:
         """``up`` expected to fail within :data:`REFUSED_WAIT_S` (+ the engine's own time),
-        the sandbox pool named in the engine's error; that error."""
+        with an engine error on the sandbox pool's Deployment (its URN names the pool); that
+        error's message."""
         started = time.monotonic()
-        _, _, _, error = self.up(what, expect_failure=True)
+        _, ops, _, error = self.up(what, expect_failure=True)
         waited = time.monotonic() - started
         (self.deployer.state / f"{what}.error.txt").write_text(error)
         self.numbers[f"{what} s"] = round(waited, 1)
         check(waited < REFUSED_WAIT_S + 90, f"{what}: the refused up waited {waited:.0f} s "
                                             f"for a {REFUSED_WAIT_S} s bound")
-        check(f"{PROJECT}-sandbox" in error, f"{what}: the engine's error does not name the "
-                                            f"pool:\n{error[-3000:]}")
-        return error
+        deployment = f"::{PROJECT}-sandbox-pool-deployment"
+        on_pool = [m for urn, m in ops.errors if urn.endswith(deployment)]
+        check(on_pool, f"{what}: no engine error on the sandbox pool's Deployment "
+                       f"({deployment}): {ops.errors}\n{error[-3000:]}")
+        message = " ".join(on_pool[0].split())
+        check(f"'{PROJECT}-sandbox'" in message, f"{what}: the error does not name the pool: "
+                                                 f"{message}")
+        return message
 
     def refusal(self, namespace: str, *words: str) -> str:
         """The sandbox ReplicaSet's pod refusal that says all of ``words`` (waited for: the
