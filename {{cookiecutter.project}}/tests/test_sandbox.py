@@ -791,7 +791,10 @@ for attack in spec["runs"]:
     payload = {"worker": os.getpid(), "supervisor": os.getppid(), **attack.get("payload", {})}
     limits = sandbox.Limits(**attack["limits"])
     before = state()
-    sibling = None
+    sibling = dumpable = None
+    if attack.get("dumpable"):  # a process of the same uid that never became non-dumpable
+        dumpable = subprocess.Popen(["sleep", "60"], env={"TOKEN": "hunter2"})
+        payload["dumpable"] = dumpable.pid
     if attack.get("sibling"):  # another tenant's run, in flight beside the attack
         sibling = threading.Thread(target=sandbox.run_untrusted, args=(attack["sibling"], None),
                                    kwargs={"limits": sandbox.Limits(wall_seconds=30)})
@@ -806,6 +809,9 @@ for attack in spec["runs"]:
     except sandbox.SandboxUnavailableError as exc:
         result = {"status": "refused", "output": None, "error": str(exc), "logs": "",
                   "layers": []}
+    if dumpable is not None:
+        dumpable.kill()
+        dumpable.wait()
     if sibling is not None:
         sibling.join()
         while os.path.exists(f"/proc/self/task/{sibling.native_id}"):  # the OS thread's exit
@@ -1288,7 +1294,7 @@ def main(p):
     out = {"proc": sorted(os.listdir("/proc"))}
     sibling = find_sibling(p["marker"])
     for role, pid in (("supervisor", p["supervisor"]), ("worker", p["worker"]),
-                      ("sibling", sibling)):
+                      ("sibling", sibling), ("dumpable", p.get("dumpable"))):
         if pid is None:
             out[role] = "not found"
             continue
@@ -1296,6 +1302,7 @@ def main(p):
         out[role + "-mem"] = probe(f"/proc/{pid}/mem", os.O_RDWR)
         out[role + "-cwd"] = listing(f"/proc/{pid}/cwd")
         out[role + "-fd"] = listing(f"/proc/{pid}/fd")
+        out[role + "-fd0"] = probe(f"/proc/{pid}/fd/0", os.O_RDONLY)
     return out
 """
 )
@@ -1312,9 +1319,12 @@ def test_no_other_process_of_the_pod_is_open_to_a_snippet(
     Every process of the pod but the snippet is non-dumpable (the supervisor and the worker
     processes from __main__'s first lines, the launcher from its own), so each is refused;
     where the run has a mount namespace its /proc shows itself alone (private-proc), which
-    also hides processes in their first milliseconds, still dumpable."""
+    also hides processes in their first milliseconds, still dumpable. A process of the
+    worker's uid that stays dumpable (``sleep``: what any process is from its exec until its
+    first lines run) is refused too, in every configuration that runs: private-proc, or
+    Landlock's ptrace scope (the one with neither is refused: test_no_file_wall_is_refused)."""
     limits = asdict(Limits(cpu_seconds=5, wall_seconds=30))
-    runs = [{"source": PROC_ATTACK, "limits": limits, "sibling": SIBLING,
+    runs = [{"source": PROC_ATTACK, "limits": limits, "sibling": SIBLING, "dumpable": True,
              "payload": {"marker": str(workdirs)}}]  # fmt: skip
     (result,) = drive(driver_tree, config, runs, workdirs)
     assert result["status"] == "ok", (result["error"], result["logs"][-2000:])
@@ -1325,6 +1335,11 @@ def test_no_other_process_of_the_pod_is_open_to_a_snippet(
         assert output.pop("sibling") == "not found"
     else:
         assert "sibling" not in output, "the sibling run was not found"
+    # Listing /proc/<pid>/fd checks the directory's owner and mode only: where Landlock is the
+    # wall, a process of the same uid still dumpable shows its descriptor numbers (never what
+    # they are: dumpable-fd0 is refused, as are its environ, mem and cwd).
+    listed = output.pop("dumpable-fd")
+    assert listed[0] == "refused" or all(name.isdigit() for name in listed[1]), listed
     opened = {name: pair for name, pair in output.items() if pair[0] != "refused"}
     assert opened == {}
     assert "hunter2" not in json.dumps(output)
