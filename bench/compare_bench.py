@@ -73,6 +73,14 @@ CEILING_PIPELINE = 32
 #: Client processes of the ceiling loop (the best is the ceiling).
 CEILING_CLIENTS = (1, 2, 3)
 SHORT_JOBS = 20
+#: Phases of a job in the profile: a sample counts for a phase when a frame of its stack runs
+#: the function named (qualified as py-spy names it).
+PHASES = {
+    "job body": "Actor.__call__",
+    "middleware before": "SettlingRedisBroker.emit_before",
+    "middleware after": "SettlingRedisBroker.emit_after",
+    "settle + take next": "SettlingConsumer._settle",
+}
 REDELIVERY_JOBS = 6
 
 
@@ -253,7 +261,7 @@ def profile(bench: _tools.Bench, jobs: int) -> dict[str, Any]:
         run = bench.new_run()
         bench.prepare(worker, run, [0.0] * jobs)
         recorder = subprocess.Popen(
-            [spy, "record", "--pid", str(target), "--gil", "--rate", "200", "--format", "raw",
+            [spy, "record", "--pid", str(target), "--gil", "--rate", "400", "--format", "raw",
              "--output", str(out), "--nonblocking"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         time.sleep(1.0)
@@ -280,6 +288,7 @@ def profile(bench: _tools.Bench, jobs: int) -> dict[str, Any]:
         return result
     self_time: Counter[str] = Counter()
     inclusive: Counter[str] = Counter()
+    phases: Counter[str] = Counter()
     total = 0
     for line in out.read_text().splitlines():
         stack, _, count_text = line.rpartition(" ")
@@ -292,6 +301,10 @@ def profile(bench: _tools.Bench, jobs: int) -> dict[str, Any]:
             continue
         function, filename = frames[-1][:-1].split(" (", 1)
         self_time[_module_of(filename.rsplit(":", 1)[0])] += count
+        functions = {frame.split(" (", 1)[0] for frame in frames}
+        for phase, name in PHASES.items():
+            if name in functions:
+                phases[phase] += count
         seen = set()
         for frame in frames:
             function, location = frame[:-1].split(" (", 1)
@@ -303,6 +316,7 @@ def profile(bench: _tools.Bench, jobs: int) -> dict[str, Any]:
                     seen.add(key)
                     inclusive[key] += count
     result["samples"] = total
+    result["phase_share"] = {k: round(phases[k] / total, 3) if total else 0 for k in PHASES}
     result["self_share"] = {k: round(v / total, 3) for k, v in self_time.most_common(14)}
     result["service_inclusive_share"] = {k: round(v / total, 3)
                                          for k, v in inclusive.most_common(14)}

@@ -118,6 +118,9 @@ def compare(results: dict[str, Any]) -> Iterator[Row]:
                "self time)", f"{prof['worker_cpu_us_per_job']:.0f} us CPU per job",
                f"wall {prof['wall_us_per_job']:.0f} us, redis-server "
                f"{prof['redis_cpu_us_per_job']:.0f} us per job", top3)
+        if "phase_share" in prof:
+            yield ("profile: the same samples by phase (a stack in it)",
+                   ", ".join(f"{k} {v:.0%}" for k, v in prof["phase_share"].items()), "", "")
     if "head_of_line" in results:
         hol = results["head_of_line"]
         for tool in TOOLS:
