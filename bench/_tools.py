@@ -146,11 +146,12 @@ def group_pids(leaders: Sequence[int]) -> list[int]:
     return sorted(found)
 
 
-def rss_mb(pid: int) -> float:
-    """Resident memory of ``pid`` in MiB (0 when it is gone)."""
+def rss_mb(pid: int, field: str = "Rss") -> float:
+    """Resident memory of ``pid`` in MiB (0 when it is gone); ``field="Pss"``: its
+    proportional share (pages shared with other processes, a fork's, divided among them)."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) / 1024
     except OSError:
         pass

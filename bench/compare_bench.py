@@ -31,7 +31,8 @@ The runtimes, the job body and the staged batches are ``bench/_tools.py``'s (the
   redelivers an unacknowledged message after its ``visibility_timeout`` (3,600 s by
   default); with early acks (its default) a running job is already acknowledged and lost.
 * ``footprint``: per runtime (1 process, 8 threads, its defaults), resident memory of all its
-  processes at idle and after ``--jobs`` (default 10,000) no-op jobs, and Redis round trips
+  processes at idle and after ``--jobs`` (default 10,000) no-op jobs (RSS, and PSS: a forked
+  child's pages shared with its parent counted once), and Redis round trips
   (``INFO stats``: ``total_reads_processed``, one per request a client sends, a pipeline's
   included) and commands (``total_commands_processed``: a script's own counted one by one)
   per idle second over ``--window`` s and per job, less the bench's own calls and the job
@@ -421,6 +422,7 @@ def footprint(bench: _tools.Bench, jobs: int, window: float, tools: list[str]) -
             time.sleep(2.0)
             pids = bench.pids(worker)
             idle_rss = sum(_tools.rss_mb(p) for p in pids)
+            idle_pss = sum(_tools.rss_mb(p, "Pss") for p in pids)
             reads, commands = _counters(client)
             started = time.monotonic()
             time.sleep(window)
@@ -445,12 +447,14 @@ def footprint(bench: _tools.Bench, jobs: int, window: float, tools: list[str]) -
             job_commands = (commands2 - commands - own_commands - BODY_CALLS * jobs) / jobs
             time.sleep(1.0)
             per_process = [round(_tools.rss_mb(p), 1) for p in bench.pids(worker)]
+            pss_after = sum(_tools.rss_mb(p, "Pss") for p in bench.pids(worker))
         finally:
             bench.stop(worker)
         result[tool] = {
             "processes": len(pids), "idle_rss_mb": round(idle_rss, 1),
             "rss_after_jobs_mb": round(sum(per_process), 1),
             "per_process_rss_mb": per_process,
+            "idle_pss_mb": round(idle_pss, 1), "pss_after_jobs_mb": round(pss_after, 1),
             "idle_round_trips_per_s": round(idle_reads, 2),
             "idle_commands_per_s": round(idle_commands, 2),
             "round_trips_per_job": round(job_reads, 3),

@@ -150,9 +150,10 @@ def compare(results: dict[str, Any]) -> Iterator[Row]:
             if tool in foot:
                 r = foot[tool]
                 yield (f"footprint, {foot['threads']} threads, {r['processes']} process(es): "
-                       f"{_label(tool)} (RSS idle / after {foot['jobs']:,} jobs; Redis round "
-                       "trips (commands))",
-                       f"{r['idle_rss_mb']:.0f} / {r['rss_after_jobs_mb']:.0f} MB",
+                       f"{_label(tool)} (RSS idle / after {foot['jobs']:,} jobs (PSS); Redis "
+                       "round trips (commands))",
+                       f"{r['idle_rss_mb']:.0f} / {r['rss_after_jobs_mb']:.0f} MB "
+                       f"({r.get('pss_after_jobs_mb', 0):.0f} MB)",
                        f"{_f(r['round_trips_per_job'])} ({_f(r['commands_per_job'])}) per job",
                        f"{_f(r['idle_round_trips_per_s'], 1)} ({_f(r['idle_commands_per_s'], 1)})"
                        " per idle s")
