@@ -136,6 +136,11 @@ def test_serialized_handler_stops_rising(service: Path, redis_url: str) -> None:
     # Whatever the load, the lock lets through at most one 20 ms job at a time.
     assert max(rates(report)) < 1 / 0.02 * 1.05, report
     assert_queue_empty(redis_url)
+    # The result is kept as the queue's last one, for the console's chart
+    # (tests/test_console.py draws one of this shape).
+    stored = json.loads(redis.Redis.from_url(redis_url).get("dramatiq:__capacity__.notifications"))
+    assert stored.pop("measured_at_ms") > 1_700_000_000_000
+    assert stored == report
 
 
 def test_a_disturbed_round_is_reported(service: Path, redis_url: str, tmp_path: Path) -> None:

@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 import redis
-from _lifecycle import QUEUE, Jobs, Worker, get, lc_project, started, wait_for
+from _lifecycle import QUEUE, Jobs, Worker, get, lc_project, started, wait_for, workers
 from bakery import PYTHON, free_port, package_of, project_env
 from dramatiq import Message
 
-__all__ = ["lc_project"]
+__all__ = ["lc_project", "workers"]
 
 pytestmark = pytest.mark.slow
 
@@ -108,6 +108,19 @@ def kill_letter(client: redis.Redis, queue: str, actor: str, *args: Any, reason:
     return redis_id
 
 
+def replay_in(page: Any, url: str, redis_id: str, token: str) -> int:
+    """Open the dead letters at ``url``, select ``redis_id``, sign as alice with ``token``,
+    confirm and press replay: the status of the answer."""
+    page.goto(url)
+    page.check(f"input[name=id][value='{redis_id}']")
+    page.fill("input[name=who]", "alice")
+    page.fill("input[name=token]", token)
+    page.check("input[name=confirm]")
+    with page.expect_response(lambda r: r.url.endswith("/dead/act")) as response:
+        page.click("button[value=replay]")
+    return int(response.value.status)
+
+
 def test_the_overview_shows_a_queue_depth_and_a_running_job(
         browser: Any, consoles: Any, lc_project: Path, redis_url: str, tmp_path: Path) -> None:
     jobs = Jobs(redis_url)
@@ -147,16 +160,8 @@ def test_a_dead_letter_is_replayed_with_the_token_and_refused_without_it(
         page.goto(f"{console.url}/dead?queue=reports")
         assert "2 dead letters on reports" in page.inner_text("body")
 
-        def submit(token: str, confirm: bool = True) -> int:
-            page.goto(f"{console.url}/dead?queue=reports")
-            page.check(f"input[name=id][value='{chosen}']")
-            page.fill("input[name=who]", "alice")
-            page.fill("input[name=token]", token)
-            if confirm:
-                page.check("input[name=confirm]")
-            with page.expect_response(lambda r: r.url.endswith("/dead/act")) as response:
-                page.click("button[value=replay]")
-            return int(response.value.status)
+        def submit(token: str) -> int:
+            return replay_in(page, f"{console.url}/dead?queue=reports", chosen, token)
 
         assert submit("wrong-token") == 403
         assert "Refused: wrong or missing token; nothing was changed" in page.inner_text("body")
@@ -239,3 +244,119 @@ def test_the_console_binds_localhost_and_names_a_busy_port(lc_project: Path,
             capture_output=True, text=True, timeout=30)
     assert refused.returncode == 78
     assert f"console: cannot listen on 127.0.0.1:{port}" in refused.stderr
+
+
+def capacity_result(actor: str, levels: list[Any], knee: Any) -> bytes:
+    """A stored ``capacity`` result as the command writes it (tests/test_capacity.py checks
+    the command writes this shape at this key)."""
+    return json.dumps({"actor": actor, "queue": "reports", "pool": "batch", "jobs": 64,
+                       "rounds": 3, "min_gain": 0.1, "levels": levels, "stops_rising_at": knee,
+                       "noisy": [], "measured_at_ms": 1_700_000_000_000}).encode()
+
+
+def test_the_capacity_page_charts_the_stored_result_inert(
+        browser: Any, consoles: Any, redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    levels = [{"concurrency": c, "jobs_per_s": rate, "gain": None, "rounds": rounds}
+              for c, rate, rounds in ((1, 9.5, [9.5, 9.1, 8.7]), (2, 18.9, [18.9, 17.0, 18.2]),
+                                      (4, 20.1, [20.1, 19.5, 19.9]))]
+    levels.append({"concurrency": 8, "jobs_per_s": "NaN<img src=x onerror=alert(2)>"})
+    client.set(f"dramatiq:__capacity__.{QUEUE}", b"not json <script>alert(3)</script>")
+    console = consoles()
+    page = browser.new_page()
+    dialogs: list[str] = []
+    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+    try:
+        response = page.goto(console.url + "/capacity")
+        assert response is not None and response.status == 200
+        assert "No capacity result stored" not in page.inner_text("body")
+        assert "The stored result is not readable" in page.inner_text("body")
+        assert page.locator("svg").count() == 0
+        client.set("dramatiq:__capacity__.reports", capacity_result(HOSTILE, levels, 2))
+        response = page.goto(console.url + "/capacity")
+        assert response is not None and response.status == 200
+        assert response.headers["content-security-policy"].startswith("default-src 'none'")
+        chart = page.locator("svg")
+        assert chart.count() == 1 and chart.get_attribute("role") == "img"
+        assert chart.bounding_box()["width"] > 300  # type: ignore[index]
+        # One point per level of numbers (the garbled level is left out), each round a dot,
+        # the level where throughput stops rising marked, and the line through the points.
+        assert chart.locator("circle.level").count() == 3
+        assert chart.locator("circle.round").count() == 9
+        assert chart.locator("line.knee").count() == 1
+        heights = [float(chart.locator("circle.level").nth(i).get_attribute("cy") or "")
+                   for i in range(3)]
+        assert heights[0] > heights[1] > heights[2]  # higher rate, higher on the page
+        knee_x = chart.locator("line.knee").get_attribute("x1")
+        assert knee_x == chart.locator("circle.level").nth(1).get_attribute("cx")
+        assert len((chart.locator("polyline.best").get_attribute("points") or "").split()) == 3
+        body = page.inner_text("body")
+        assert "Throughput stops rising at concurrency 2." in body and "2023-11-14T" in body
+        assert "<script>document.title='pwned'" in body  # the hostile actor name, as text
+        assert page.locator("script").count() == 0 and page.locator("img").count() == 0
+        assert page.title() != "pwned" and page.evaluate("window.pwned") is None
+        rows = page.locator("table").first.locator("tbody tr")
+        assert [rows.nth(i).locator("td").first.inner_text() for i in range(3)] == [
+            "1", "2", "4"]
+        assert dialogs == []
+    finally:
+        page.close()
+
+
+def test_the_exporter_mounts_the_console_only_when_asked(
+        browser: Any, workers: Any, redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    kept = kill_letter(client, "reports", "build_report", 1, reason="KeyError: 'q5'")
+    chosen = kill_letter(client, "reports", "build_report", 2, reason="KeyError: 'q6'")
+    plain = workers()
+    read_only = workers(CONSOLE_IN_EXPORTER="true")
+    acting = workers(CONSOLE_IN_EXPORTER="true", CONSOLE_TOKEN=TOKEN)
+
+    def serving(worker: Worker) -> bool:
+        try:
+            return "queue_depth" in worker.metrics()
+        except OSError:
+            return False
+
+    for worker in (plain, read_only, acting):
+        wait_for(lambda w=worker: serving(w), 60, "the exporter to serve")
+    # Off by default: the exporter serves its own paths only.
+    assert get(f"http://127.0.0.1:{plain.port}/console/")[0] == 404
+    assert not plain.records("console_start")
+    page = browser.new_page()
+    try:
+        base = f"http://127.0.0.1:{read_only.port}/console"
+        response = page.goto(base + "/")
+        assert response is not None and response.status == 200
+        headers = response.headers
+        assert headers["content-security-policy"].startswith("default-src 'none'")
+        assert headers["x-frame-options"] == "DENY" and headers["cache-control"] == "no-store"
+        assert "Read-only: set CONSOLE_TOKEN" in page.inner_text("body")
+        # Every link stays under the mount (the stylesheet too).
+        hrefs = page.eval_on_selector_all("a, link", "els => els.map(e => e.getAttribute('href'))")
+        assert hrefs and all(href.startswith("/console/") for href in hrefs), hrefs
+        page.click("text=Capacity")
+        assert page.url == base + "/capacity"
+        page.goto(f"{base}/dead?queue=reports")
+        assert "2 dead letters on reports" in page.inner_text("body")
+        assert page.locator("input[name=token]").count() == 0
+        crafted = page.request.post(f"{base}/dead/act", form={
+            "queue": "reports", "id": kept, "token": TOKEN, "confirm": "yes", "who": "mallory",
+            "action": "purge"})
+        assert crafted.status == 403 and "read-only" in crafted.text()
+        assert client.zcard("dramatiq:reports.XQ") == 2
+        assert "queue_depth" in read_only.metrics()  # /metrics beside it, unchanged
+
+        # With CONSOLE_TOKEN in the worker's environment, the mounted console acts.
+        base = f"http://127.0.0.1:{acting.port}/console"
+        assert replay_in(page, f"{base}/dead?queue=reports", chosen, TOKEN) == 200
+        assert "Replayed 1 of 1 selected dead letters" in page.inner_text("body")
+        assert client.zrange("dramatiq:reports.XQ", 0, -1) == [kept.encode()]
+        [action] = acting.records("console_action")
+        assert (action["outcome"], action["who"], action["ids"]) == ("replayed", "alice",
+                                                                     [chosen])
+        [started_line] = acting.records("console_start")
+        assert "actions enabled" in started_line["msg"]
+        assert "read-only" in read_only.records("console_start")[0]["msg"]
+    finally:
+        page.close()

@@ -20,12 +20,15 @@ from typing import Any
 import pytest
 import yaml
 from worker_infra.policy import (
+    Endpoint,
     cpu_trigger_problems,
+    endpoint,
     isolation_problems,
     of_kind,
     pod_env,
     pod_pool,
     pod_pools_file,
+    reachable,
     restricted_problems,
     sandbox_problems,
     validate_strict,
@@ -114,6 +117,74 @@ def stack_config(project: Path, stack: str) -> dict[str, Any]:
         "config"
     ]
     return {k.split(":", 1)[1]: v for k, v in data.items()}
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_sandbox_cannot_reach_a_console_or_exporter(rendered: Any, stack: str) -> None:
+    """The rendered NetworkPolicies, evaluated as Kubernetes defines them
+    (worker_infra.policy.reachable; no CNI enforces them here: the e2e cluster's nodes are
+    kwok's): a sandbox pod reaches DNS and the broker, and no port of any worker, scheduler
+    or other sandbox pod: neither the exporter (METRICS_PORT, where CONSOLE_IN_EXPORTER
+    mounts the console) nor the console's own port."""
+    project, objects = rendered["default", stack]
+    policies = of_kind(objects, "NetworkPolicy")
+    sandbox_ns = f"{project.name}-sandbox"
+    (sandbox,) = [
+        d for d in of_kind(objects, "Deployment") if d["metadata"]["namespace"] == sandbox_ns
+    ]
+    source = endpoint(objects, sandbox)
+    redis = stack_config(project, stack)["redis"]
+    broker = Endpoint(
+        redis["namespace"],
+        {"kubernetes.io/metadata.name": redis["namespace"]},
+        redis["podSelector"],
+    )
+    dns = Endpoint(
+        "kube-system", {"kubernetes.io/metadata.name": "kube-system"}, {"k8s-app": "kube-dns"}
+    )
+    # What the rules admit (the evaluation is not a blanket no).
+    assert reachable(policies, source, broker, int(redis["port"]))
+    assert reachable(policies, source, dns, 53, "UDP")
+    assert not reachable(policies, source, broker, 9191)
+    console_port = baked_constant(project, "console", "DEFAULT_PORT")
+    targets = of_kind(objects, "Deployment")
+    assert len(targets) == len(workers(objects)) + 1  # every pool's, the scheduler's
+    for deployment in targets:
+        target = endpoint(objects, deployment, ip="10.1.2.3")
+        ports = {
+            port["containerPort"]
+            for c in deployment["spec"]["template"]["spec"]["containers"]
+            for port in c.get("ports", [])
+        }
+        assert ports  # the exporter's METRICS_PORT
+        for port in sorted(ports | {console_port, int(redis["port"])}):
+            assert not reachable(policies, source, target, port), (
+                deployment["metadata"]["name"],
+                port,
+            )
+    # The same evaluation finds a policy that would open the way.
+    opened = {
+        "kind": "NetworkPolicy",
+        "metadata": {"namespace": sandbox_ns, "name": "planted"},
+        "spec": {
+            "podSelector": {},
+            "policyTypes": ["Egress"],
+            "egress": [
+                {
+                    "to": [
+                        {
+                            "namespaceSelector": {
+                                "matchLabels": {"kubernetes.io/metadata.name": project.name}
+                            }
+                        }
+                    ]
+                }
+            ],
+        },
+    }
+    worker = endpoint(objects, workers(objects)[0])
+    assert reachable([*policies, opened], source, worker, 9191)
+    assert sandbox_problems([*objects, opened], sandbox_ns) != []
 
 
 @pytest.mark.parametrize(("context", "stack"), CASES)

@@ -8,7 +8,9 @@ Every ``*_problems`` function returns a list of human-readable problems, empty w
 from __future__ import annotations
 
 import functools
+import ipaddress
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 K8S_VERSION = "1.30"
@@ -277,3 +279,138 @@ def sandbox_problems(
             ):
                 problems.append(f"{namespace}: pod gets {e['name']} in plain text")
     return problems
+
+
+# NetworkPolicy semantics, evaluated over rendered objects (no CNI needed): which connections
+# the policies admit, as Kubernetes defines it (networking.k8s.io/v1).
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A pod as NetworkPolicies see it: its namespace and that namespace's labels (the API
+    server sets ``kubernetes.io/metadata.name``), its labels, its address (for ``ipBlock``
+    peers; None: matched by no block) and its named ports (name -> (protocol, port))."""
+
+    namespace: str
+    namespace_labels: Mapping[str, str]
+    labels: Mapping[str, str]
+    ip: str | None = None
+    named_ports: Mapping[str, tuple[str, int]] = field(default_factory=dict)
+
+
+def endpoint(objects: Iterable[Obj], deployment: Obj, ip: str | None = None) -> Endpoint:
+    """The pods of rendered ``deployment`` as an :class:`Endpoint` (its namespace's labels
+    from the rendered Namespace when there is one)."""
+    namespace = deployment["metadata"]["namespace"]
+    labels = {"kubernetes.io/metadata.name": namespace}
+    for ns in of_kind(objects, "Namespace"):
+        if ns["metadata"]["name"] == namespace:
+            labels.update(ns["metadata"].get("labels") or {})
+    pod = deployment["spec"]["template"]
+    named = {
+        port["name"]: (port.get("protocol", "TCP"), port["containerPort"])
+        for container in pod["spec"]["containers"]
+        for port in container.get("ports", [])
+        if port.get("name")
+    }
+    return Endpoint(namespace, labels, pod["metadata"].get("labels") or {}, ip, named)
+
+
+def selects(selector: Obj | None, labels: Mapping[str, str]) -> bool:
+    """Whether label ``selector`` (``matchLabels`` and ``matchExpressions``) selects
+    ``labels``; an empty selector selects everything."""
+    if selector is None:
+        return True
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if labels.get(key) != value:
+            return False
+    for expression in selector.get("matchExpressions") or []:
+        key, operator = expression["key"], expression["operator"]
+        values = expression.get("values") or []
+        present = key in labels
+        if (
+            (operator == "In" and not (present and labels[key] in values))
+            or (operator == "NotIn" and present and labels[key] in values)
+            or (operator == "Exists" and not present)
+            or (operator == "DoesNotExist" and present)
+        ):
+            return False
+    return True
+
+
+def _peer_matches(peer: Obj, policy_namespace: str, other: Endpoint) -> bool:
+    if "ipBlock" in peer:
+        if other.ip is None:
+            return False
+        address = ipaddress.ip_address(other.ip)
+        block = peer["ipBlock"]
+        return address in ipaddress.ip_network(block["cidr"]) and not any(
+            address in ipaddress.ip_network(cidr) for cidr in block.get("except") or []
+        )
+    if "namespaceSelector" in peer:
+        namespace_ok = selects(peer["namespaceSelector"], other.namespace_labels)
+    else:  # a podSelector alone: pods of the policy's own namespace
+        namespace_ok = other.namespace == policy_namespace
+    return namespace_ok and selects(peer.get("podSelector"), other.labels)
+
+
+def _port_matches(rule_port: Obj, port: int, protocol: str, target: Endpoint) -> bool:
+    if rule_port.get("protocol", "TCP") != protocol:
+        return False
+    wanted = rule_port.get("port")
+    if wanted is None:
+        return True
+    if isinstance(wanted, str):  # a named port of the destination pod
+        return target.named_ports.get(wanted) == (protocol, port)
+    return bool(wanted <= port <= rule_port.get("endPort", wanted))
+
+
+def admits(
+    policies: Iterable[Obj],
+    direction: str,
+    pod: Endpoint,
+    other: Endpoint,
+    port: int,
+    protocol: str = "TCP",
+) -> bool:
+    """Whether ``policies`` admit ``pod``'s side of a connection with ``other`` on ``port``:
+    ``direction`` ``Egress`` (``pod`` connects to ``other``, whose port it is) or ``Ingress``
+    (``other`` connects to ``pod``'s port). A pod no policy of its namespace selects for
+    that direction is not isolated (all admitted); an isolated one is admitted only what one
+    rule of a selecting policy admits (peers: ``to``/``from``, absent: any; ports absent:
+    any)."""
+    key = "to" if direction == "Egress" else "from"
+    target = other if direction == "Egress" else pod
+    selecting = [
+        p
+        for p in policies
+        if p["metadata"].get("namespace") == pod.namespace
+        and selects(p["spec"].get("podSelector"), pod.labels)
+        and direction
+        in p["spec"].get("policyTypes", ["Ingress", *(["Egress"] if "egress" in p["spec"] else [])])
+    ]
+    if not selecting:
+        return True
+    return any(
+        (
+            not rule.get(key)
+            or any(_peer_matches(peer, p["metadata"]["namespace"], other) for peer in rule[key])
+        )
+        and (
+            not rule.get("ports")
+            or any(_port_matches(rp, port, protocol, target) for rp in rule["ports"])
+        )
+        for p in selecting
+        for rule in p["spec"].get(direction.lower()) or []
+    )
+
+
+def reachable(
+    policies: Iterable[Obj], source: Endpoint, target: Endpoint, port: int, protocol: str = "TCP"
+) -> bool:
+    """Whether ``source`` may open a connection to ``target``'s ``port``: its own namespace's
+    policies admit the egress and ``target``'s admit the ingress."""
+    policies = list(policies)
+    return admits(policies, "Egress", source, target, port, protocol) and admits(
+        policies, "Ingress", target, source, port, protocol
+    )

@@ -9,12 +9,8 @@ import redis
 from prometheus_client import CollectorRegistry, generate_latest
 
 from {{ cookiecutter.package }} import layout
-from {{ cookiecutter.package }}.exporter import (
-    POOL_SERIES_LABEL,
-    BacklogCollector,
-    due_ms,
-    read_backlog,
-)
+from {{ cookiecutter.package }}.backlog import due_ms, read_backlog
+from {{ cookiecutter.package }}.exporter import POOL_SERIES_LABEL, BacklogCollector
 
 NOW_S = 1_900_000_000.0
 

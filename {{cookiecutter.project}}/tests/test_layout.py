@@ -77,12 +77,12 @@ def test_replay_and_purge_take_a_dead_letter_once(client: redis.Redis) -> None:
     zset, bodies = layout.dead_letter_keys("q")
     client.zadd(zset, {"x": 1, "y": 2})
     client.hset(bodies, mapping={"x": b"x", "y": b"y"})
-    assert layout.replay_dead_letter(client, "q", "x", "x2", b"fresh")
-    assert not layout.replay_dead_letter(client, "q", "x", "x3", b"fresh")
+    assert layout.replay_dead_letters(client, "q", [("x", "x2", b"fresh")]) == 1
+    assert layout.replay_dead_letters(client, "q", [("x", "x3", b"fresh")]) == 0
     assert client.lrange(layout.queue_key("q"), 0, -1) == [b"x2"]
     assert client.hget(layout.bodies_key("q"), "x2") == b"fresh"
-    assert layout.purge_dead_letter(client, "q", "y")
-    assert not layout.purge_dead_letter(client, "q", "y")
+    assert layout.purge_dead_letters(client, "q", ["y", "y"]) == 1
+    assert layout.purge_dead_letters(client, "q", ["y"]) == 0
     assert client.zcard(zset) == 0 and client.hlen(bodies) == 0
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import importlib
 import json
 import os
 import sys
@@ -57,8 +58,6 @@ _nondumpable()
 def _worker_process(settings: Settings) -> int:
     """One worker process, given its collaborators: the broker, its shutdown middleware,
     the process's lifecycle, and the actors to declare once it has booted."""
-    import importlib
-
     from .broker import broker, middleware_of
     from .lifecycle import LIFECYCLE
     from .middleware import GracefulShutdown
@@ -152,7 +151,20 @@ def _schedules(args: argparse.Namespace) -> int:
     return list_schedules(as_json=args.json, count=args.next)
 
 
-def parser() -> argparse.ArgumentParser:
+#: Commands whose own module adds them (``adder(commands)``): imported only when that command
+#: runs, or when the whole list is needed (``--help``, a mistyped command). ``status`` then
+#: imports neither capacity's models nor the console's pages.
+PLUGGED = {
+    "dlq": (".dlq", "add_commands"),
+    "capacity": (f"{__package__}_bench.capacity", "add_command"),
+    "status": (".status", "add_command"),
+    "console": (".console", "add_command"),
+}
+
+
+def parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The CLI's parser; given the ``command`` about to run, only that one of the
+    :data:`PLUGGED` commands is imported (default None: all)."""
     root = argparse.ArgumentParser(
         prog="{{ cookiecutter.project }}",
         description=__doc__,
@@ -200,25 +212,15 @@ def parser() -> argparse.ArgumentParser:
     listing.add_argument("--next", type=int, default=3, metavar="N", help="fire times shown")
     listing.set_defaults(run=_schedules)
 
-    from .dlq import add_commands as add_dlq_commands
-
-    add_dlq_commands(commands)
-    from {{ cookiecutter.package }}_bench.capacity import (
-        add_command as add_capacity_command,
-    )
-
-    add_capacity_command(commands)
-    from .status import add_command as add_status_command
-
-    add_status_command(commands)
-    from .console import add_command as add_console_command
-
-    add_console_command(commands)
+    for name, (module, adder) in PLUGGED.items():  # only the one that runs (all for --help)
+        if command not in PLUGGED or command == name:
+            getattr(importlib.import_module(module, __package__), adder)(commands)
     return root
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    args = parser(words[0] if words else None).parse_args(words)
     code: int = args.run(args)
     return code
 

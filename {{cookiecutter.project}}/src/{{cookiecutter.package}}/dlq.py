@@ -173,24 +173,14 @@ def count(client: redis.Redis, queue: str) -> int:
 def dead_letters(
     client: redis.Redis, queue: str, limit: int | None = None, max_bytes: int | None = None
 ) -> list[DeadLetter]:
-    """The dead letters of ``queue``, oldest first.
+    """The dead letters of ``queue``, oldest first (:func:`read_page` from rank 0).
 
     Parameters:
       limit: at most this many (default: all).
       max_bytes: ``MAX_MESSAGE_BYTES`` (see :attr:`DeadLetter.max_bytes`).
     """
-    zset, bodies = dead_letter_keys(queue)
-    stop = -1 if limit is None else limit - 1
-    entries = cast(list[tuple[Any, float]], client.zrange(zset, 0, stop, withscores=True))
-    if not entries:
-        return []
-    ids = [layout.text(raw_id) for raw_id, _ in entries]
-    stored = client.hmget(bodies, ids)
-    letters = [
-        DeadLetter(queue, redis_id, int(score), layout.raw_bytes(body), max_bytes)
-        for (redis_id, (_, score), body) in zip(ids, entries, stored, strict=True)
-    ]
-    return _still_dead(client, zset, letters)
+    size = count(client, queue) if limit is None else limit
+    return read_page(client, queue, 0, size, max_bytes) if size > 0 else []
 
 
 def read_page(
@@ -365,21 +355,26 @@ def fresh_copy(letter: DeadLetter, now_ms: int | None = None) -> Message[Any]:
     )
 
 
-def replay(client: redis.Redis, letter: DeadLetter, now_ms: int | None = None) -> bool:
-    """Move ``letter`` back to the tail of its ready queue; False when it was already gone.
-    Its ``message_timestamp`` is ``now_ms`` (default: Redis's clock, ``TIME``, as every
-    timestamp the worker writes: the backlog's age of the replayed message is then right
+def replay_page(
+    client: redis.Redis, queue: str, letters: Iterable[DeadLetter], now_ms: int | None = None
+) -> tuple[int, list[str]]:
+    """Move ``letters`` (of ``queue``) back to the tail of their ready queue, as fresh runs
+    (:func:`fresh_copy`), in one round trip; (how many moved, one line per letter skipped
+    because it cannot run). A letter already gone (replayed or purged meanwhile) is neither.
+    Each is stamped ``now_ms`` (default: Redis's clock, ``TIME``, read once, as every
+    timestamp the worker writes: the backlog's age of a replayed message is then right
     whatever the clock of the host that replays it)."""
-    message = fresh_copy(letter, layout.redis_now_ms(client) if now_ms is None else now_ms)
-    new_id = message.options[layout.REDIS_MESSAGE_ID]
-    return layout.replay_dead_letter(
-        client, letter.queue, letter.redis_id, new_id, message.encode()
-    )
-
-
-def purge(client: redis.Redis, letter: DeadLetter) -> bool:
-    """Delete ``letter``; False when it was already gone."""
-    return layout.purge_dead_letter(client, letter.queue, letter.redis_id)
+    now_ms = layout.redis_now_ms(client) if now_ms is None else now_ms
+    moves: list[tuple[str, str, bytes]] = []
+    skipped: list[str] = []
+    for letter in letters:
+        try:
+            message = fresh_copy(letter, now_ms)
+        except DeadLetterError as error:
+            skipped.append(str(error))
+            continue
+        moves.append((letter.redis_id, message.options[layout.REDIS_MESSAGE_ID], message.encode()))
+    return layout.replay_dead_letters(client, queue, moves), skipped
 
 
 # The command line.
@@ -610,21 +605,13 @@ def _replay(client: redis.Redis, args: argparse.Namespace) -> int:
 
     def act(page: list[DeadLetter]) -> tuple[int, int]:
         nonlocal moved, gone, skipped
-        moves: list[tuple[str, str, bytes]] = []
-        now_ms = layout.redis_now_ms(client)  # Redis's clock, read once a page
-        for letter in page:
-            try:
-                message = fresh_copy(letter, now_ms)
-            except DeadLetterError as error:  # only with --all: named ones were checked
-                print(f"dlq replay: skipped: {error}", file=sys.stderr)
-                skipped += 1
-                continue
-            new_id = message.options[layout.REDIS_MESSAGE_ID]
-            moves.append((letter.redis_id, new_id, message.encode()))
-        done = layout.replay_dead_letters(client, page[0].queue, moves)
-        moved, gone = moved + done, gone + len(moves) - done
+        done, problems = replay_page(client, page[0].queue, page)  # only --all skips any:
+        for problem in problems:  # named ones were checked
+            print(f"dlq replay: skipped: {problem}", file=sys.stderr)
+        moved, skipped = moved + done, skipped + len(problems)
+        gone += len(page) - len(problems) - done
         progress.step(len(page))
-        return done, len(page) - len(moves)
+        return done, len(problems)
 
     _each_page(client, args, act)
     said = f"replayed {_plural(moved)}" + (f" ({gone} already gone)" if gone else "")
@@ -687,14 +674,26 @@ def _command(
     return command
 
 
+QUEUE_HELP = "one queue (default: every queue of pools.toml)"
+
+
+def _selecting(actions: Any, name: str, help_text: str) -> argparse.ArgumentParser:
+    """Sub-command ``name`` of ``dlq`` acting on a selection: redis ids, or ``--all`` (of
+    ``--queue``)."""
+    parser: argparse.ArgumentParser = actions.add_parser(name, help=help_text)
+    parser.add_argument("ids", nargs="*", metavar="redis-id")
+    parser.add_argument("--all", action="store_true", help="every dead letter of the queues")
+    parser.add_argument("--queue", help=QUEUE_HELP)
+    return parser
+
+
 def add_commands(commands: Any) -> None:
     """Add ``dlq list|show|replay|purge`` to the CLI's ``commands`` (argparse subparsers)."""
     dlq = command_parser(commands, "dlq", "dead-letter tooling", __doc__)
     actions = dlq.add_subparsers(dest="action", required=True)
-    queue_help = "one queue (default: every queue of pools.toml)"
 
     listing = actions.add_parser("list", help="the oldest dead letters, a summary by reason")
-    listing.add_argument("--queue", help=queue_help)
+    listing.add_argument("--queue", help=QUEUE_HELP)
     listing.add_argument(
         "--limit", type=positive_int, metavar="N", help=f"rows (default {DEFAULT_ROWS})"
     )
@@ -703,21 +702,15 @@ def add_commands(commands: Any) -> None:
 
     show = actions.add_parser("show", help="one dead letter: reason, traceback, message")
     show.add_argument("id", metavar="redis-id")
-    show.add_argument("--queue", help=queue_help)
+    show.add_argument("--queue", help=QUEUE_HELP)
     show.add_argument("--json", action="store_true", help="the whole record as JSON")
     show.set_defaults(run=_command(_show))
 
-    replaying = actions.add_parser("replay", help="send dead letters again, as a fresh run")
-    replaying.add_argument("ids", nargs="*", metavar="redis-id")
-    replaying.add_argument("--all", action="store_true", help="every dead letter of the queues")
-    replaying.add_argument("--queue", help=queue_help)
+    replaying = _selecting(actions, "replay", "send dead letters again, as a fresh run")
     replaying.add_argument("--dry-run", action="store_true", help="only say what would be sent")
     replaying.add_argument("--yes", action="store_true", help="really replay --all")
     replaying.set_defaults(run=_command(_replay))
 
-    purging = actions.add_parser("purge", help="delete dead letters (needs --yes)")
-    purging.add_argument("ids", nargs="*", metavar="redis-id")
-    purging.add_argument("--all", action="store_true", help="every dead letter of the queues")
-    purging.add_argument("--queue", help=queue_help)
+    purging = _selecting(actions, "purge", "delete dead letters (needs --yes)")
     purging.add_argument("--yes", action="store_true", help="really delete them")
     purging.set_defaults(run=_command(_purge))

@@ -12,11 +12,15 @@ which serves from a daemon thread:
 * ``/livez``: 200 when :func:`.probe.liveness_problems` finds none, else 503
   with the problems, one a line (the same rule as ``healthcheck live``);
 * ``/readyz``: 200 when Redis (and the database) answer and the Redis node is a primary,
-  else 503 with the reasons (the same rule as ``healthcheck ready``).
+  else 503 with the reasons (the same rule as ``healthcheck ready``);
+* ``/console/``: the web console (:mod:`.console`), only with ``CONSOLE_IN_EXPORTER=true``
+  (default false: 404), read-only unless ``CONSOLE_TOKEN`` is set; its pages carry the
+  console's security headers.
 
-Backlog, per queue ``q`` of the pool, with one Lua call per scrape
-(:data:`.layout.BACKLOG`: constant work per queue, however many messages wait) and one
-``TIME``: ages are judged by Redis's clock, as the worker writes them, never this host's:
+Backlog, per queue ``q`` of the pool, read by :func:`.backlog.read_backlog` with one Lua
+call per scrape (:data:`.layout.BACKLOG`: constant work per queue, however many messages
+wait) and one ``TIME``: ages are judged by Redis's clock, as the worker writes them, never
+this host's:
 
 * ``queue_depth{queue="q"}``: messages ready to run, ``LLEN dramatiq:q`` (the list
   a KEDA ``redis`` trigger watches); ``queue_depth{queue="q.DQ"}``: delayed
@@ -24,7 +28,7 @@ Backlog, per queue ``q`` of the pool, with one Lua call per scrape
   has picked up yet.
 * ``queue_oldest_message_seconds{queue="q"}``: how long the message at the head of
   ``dramatiq:q``, the next one in line, has waited since it became due: since its
-  ``eta`` for a delayed or retried message (:func:`due_ms`), else since it was sent.
+  ``eta`` for a delayed or retried message (:func:`.backlog.due_ms`), else since it was sent.
   Dramatiq requeues to the tail (shutdown, recovery), so an older message may wait
   behind it: this is the wait of the next message in line, not a scan for the
   oldest. 0 when the list is empty.
@@ -42,8 +46,7 @@ import glob
 import logging
 import os
 import threading
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +57,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from . import brokerstate, layout, redisclient
+from .backlog import read_backlog
 from .pools import pool_slug
 
 if TYPE_CHECKING:
@@ -62,79 +66,12 @@ if TYPE_CHECKING:
     from .settings import Settings
 
 logger = logging.getLogger(__name__)
-#: How many ids at the head of a list are tried when a head id has no body (a race with an ack).
-HEAD_PROBE = 3
 ANY_HOST = "0.0.0.0"  # noqa: S104  (Prometheus scrapes the pod from outside)
-
-
-@dataclass(frozen=True)
-class Backlog:
-    """One queue's backlog at one instant."""
-
-    queue: str
-    depth: int
-    oldest_s: float
-    delayed: int
-    delayed_overdue_s: float
-    dead_letters: int
-
-
-def _number(value: Any) -> float | None:
-    """``value`` as a number of the message's fields, None when it is not one."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)
-
-
-def _age_s(now_ms: float, since_ms: Any) -> float:
-    """Seconds from ``since_ms`` (epoch ms) to ``now_ms``; 0 when unknown or in the future."""
-    since = _number(since_ms)
-    if since is None:
-        return 0.0
-    return max(0.0, (now_ms - since) / 1000)
-
-
-def due_ms(fields: dict[str, Any]) -> float | None:
-    """When a message became due (epoch ms): its ``eta`` (a delay, a retry's backoff) when
-    it has one and it is later than its sending, else ``message_timestamp``. A delayed
-    message keeps its first ``message_timestamp`` through retries: counting from it, a
-    message sent with a 25 s delay would read 25 s old the instant it is due."""
-    sent = _number(fields.get("message_timestamp"))
-    options = fields.get("options")
-    eta = _number(options.get("eta")) if isinstance(options, dict) else None
-    if eta is not None and (sent is None or eta > sent):
-        return eta
-    return sent
-
-
-def read_backlog(
-    client: redis.Redis,
-    queues: Sequence[str],
-    now: float | None = None,
-) -> list[Backlog]:
-    """The backlog of ``queues`` with a single Lua call (constant work per queue), its ages
-    judged at ``now`` (epoch s; default: Redis's clock, ``TIME``, the clock every ``eta`` and
-    ``message_timestamp`` the worker writes is on: a host whose clock is off reports the
-    right ages)."""
-    now_ms = (layout.redis_now(client) if now is None else now) * 1000
-    found = []
-    records = layout.read_backlog_records(client, queues, HEAD_PROBE)
-    for queue, record in zip(queues, records, strict=True):
-        head = layout.message_fields(record["head"]) or {}
-        options = (layout.message_fields(record["delayed_head"]) or {}).get("options")
-        found.append(
-            Backlog(
-                queue=queue,
-                depth=int(record["depth"]),
-                oldest_s=_age_s(now_ms, due_ms(head)),
-                delayed=int(record["delayed"]),
-                delayed_overdue_s=_age_s(now_ms, options.get("eta"))
-                if isinstance(options, dict)
-                else 0.0,
-                dead_letters=int(record["dead_letters"]),
-            )
-        )
-    return found
+#: What the exporter serves besides its own paths: path prefix -> a function answering a
+#: request under it, given the request's handler and method (``GET``, ``POST``). The
+#: console is mounted so (:func:`.console.exporter_mount`), without the exporter knowing it.
+Mount = Callable[[BaseHTTPRequestHandler, str], None]
+Mounts = Mapping[str, Mount]
 
 
 #: Label of a series' pool, as Prometheus stores it: the pod label ``worker-template/pool``
@@ -246,7 +183,7 @@ def build_registry(
 
 
 class Exporter(ThreadingHTTPServer):
-    """The HTTP server of /metrics, /livez and /readyz."""
+    """The HTTP server of /metrics, /livez and /readyz, and of ``mounts`` (default none)."""
 
     daemon_threads = True
 
@@ -255,10 +192,12 @@ class Exporter(ThreadingHTTPServer):
         settings: Settings,
         registry: CollectorRegistry,
         host: str = ANY_HOST,
+        mounts: Mounts | None = None,
     ) -> None:
         super().__init__((host, settings.metrics_port), _Handler)
         self.settings = settings
         self.registry = registry
+        self.mounts = dict(mounts or {})
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A request that fails unexpectedly is one JSON log line (not a raw traceback on
@@ -271,6 +210,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
+        if self._mounted(path, "GET"):
+            return
         try:
             if path == "/metrics":
                 self._send(200, generate_latest(self.server.registry), CONTENT_TYPE_LATEST)
@@ -285,6 +226,18 @@ class _Handler(BaseHTTPRequestHandler):
         except Exception as error:
             logger.exception("exporter request failed")
             self._send(500, f"{type(error).__name__}: {error}\n".encode())
+
+    def do_POST(self) -> None:
+        if not self._mounted(self.path.split("?", 1)[0], "POST"):
+            self._send(404, b"not found\n")
+
+    def _mounted(self, path: str, method: str) -> bool:
+        """Answer from the mount ``path`` is under; False when it is under none."""
+        for prefix, serve in self.server.mounts.items():
+            if path == prefix or path.startswith(prefix + "/"):
+                serve(self, method)
+                return True
+        return False
 
     def _liveness(self) -> list[str]:
         from .probe import liveness_problems
@@ -302,18 +255,33 @@ class _Handler(BaseHTTPRequestHandler):
         body: bytes,
         content_type: str = "text/plain; charset=utf-8",
     ) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        send(self, status, body, content_type)
 
     def log_message(self, format: str, *args: Any) -> None:
         """Scrapes and probes are not worth a log line each."""
 
 
-def start_exporter(settings: Settings) -> Exporter:
-    """Serve /metrics, /livez and /readyz on ``METRICS_PORT`` from a daemon thread.
+def send(
+    handler: BaseHTTPRequestHandler,
+    status: int,
+    body: bytes,
+    content_type: str,
+    headers: Mapping[str, str] | None = None,
+) -> None:
+    """Answer ``handler``'s request: ``status``, ``body`` of ``content_type``, and
+    ``headers`` (default none; the console's security headers on its pages)."""
+    handler.send_response(status)
+    handler.send_header("Content-Type", content_type)
+    handler.send_header("Content-Length", str(len(body)))
+    for name, value in (headers or {}).items():
+        handler.send_header(name, value)
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
+def start_exporter(settings: Settings, mounts: Mounts | None = None) -> Exporter:
+    """Serve /metrics, /livez and /readyz (and ``mounts``: see :data:`Mount`) on
+    ``METRICS_PORT`` from a daemon thread.
 
     Called once per container, by the supervisor, after it set and emptied
     ``PROMETHEUS_MULTIPROC_DIR`` (files of a previous run are stale). A port that
@@ -323,7 +291,7 @@ def start_exporter(settings: Settings) -> Exporter:
         settings.redis_url.get_secret_value(), socket_timeout=2, socket_connect_timeout=2
     )
     try:
-        exporter = Exporter(settings, build_registry(client, settings.worker_queues))
+        exporter = Exporter(settings, build_registry(client, settings.worker_queues), mounts=mounts)
     except OSError as error:  # e.g. the port is taken: a restart would fail the same way
         from .settings import refuse
 

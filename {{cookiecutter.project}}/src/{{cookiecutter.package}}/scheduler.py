@@ -70,7 +70,6 @@ from .exitcodes import EX_FAILURE, EX_OK
 from .layout import (
     REDIS_MESSAGE_ID,
     SCHEDULE_OUTCOMES,
-    ScheduleState,
     fire_tick,
     handled_tick,
     miss_ticks,
@@ -336,7 +335,7 @@ class Scheduler:
                     "schedule": name,
                     "missed": missed,
                     "policy": schedule.missed,
-                    "through": _iso(through),
+                    "through": sched.utc_iso(through),
                 },
             )
         done = []
@@ -393,17 +392,13 @@ class Scheduler:
                 extra={
                     "event": "schedule_" + result,
                     "schedule": name,
-                    "tick": _iso(tick),
+                    "tick": sched.utc_iso(tick),
                     "job_id": message_id,
                     "actor": target.actor,
                     "queue": target.queue,
                 },
             )
         return result
-
-
-def _iso(tick: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(tick))
 
 
 class ScheduleCollector(Collector):
@@ -469,32 +464,6 @@ def run() -> int:
     return Scheduler(settings, schedules, targets, broker, pools=queues).run()
 
 
-def schedule_rows(
-    schedules: dict[str, Schedule], states: dict[str, ScheduleState], now: float, count: int
-) -> list[dict[str, Any]]:
-    """What ``schedules --json`` and the console show of each schedule: its definition,
-    its next ``count`` fire times after ``now``, its last run (``states``: Redis's)."""
-    rows: list[dict[str, Any]] = []
-    for name, schedule in schedules.items():
-        state = states.get(name)
-        rows.append(
-            {
-                "schedule": name,
-                "actor": schedule.actor,
-                "cron": schedule.cron,
-                "timezone": schedule.timezone,
-                "missed": schedule.missed,
-                "dst": schedule.dst,
-                "next": [t.isoformat() for t in schedule.next_ticks(now, count)],
-                "last_fired": _iso(state.fired) if state and state.fired else None,
-                "last_success": _iso(state.success_at) if state and state.success_at else None,
-                "running": bool(state and state.running),
-                "runs": state.runs if state else None,
-            }
-        )
-    return rows
-
-
 def list_schedules(as_json: bool = False, count: int = 3) -> int:
     """The ``schedules`` command: each schedule, its next fire times and its last run."""
     import json
@@ -512,7 +481,7 @@ def list_schedules(as_json: bool = False, count: int = 3) -> int:
         states, problem = {}, f"redis: {error}"
     finally:
         client.close()
-    rows = schedule_rows(schedules, states, now, count)
+    rows = sched.schedule_rows(schedules, states, now, count)
     lines: list[str] = []
     for row in rows:
         lines += [

@@ -35,15 +35,19 @@ from __future__ import annotations
 import inspect
 import json
 import math
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
 from croniter.croniter import CroniterError
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+if TYPE_CHECKING:
+    from .layout import ScheduleState
 
 ScheduleName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]*$", max_length=64)]
 #: A cron expression has 5 fields, or 6 with a leading seconds field (one tick a second at most).
@@ -219,3 +223,34 @@ def actor_problems(
             )
             problems.append(f"{key}.args: do not fit {schedule.actor}({shown}): {error}")
     return problems
+
+
+def utc_iso(seconds: float) -> str:
+    """``seconds`` since the epoch as ISO 8601 in UTC, to the second (``2026-01-31T02:30:00Z``)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+
+
+def schedule_rows(
+    schedules: dict[str, Schedule], states: dict[str, ScheduleState], now: float, count: int
+) -> list[dict[str, Any]]:
+    """What ``schedules --json`` and the console show of each schedule: its definition,
+    its next ``count`` fire times after ``now``, its last run (``states``: Redis's)."""
+    rows: list[dict[str, Any]] = []
+    for name, schedule in schedules.items():
+        state = states.get(name)
+        rows.append(
+            {
+                "schedule": name,
+                "actor": schedule.actor,
+                "cron": schedule.cron,
+                "timezone": schedule.timezone,
+                "missed": schedule.missed,
+                "dst": schedule.dst,
+                "next": [t.isoformat() for t in schedule.next_ticks(now, count)],
+                "last_fired": utc_iso(state.fired) if state and state.fired else None,
+                "last_success": utc_iso(state.success_at) if state and state.success_at else None,
+                "running": bool(state and state.running),
+                "runs": state.runs if state else None,
+            }
+        )
+    return rows

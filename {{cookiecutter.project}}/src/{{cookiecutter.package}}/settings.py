@@ -131,6 +131,9 @@ class Settings(BaseSettings):
     """Liveness fails when a handler makes no progress for this long."""
     metrics_port: MetricsPort = DEFAULT_METRICS_PORT
     """Port of /metrics, /livez and /readyz."""
+    console_in_exporter: bool = False
+    """Also serve the web console under /console/ on METRICS_PORT (read-only unless
+    CONSOLE_TOKEN is set); false: not served."""
     redis_url: SecretStr = SecretStr("redis://localhost:6379/0")
     """The broker: redis://, rediss:// (TLS), unix:// or
     redis+sentinel://host:port[,host:port...]/<service>[/<db>][?sentinel_password=...];

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import layout
 from .arguments import command_parser
+from .backlog import read_backlog
 from .exitcodes import EX_FAILURE, EX_OK
 
 if TYPE_CHECKING:
@@ -126,8 +127,6 @@ def _process(now_ms: int, member: layout.FleetMember) -> ProcessStatus:
 
 def read_status(client: redis.Redis, queues: Sequence[str]) -> Status:
     """The status of ``queues`` and of every worker process of their namespaces."""
-    from .exporter import read_backlog
-
     now_ms, fleet = layout.read_fleet(client, queues)
     inflight: dict[str, int] = {}
     for member in fleet:

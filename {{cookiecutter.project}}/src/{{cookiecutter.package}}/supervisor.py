@@ -51,6 +51,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import redis
 
@@ -60,6 +61,9 @@ from .exitcodes import EX_CONFIG, EX_FAILURE, EX_OK
 from .pools import KILL_AFTER_DRAIN_S
 from .settings import PROJECT, VERSION, Settings, refuse
 from .stopsignals import SIGNAL_DEBOUNCE_S
+
+if TYPE_CHECKING:
+    from .exporter import Mounts
 
 logger = logging.getLogger(__name__)
 #: First and longest pause before a crashed worker process is replaced.
@@ -163,7 +167,7 @@ class Supervisor:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(self.metrics_dir)
         from . import exporter
 
-        exporter.start_exporter(self.settings)
+        exporter.start_exporter(self.settings, mounts=self._mounts())
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         self.children = [self._start(index) for index in range(self.settings.worker_processes)]
@@ -198,6 +202,15 @@ class Supervisor:
             },
         )
         return code
+
+    def _mounts(self) -> Mounts:
+        """What the exporter serves besides its own paths: the console under /console/ with
+        ``CONSOLE_IN_EXPORTER`` (default: nothing)."""
+        if not self.settings.console_in_exporter:
+            return {}
+        from .console import exporter_mount
+
+        return exporter_mount(self.settings)
 
     def _prepare_state_dir(self) -> None:
         """Start from empty progress, metrics and boot folders (files of a previous run are

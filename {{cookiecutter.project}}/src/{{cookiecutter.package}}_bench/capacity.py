@@ -45,6 +45,9 @@ succeed. Probe messages left behind by an abort are removed. The probe runs the
 real actor: pick one, and arguments, whose side effects are harmless, and levels
 that the downstream resources it calls can take.
 
+The result (what ``--json`` prints, and when it was measured) is also kept in Redis as
+the queue's last capacity result, which the web console's Capacity page draws as a chart.
+
 Exit codes: 0 measured, 1 refused or aborted (one line says why), 2 usage.
 """
 
@@ -524,28 +527,39 @@ def run(args: argparse.Namespace) -> int:
         )
         return EX_INTERRUPTED
     levels = with_gains(measured)
+    result = {
+        "actor": args.actor,
+        "queue": probe.queue,
+        "pool": pool,
+        "jobs": probe.jobs,
+        "rounds": args.rounds,
+        "min_gain": args.min_gain,
+        "levels": [level.__dict__ for level in levels],
+        "stops_rising_at": stops_rising_at(levels, args.min_gain),
+        "noisy": noisy(levels),
+    }
+    store(client, result)
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "actor": args.actor,
-                    "queue": probe.queue,
-                    "pool": pool,
-                    "jobs": probe.jobs,
-                    "rounds": args.rounds,
-                    "min_gain": args.min_gain,
-                    "levels": [level.__dict__ for level in levels],
-                    "stops_rising_at": stops_rising_at(levels, args.min_gain),
-                    "noisy": noisy(levels),
-                },
-                indent=2,
-            )
-        )
+        print(json.dumps(result, indent=2))
     else:
         if warning := noise_warning(levels):
             print(f"\n{warning}")
         print("\n" + verdict(levels, args.min_gain, pools().pools[pool].concurrency))
     return EX_OK
+
+
+def store(client: redis.Redis, result: dict[str, Any]) -> None:
+    """Keep ``result`` (what ``--json`` prints) as the queue's last capacity result, with
+    ``measured_at_ms`` on Redis's clock (``layout.capacity_key``: the console's capacity
+    page charts it). A Redis that fails now costs the stored copy only: one line on
+    stderr, the result is still printed."""
+    import redis
+
+    try:
+        stamped = {**result, "measured_at_ms": layout.redis_now_ms(client)}
+        client.set(layout.capacity_key(result["queue"]), json.dumps(stamped))
+    except redis.RedisError as error:
+        print(f"capacity: the result is not stored in Redis: {error}", file=sys.stderr)
 
 
 def _levels(text: str) -> list[int]:

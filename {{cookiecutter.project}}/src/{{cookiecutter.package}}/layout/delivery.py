@@ -382,26 +382,12 @@ def stale_workers(client: redis.Redis, namespace: str, timeout_ms: int) -> list[
     return [text(worker) for worker in raw]
 
 
-def replay_dead_letter(
-    client: redis.Redis, queue: str, redis_id: str, new_redis_id: str, body: bytes
-) -> bool:
-    """Move dead letter ``redis_id`` to the tail of ``queue`` as ``new_redis_id`` with
-    ``body``. False when it was already gone."""
-    keys = (*dead_letter_keys(queue), bodies_key(queue), queue_key(queue))
-    return bool(client.eval(REPLAY, len(keys), *keys, redis_id, new_redis_id, body))
-
-
-def purge_dead_letter(client: redis.Redis, queue: str, redis_id: str) -> bool:
-    """Delete dead letter ``redis_id`` of ``queue``. False when it was already gone."""
-    keys = dead_letter_keys(queue)
-    return bool(client.eval(PURGE, len(keys), *keys, redis_id))
-
-
 def replay_dead_letters(
     client: redis.Redis, queue: str, moves: Sequence[tuple[str, str, bytes]]
 ) -> int:
-    """:func:`replay_dead_letter` for each ``(redis id, new redis id, body)`` of ``queue``,
-    in one round trip; returns how many moved (the others were already gone)."""
+    """Move each dead letter ``redis id`` of ``queue`` to the tail of ``queue`` as ``new redis
+    id`` with ``body`` (:data:`REPLAY`, for each of ``moves``), in one round trip; returns how
+    many moved (the others were already gone: the removal is the guard)."""
     keys = (*dead_letter_keys(queue), bodies_key(queue), queue_key(queue))
     pipe = client.pipeline(transaction=False)
     for redis_id, new_redis_id, body in moves:
@@ -410,8 +396,8 @@ def replay_dead_letters(
 
 
 def purge_dead_letters(client: redis.Redis, queue: str, redis_ids: Sequence[str]) -> int:
-    """:func:`purge_dead_letter` for each of ``redis_ids`` of ``queue``, in one round trip;
-    returns how many were deleted."""
+    """Delete each dead letter of ``redis_ids`` of ``queue`` (:data:`PURGE`), in one round
+    trip; returns how many were deleted (the others were already gone)."""
     keys = dead_letter_keys(queue)
     pipe = client.pipeline(transaction=False)
     for redis_id in redis_ids:

@@ -18,7 +18,7 @@ Ours beside them: ``dramatiq:__epoch__``, the namespace's epoch token (a reset i
 when it is gone or replaced, :mod:`..brokerstate`), ``dramatiq:__probe__``, the
 short-lived key readiness writes to learn that Redis takes writes, the wake-up channel,
 the idempotency keys and leases, the scheduler's leader lock, and each schedule's state
-hash and run lock.
+hash and run lock, and each queue's last ``capacity`` result.
 
 The sandbox pool's queue (:data:`SANDBOX_QUEUE`, customer code) has the same layout under
 a namespace of its own, :data:`SANDBOX_NAMESPACE` (``dramatiq-sandbox:untrusted``, its
@@ -107,6 +107,13 @@ def process_key(broker_id: str, namespace: str = NAMESPACE) -> str:
     host, pid, the jobs it runs and since when) written with its heartbeat, living one
     heartbeat timeout; ``status`` and the console read it (:func:`..delivery.read_fleet`)."""
     return f"{namespace}:__process__.{broker_id}"
+
+
+def capacity_key(queue: str) -> str:
+    """The last ``capacity`` result measured on ``queue`` (ours): a JSON object, what
+    ``capacity --json`` prints and ``measured_at_ms`` (Redis's clock), replaced by the next
+    measurement; the console charts it."""
+    return f"{namespace_of(queue)}:__capacity__.{queue}"
 
 
 def probe_key(namespace: str = NAMESPACE) -> str:
