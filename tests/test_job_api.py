@@ -305,6 +305,33 @@ def test_a_group_callback_fires_once_after_every_member_even_one_delivered_twice
     assert worker.stop() == 0
 
 
+EXAMPLE_GROUP = """\
+import dramatiq
+from {package}.actors.reports import build_report, reports_ready
+
+batch = dramatiq.group([build_report.message(f"r-{{n}}", 10_000) for n in range(3)])
+batch.add_completion_callback(reports_ready.message(batch_id="b-1"))
+batch.run()
+"""
+
+
+def test_the_example_async_callback_runs_once_after_its_batch(
+        workers: Callable[..., Worker], jobs: Jobs, api_project: Path, redis_url: str) -> None:
+    done = produce(api_project, redis_url, EXAMPLE_GROUP)
+    assert done.returncode == 0, done.stderr
+    worker = workers(WORKER_POOL="bulk")
+
+    def ready() -> list[dict[str, Any]]:
+        return [r for r in worker.records() if r.get("msg") == "report batch ready"]
+
+    wait_for(ready, 60, "the batch's callback")
+    ends = [r for r in worker.records("job_end") if r.get("outcome") == "success"]
+    assert sorted(r["actor"] for r in ends) == ["build_report"] * 3 + ["reports_ready"]
+    time.sleep(1)
+    assert [r["batch_id"] for r in ready()] == ["b-1"]
+    assert worker.stop() == 0
+
+
 @pytest.mark.parametrize("moment", ["before", "after"])
 def test_a_group_callback_fires_once_when_the_worker_is_killed_as_it_is_enqueued(
         moment: str, workers: Callable[..., Worker], jobs: Jobs, api_project: Path,
@@ -350,23 +377,76 @@ def test_an_async_actor_runs_and_is_drained_on_sigterm(
     assert drained["requeued"] == 1 and drained["interrupted"] == 0, drained
 
 
-def test_an_actor_the_service_cannot_serve_refuses_to_boot_in_one_line(
-        api_project: Path, redis_url: str, tmp_path: Path) -> None:
-    broken = copy_project(api_project, tmp_path / api_project.name, bad_results=(
-        "import dramatiq\n\n\n"
+UNSERVABLE = {
+    "store_results": (
         "@dramatiq.actor(queue_name='untrusted', store_results=True)\n"
         "def sandboxed_result() -> int:\n"
-        "    return 1\n"))
+        "    return 1\n",
+        "actor 'sandboxed_result' sets store_results=True, but its queue 'untrusted' runs under "
+        "the sandbox's Redis user, which may not write results: return nothing, or send the "
+        "result to an actor of another queue"),
+    "async": (
+        "@dramatiq.actor(queue_name='untrusted')\n"
+        "async def sandboxed_async() -> None:\n"
+        "    pass\n",
+        "actor 'sandboxed_async' is async def, but its queue 'untrusted' runs untrusted code in "
+        "a child process it waits for: on the event loop that wait blocks every other job, and "
+        "neither the time limit nor a cancel can stop it: declare it def"),
+    "on_success": (
+        "@dramatiq.actor(queue_name='untrusted', on_success='send_notification')\n"
+        "def sandboxed_callback() -> None:\n"
+        "    pass\n",
+        "actor 'sandboxed_callback' sets on_success='send_notification', but its queue "
+        "'untrusted' runs under the sandbox's Redis user, which may enqueue only on its own "
+        "queue: the callback would be lost; send it from an actor of another queue"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNSERVABLE))
+def test_an_actor_the_service_cannot_serve_refuses_to_boot_in_one_line(
+        case: str, api_project: Path, redis_url: str, tmp_path: Path) -> None:
+    source, reason = UNSERVABLE[case]
+    broken = copy_project(api_project, tmp_path / api_project.name,
+                          unservable="import dramatiq\n\n\n" + source)
     worker = Worker(broken, redis_url, tmp_path / "w").start()
     try:
         assert worker.wait(timeout=60) == 78
     finally:
         worker.kill()
     (failed,) = [r for r in worker.records() if r.get("event") == "boot_failed"]
-    assert failed["reason"] == (
-        "actor 'sandboxed_result' sets store_results=True, but its queue 'untrusted' runs under "
-        "the sandbox's Redis user, which may not write results: return nothing, or send the "
-        "result to an actor of another queue")
+    assert failed["reason"] == reason
+
+
+SANDBOX_COMPOSITIONS = """\
+import dramatiq
+from {package}.actors.job_api import api_group_done, api_member
+from {package}.actors.sandbox import run_customer_code
+
+source = "def main(p):\\n    return 1\\n"
+group = dramatiq.group([run_customer_code.message(source, None), api_member.message("m")])
+group.add_completion_callback(api_group_done.message("g"))
+stages = [run_customer_code.message(source, None), api_member.message("after")]
+for run in (group.run, dramatiq.pipeline(stages).run):
+    try:
+        run()
+    except ValueError as error:
+        print(error)
+"""
+
+
+def test_a_group_or_pipeline_the_sandbox_cannot_complete_is_refused_at_send(
+        jobs: Jobs, api_project: Path, redis_url: str) -> None:
+    done = produce(api_project, redis_url, SANDBOX_COMPOSITIONS)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "group refused: member 'run_customer_code' runs under the sandbox's Redis user, which "
+        "may not record the group's completion: its callbacks would never fire; complete the "
+        "group from an actor of another queue",
+        "pipeline refused: stage 'run_customer_code' runs under the sandbox's Redis user, which "
+        "may enqueue only on its own queue: the next stage 'api_member' would be lost; start "
+        "another pipeline from the sandbox stage's result instead",
+    ]
+    assert jobs.queued() == [] and jobs.client.llen("dramatiq-sandbox:untrusted") == 0
 
 
 def test_a_queued_job_cancelled_never_runs_and_a_running_one_stops(

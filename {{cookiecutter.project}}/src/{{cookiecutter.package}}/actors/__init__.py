@@ -8,7 +8,11 @@ queue belongs to no pool, or a schedule of pools.toml cannot run (:mod:`..schedu
 from __future__ import annotations
 
 import importlib
+import inspect
 import pkgutil
+from typing import Any
+
+from dramatiq import Actor
 
 from .. import layout
 from ..broker import broker
@@ -45,7 +49,7 @@ def _one_line(error: Exception) -> str:
 def check_queues() -> None:
     """Every actor's queue must belong to exactly one pool of pools.toml, every schedule
     must name an actor whose queue a pool serves, with arguments that fit it, and no actor of
-    the sandbox's queue may store results."""
+    the sandbox's queue may declare what its pool cannot do (:func:`sandbox_problems`)."""
     declared = pools()
     problems = actor_problems(
         declared.schedules,
@@ -58,15 +62,43 @@ def check_queues() -> None:
         if declared.pool_of_queue(actor.queue_name) is None
     ]
     problems += [
-        f"actor {name!r} sets store_results=True, but its queue {actor.queue_name!r} runs "
-        "under the sandbox's Redis user, which may not write results: return nothing, or "
-        "send the result to an actor of another queue"
+        problem
         for name, actor in broker.actors.items()
-        if actor.options.get("store_results")
-        and layout.namespace_of(actor.queue_name) != layout.NAMESPACE
+        if layout.namespace_of(actor.queue_name) != layout.NAMESPACE
+        for problem in sandbox_problems(name, actor)
     ]
     if problems:
         refuse(problems)
+
+
+def sandbox_problems(name: str, actor: Actor[Any, Any]) -> list[str]:
+    """What an actor of the sandbox's queue declares that its pool cannot do: its Redis
+    user reaches its own namespace alone, and its handler is interrupted as a thread."""
+    problems = []
+    if actor.options.get("store_results"):
+        problems.append(
+            f"actor {name!r} sets store_results=True, but its queue {actor.queue_name!r} runs "
+            "under the sandbox's Redis user, which may not write results: return nothing, or "
+            "send the result to an actor of another queue"
+        )
+    if inspect.iscoroutinefunction(inspect.unwrap(actor.fn)):  # Dramatiq wraps async def
+        problems.append(
+            f"actor {name!r} is async def, but its queue {actor.queue_name!r} runs untrusted "
+            "code in a child process it waits for: on the event loop that wait blocks every "
+            "other job, and neither the time limit nor a cancel can stop it: declare it def"
+        )
+    for option in ("on_success", "on_failure"):
+        target = actor.options.get(option)
+        if target is None:
+            continue
+        callback = broker.actors.get(getattr(target, "actor_name", target))
+        if callback is not None and layout.namespace_of(callback.queue_name) == layout.NAMESPACE:
+            problems.append(
+                f"actor {name!r} sets {option}={target!r}, but its queue {actor.queue_name!r} "
+                "runs under the sandbox's Redis user, which may enqueue only on its own queue: "
+                "the callback would be lost; send it from an actor of another queue"
+            )
+    return problems
 
 
 MODULES = discover()

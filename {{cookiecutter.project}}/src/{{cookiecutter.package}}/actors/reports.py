@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 
 from pydantic import Field
 
 from ..lifecycle import checkpoint
 from ..typed import JobArguments, actor
+
+logger = logging.getLogger(__name__)
 
 
 class Report(JobArguments):
@@ -33,3 +36,27 @@ def build_report(job: Report) -> str:
             digest.update(row.to_bytes(8, "little"))
         checkpoint()
     return digest.hexdigest()
+
+
+class ReportBatch(JobArguments):
+    """The arguments of :func:`reports_ready` (schema version 1)."""
+
+    batch_id: str = Field(min_length=1, max_length=200)
+
+
+@actor(queue_name="reports", max_retries=2, time_limit=60_000)
+async def reports_ready(job: ReportBatch) -> None:
+    """A group's completion callback, and an ``async def`` actor: it runs once, after every
+    report of the batch was built, however often one was delivered and whichever worker
+    died meanwhile::
+
+        import dramatiq
+
+        batch = dramatiq.group([build_report.message(f"r-{n}", 10_000) for n in range(3)])
+        batch.add_completion_callback(reports_ready.message(batch_id="b-1"))
+        batch.run()
+
+    As an ``async def`` handler it runs on the process's event loop: await your async
+    clients here; the time limit, a cancel and the drain cancel the coroutine.
+    """
+    logger.info("report batch ready", extra={"batch_id": job.batch_id})

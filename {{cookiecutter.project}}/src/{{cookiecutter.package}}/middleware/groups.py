@@ -10,16 +10,21 @@ from typing import Any
 import redis
 from dramatiq import Broker, Message
 from dramatiq.broker import MessageProxy
-from dramatiq.middleware import GroupCallbacks
+from dramatiq.middleware import GroupCallbacks, MiddlewareError
 from dramatiq.rate_limits.backends import RedisBackend
 
-from ..layout import REDIS_MESSAGE_ID, Callback, group_member_done
+from ..layout import NAMESPACE, REDIS_MESSAGE_ID, Callback, group_member_done, namespace_of
 from ..settlement import REQUEUE, settle_with
 
 logger = logging.getLogger(__name__)
 
 #: How long a group's barrier and its completed-members set live (Dramatiq's default, a day).
 BARRIER_TTL_MS = 86_400_000
+
+
+class GroupRefusedError(MiddlewareError, ValueError):
+    """A group the service cannot complete (the message says why); raised by
+    ``group(...).run()``."""
 
 
 class GroupCompletion(GroupCallbacks):
@@ -36,7 +41,9 @@ class GroupCompletion(GroupCallbacks):
     delivered again and enqueues them then) or both (the member delivered again finds the
     group complete and enqueues nothing): the callbacks run exactly once.
 
-    When Redis refuses or is unreachable, the member's delivery is requeued (its
+    A member of the sandbox's queue is refused at ``run()`` (:class:`GroupRefusedError`):
+    the sandbox's Redis user may not write the group's keys. When Redis refuses or is
+    unreachable, the member's delivery is requeued (its
     settlement): it runs again and completes the group then; handlers are idempotent. A
     message of no group costs one dictionary look-up.
 
@@ -47,6 +54,17 @@ class GroupCompletion(GroupCallbacks):
     def __init__(self, client: redis.Redis) -> None:
         super().__init__(RedisBackend(client=client), barrier_ttl=BARRIER_TTL_MS)
         self.client = client
+
+    def before_enqueue(self, broker: Broker, message: Message[Any], delay: int | None) -> None:
+        """Refuse a group member of the sandbox's queue (:class:`GroupRefusedError`)."""
+        if "group_completion_uuid" in message.options and (
+            namespace_of(message.queue_name) != NAMESPACE
+        ):
+            raise GroupRefusedError(
+                f"group refused: member {message.actor_name!r} runs under the sandbox's Redis "
+                "user, which may not record the group's completion: its callbacks would never "
+                "fire; complete the group from an actor of another queue"
+            )
 
     def after_process_message(
         self,

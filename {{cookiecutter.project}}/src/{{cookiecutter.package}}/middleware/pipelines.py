@@ -10,19 +10,31 @@ from dramatiq import Broker, Message
 from dramatiq.broker import MessageProxy
 from dramatiq.middleware import MiddlewareError
 
+from .. import layout
 from ..typed import TypedActor
 
 
 class PipelineRefusedError(MiddlewareError, ValueError):
-    """A pipeline whose next stage is a typed actor that would get the previous stage's
-    result as an extra argument; raised by ``pipeline(...).run()``, nothing enqueued."""
+    """A pipeline one of whose stages cannot be handed on (the message says why); raised by
+    ``pipeline(...).run()``, nothing enqueued."""
 
-    def __init__(self, actor_name: str) -> None:
-        super().__init__(
-            f"pipeline refused: typed actor {actor_name!r} cannot take the previous result as "
-            "an argument (its arguments are its model's fields): send its message with "
-            "pipe_ignore=True, or make the stage an untyped actor"
-        )
+
+def typed_stage(actor_name: str) -> PipelineRefusedError:
+    """The refusal of a typed actor's stage that would get the previous result."""
+    return PipelineRefusedError(
+        f"pipeline refused: typed actor {actor_name!r} cannot take the previous result as "
+        "an argument (its arguments are its model's fields): send its message with "
+        "pipe_ignore=True, or make the stage an untyped actor"
+    )
+
+
+def sandbox_stage(actor_name: str, next_name: str) -> PipelineRefusedError:
+    """The refusal of a stage of the sandbox's queue followed by one of another queue."""
+    return PipelineRefusedError(
+        f"pipeline refused: stage {actor_name!r} runs under the sandbox's Redis user, which "
+        f"may enqueue only on its own queue: the next stage {next_name!r} would be lost; "
+        "start another pipeline from the sandbox stage's result instead"
+    )
 
 
 class Pipelines(dramatiq.middleware.Pipelines):
@@ -34,20 +46,27 @@ class Pipelines(dramatiq.middleware.Pipelines):
     typed actor's message carries its model's fields by name (:mod:`..typed`), so the
     result would land on a field already given; a pipeline with such a stage, not sent
     with ``pipe_ignore=True``, is refused at ``run()`` (:class:`PipelineRefusedError`),
-    and a message received that way is dead-lettered by ``ArgumentModels``. A message
-    outside a pipeline costs one dictionary look-up when it is enqueued.
+    and a message received that way is dead-lettered by ``ArgumentModels``. So is a stage
+    of the sandbox's queue followed by a stage of another queue (the sandbox's Redis user
+    could not enqueue it). A message outside a pipeline costs one dictionary look-up when
+    it is enqueued.
     """
 
     def before_enqueue(self, broker: Broker, message: Message[Any], delay: int | None) -> None:
-        previous, target = message.actor_name, message.options.get("pipe_target")
+        previous, queue = message.actor_name, message.queue_name
+        target = message.options.get("pipe_target")
         while target is not None:
             actor, before = broker.actors.get(target["actor_name"]), broker.actors.get(previous)
             ignored = target["options"].get("pipe_ignore") or (
                 before is not None and before.options.get("pipe_ignore")
             )
             if isinstance(actor, TypedActor) and not ignored:
-                raise PipelineRefusedError(actor.actor_name)
-            previous, target = target["actor_name"], target["options"].get("pipe_target")
+                raise typed_stage(actor.actor_name)
+            here, there = layout.namespace_of(queue), layout.namespace_of(target["queue_name"])
+            if here != layout.NAMESPACE and there != here:
+                raise sandbox_stage(previous, target["actor_name"])
+            previous, queue = target["actor_name"], target["queue_name"]
+            target = target["options"].get("pipe_target")
 
     def after_process_message(
         self,
