@@ -97,78 +97,76 @@ CRDS: tuple[tuple[str, str, str, tuple[str, ...], str], ...] = (
 #: pod (ReplicaSets, Deployments, quotas, the tests) reads its Ready condition.
 POD_READY_MS = 2000
 POD_DRAIN_MS = 5000
-KWOK_STAGES = """\
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata:
-  name: pod-ready
-spec:
-  resourceRef:
-    apiGroup: v1
-    kind: Pod
-  selector:
-    matchExpressions:
-    - key: '.metadata.deletionTimestamp'
-      operator: 'DoesNotExist'
-    - key: '.status.podIP'
-      operator: 'DoesNotExist'
-  delay:
-    durationMilliseconds: @READY@
-  next:
-    statusTemplate: |
-      {{ $now := Now }}
+#: The status kwok gives a pod that is ready (a Go template of kwok's).
+POD_READY_STATUS = """\
+{{ $now := Now }}
 
-      conditions:
-      - lastTransitionTime: {{ $now | Quote }}
-        status: "True"
-        type: Initialized
-      - lastTransitionTime: {{ $now | Quote }}
-        status: "True"
-        type: Ready
-      - lastTransitionTime: {{ $now | Quote }}
-        status: "True"
-        type: ContainersReady
-      {{ range .spec.readinessGates }}
-      - lastTransitionTime: {{ $now | Quote }}
-        status: "True"
-        type: {{ .conditionType | Quote }}
-      {{ end }}
+conditions:
+- lastTransitionTime: {{ $now | Quote }}
+  status: "True"
+  type: Initialized
+- lastTransitionTime: {{ $now | Quote }}
+  status: "True"
+  type: Ready
+- lastTransitionTime: {{ $now | Quote }}
+  status: "True"
+  type: ContainersReady
+{{ range .spec.readinessGates }}
+- lastTransitionTime: {{ $now | Quote }}
+  status: "True"
+  type: {{ .conditionType | Quote }}
+{{ end }}
 
-      containerStatuses:
-      {{ range .spec.containers }}
-      - image: {{ .image | Quote }}
-        name: {{ .name | Quote }}
-        ready: true
-        restartCount: 0
-        state:
-          running:
-            startedAt: {{ $now | Quote }}
-      {{ end }}
+containerStatuses:
+{{ range .spec.containers }}
+- image: {{ .image | Quote }}
+  name: {{ .name | Quote }}
+  ready: true
+  restartCount: 0
+  state:
+    running:
+      startedAt: {{ $now | Quote }}
+{{ end }}
 
-      hostIP: {{ NodeIPWith .spec.nodeName | Quote }}
-      podIP: {{ PodIPWith .spec.nodeName ( or .spec.hostNetwork false ) ( or .metadata.uid "" ) ( or .metadata.name "" ) ( or .metadata.namespace "" ) | Quote }}
-      phase: Running
-      startTime: {{ $now | Quote }}
----
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata:
-  name: pod-delete
-spec:
-  resourceRef:
-    apiGroup: v1
-    kind: Pod
-  selector:
-    matchExpressions:
-    - key: '.metadata.deletionTimestamp'
-      operator: 'Exists'
-  delay:
-    durationMilliseconds: @DRAIN@
-  next:
-    finalizers:
-      empty: true
-    delete: true
-""".replace("@READY@", str(POD_READY_MS)).replace("@DRAIN@", str(POD_DRAIN_MS))
+hostIP: {{ NodeIPWith .spec.nodeName | Quote }}
+podIP: {{ PodIPWith .spec.nodeName ( or .spec.hostNetwork false ) ( or .metadata.uid "" ) ( or .metadata.name "" ) ( or .metadata.namespace "" ) | Quote }}
+phase: Running
+startTime: {{ $now | Quote }}
+"""
+
+
+def pod_stage(name: str, when: dict[str, str], delay_ms: int, then: dict[str, Any]) -> str:
+    """A kwok Stage (JSON, which kwok reads as YAML) of pods: ``when`` each key (a jq path)
+    has its operator (``Exists``, ``DoesNotExist``), ``then`` after ``delay_ms``."""
+    return json.dumps({
+        "apiVersion": "kwok.x-k8s.io/v1alpha1",
+        "kind": "Stage",
+        "metadata": {"name": name},
+        "spec": {
+            "resourceRef": {"apiGroup": "v1", "kind": "Pod"},
+            "selector": {"matchExpressions": [
+                {"key": key, "operator": operator} for key, operator in when.items()
+            ]},
+            "delay": {"durationMilliseconds": delay_ms},
+            "next": then,
+        },
+    }, indent=1)
+
+
+KWOK_STAGES = "\n---\n".join((
+    pod_stage(
+        "pod-ready",
+        {".metadata.deletionTimestamp": "DoesNotExist", ".status.podIP": "DoesNotExist"},
+        POD_READY_MS,
+        {"statusTemplate": POD_READY_STATUS},
+    ),
+    pod_stage(
+        "pod-delete",
+        {".metadata.deletionTimestamp": "Exists"},
+        POD_DRAIN_MS,
+        {"finalizers": {"empty": True}, "delete": True},
+    ),
+))
 
 
 def free_port() -> int:
