@@ -103,6 +103,12 @@ def api_fail() -> None:
     raise RuntimeError("boom")
 
 
+@dramatiq.actor(queue_name="notifications", max_retries=3, min_backoff=4000, max_backoff=4000)
+def api_flaky(job_id: str) -> None:
+    _record("start", job_id)
+    raise RuntimeError("fails until cancelled")
+
+
 @dramatiq.actor(queue_name="notifications")
 def api_member(job_id: str, seconds: float = 0) -> None:
     time.sleep(seconds)
@@ -324,10 +330,14 @@ def test_the_example_async_callback_runs_once_after_its_batch(
     def ready() -> list[dict[str, Any]]:
         return [r for r in worker.records() if r.get("msg") == "report batch ready"]
 
+    def succeeded() -> list[str]:
+        return sorted(r["actor"] for r in worker.records("job_end")
+                      if r.get("outcome") == "success")
+
     wait_for(ready, 60, "the batch's callback")
-    ends = [r for r in worker.records("job_end") if r.get("outcome") == "success"]
-    assert sorted(r["actor"] for r in ends) == ["build_report"] * 3 + ["reports_ready"]
+    wait_for(lambda: len(succeeded()) >= 4, 30, "the jobs' ends logged")
     time.sleep(1)
+    assert succeeded() == ["build_report"] * 3 + ["reports_ready"]
     assert [r["batch_id"] for r in ready()] == ["b-1"]
     assert worker.stop() == 0
 
@@ -479,6 +489,28 @@ def test_a_queued_job_cancelled_never_runs_and_a_running_one_stops(
         assert counted(text, outcome) == 0, outcome
     assert jobs.queued() == [] and jobs.delayed() == 0 and jobs.dead_letters() == []
     assert not jobs.stranded()
+    assert worker.stop() == 0
+
+
+def test_a_retry_copy_is_found_by_its_id_and_cancelled(
+        workers: Callable[..., Worker], jobs: Jobs, api_project: Path, redis_url: str) -> None:
+    sent = produce(api_project, redis_url, (
+        "from {package}.actors.job_api import api_flaky\n"
+        "print(api_flaky.send('flaky').message_id)\n"))
+    assert sent.returncode == 0, sent.stderr
+    message_id = sent.stdout.strip()
+    worker = workers()
+    # The retry copy's body (held by the worker's delay-queue consumer until it is due).
+    wait_for(lambda: jobs.client.hlen(f"{NS}:{QUEUE}.DQ.msgs") == 1, 30, "its retry copy")
+    cancelled = produce(api_project, redis_url, (
+        "from {package}.producer import cancel\n"
+        f"print(cancel({message_id!r}))\n"))
+    assert cancelled.stdout.strip() == "True", cancelled.stderr  # the index followed the retry
+    wait_for(lambda: counted(worker.metrics(), "cancelled") == 1, 30, "the copy skipped")
+    assert len(jobs.starts("flaky")) == 1 and jobs.dead_letters() == []
+    wait_for(lambda: not jobs.stranded(), 30, "nothing held")
+    assert jobs.client.hlen(f"{NS}:{QUEUE}.DQ.msgs") == 0 and jobs.queued() == []
+    assert jobs.client.hlen(f"{NS}:__where__") == 0
     assert worker.stop() == 0
 
 
