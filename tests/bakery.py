@@ -25,6 +25,10 @@ PYTHON = sys.executable
 TEST_DATABASE_URL = os.environ.get(
     "TEST_DATABASE_URL", "postgresql:///postgres?host=/var/run/postgresql"
 )
+#: A pool of the default bake whose handlers use PostgreSQL (pools.toml: ``uses``), and its
+#: queue. The quick start's pools (interactive, external) use none: the tests that need a
+#: database run this one.
+DATABASE_POOL, DATABASE_QUEUE = "critical", "payments"
 
 
 def load_module(name: str, path: Path) -> Any:

@@ -30,7 +30,7 @@ import psycopg
 import pytest
 import redis
 from _lifecycle import Worker, wait_for
-from bakery import TEST_DATABASE_URL, copy_project
+from bakery import DATABASE_POOL, DATABASE_QUEUE, TEST_DATABASE_URL, copy_project
 from dramatiq import Message
 from dramatiq.brokers.redis import RedisBroker
 
@@ -40,7 +40,7 @@ KILLS = 10
 JOB_S = 0.01
 #: How long a worker process works before it may be killed (it fetches first).
 WARM_S = 0.3
-QUEUE = "notifications"
+QUEUE = DATABASE_QUEUE  # a pool that uses PostgreSQL runs both stores
 
 CHAOS_ACTORS = '''\
 """Chaos-test actors: each records one side effect per delivery (plain) or per job (once)."""
@@ -62,7 +62,7 @@ JOB_S = float(os.environ.get("CHAOS_JOB_S", "0.02"))
 _client = redis.Redis.from_url(os.environ["REDIS_URL"])
 EFFECTS = f"chaos:{RUN}:effects"
 TABLE = f"chaos_{RUN}"
-OPTIONS: dict[str, Any] = {"queue_name": "notifications", "max_retries": 20,
+OPTIONS: dict[str, Any] = {"queue_name": "QUEUE", "max_retries": 20,
                            "min_backoff": 10, "max_backoff": 100}
 
 
@@ -101,7 +101,7 @@ def chaos_project(bake: Callable[..., Path], tmp_path_factory: pytest.TempPathFa
     """The default bake (database option on) with the chaos actors."""
     base = bake()
     return copy_project(base, tmp_path_factory.mktemp("chaos") / base.name,
-                        chaos_test=CHAOS_ACTORS)
+                        chaos_test=CHAOS_ACTORS.replace('"QUEUE"', repr(QUEUE)))
 
 
 class Effects:
@@ -156,7 +156,8 @@ def chaos(chaos_project: Path, redis_url: str,
                                        kwargs={}, options={}))
         broker.close()
         worker = Worker(chaos_project, redis_url, tmp_path / store,
-                        WORKER_PROCESSES="2", WORKER_CONCURRENCY="8", WORKER_MAX_ATTEMPTS="20",
+                        WORKER_POOL=DATABASE_POOL, WORKER_PROCESSES="2", WORKER_CONCURRENCY="8",
+                        WORKER_MAX_ATTEMPTS="20",
                         WORKER_HEARTBEAT_TIMEOUT_MS="2000", DATABASE_URL=TEST_DATABASE_URL,
                         CHAOS_RUN=run, CHAOS_JOB_S=str(JOB_S))
         started.append(worker)

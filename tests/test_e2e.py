@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 from bakery import (
-    PYTHON, TEST_DATABASE_URL, copy_project, free_port, package_of, project_env, run_cli)
+    PYTHON, copy_project, free_port, package_of, project_env, run_cli)
 from dramatiq import Message
 from dramatiq.brokers.redis import RedisBroker
 
@@ -39,7 +39,7 @@ def probe(n: int) -> None:
 
 @pytest.fixture(scope="module")
 def project(bake: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The default bake (database option on) with a probe actor dropped into actors/."""
+    """The default bake with a probe actor dropped into actors/."""
     return copy_project(bake(), tmp_path_factory.mktemp("e2e") / "orders-worker",
                         probe=PROBE_ACTOR)
 
@@ -48,7 +48,7 @@ def project(bake: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory)
 def test_worker_processes_200_jobs_exactly_once(project: Path, redis_url: str,
                                                 tmp_path: Path) -> None:
     env = project_env(project, WORKER_POOL="interactive", REDIS_URL=redis_url,
-                      DATABASE_URL=TEST_DATABASE_URL, WORKER_PROCESSES="2",
+                      WORKER_PROCESSES="2",
                       WORKER_STATE_DIR=str(tmp_path / "state"), METRICS_PORT=str(free_port()))
     log = tmp_path / "worker.log"  # a file, not a pipe: a full pipe would stall the worker
     worker = subprocess.Popen([PYTHON, "-m", package_of(project), "worker"], cwd=project, env=env,

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import redis
 import yaml
-from bakery import PYTHON, TEMPLATE, TEST_DATABASE_URL, add_actors, bake_project, free_port
+from bakery import PYTHON, TEMPLATE, add_actors, bake_project, free_port
 
 
 def make(project: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -146,8 +146,8 @@ def test_make_dev_runs_redis_and_the_pool_and_reloads_after_the_drain(tmp_path: 
     redis_port, metrics_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("VIRTUAL_ENV", "PYTHON", "MAKE", "MFLAGS", "REDIS_", "WORKER_",
-                                "LOG_", "METRICS_"))}
-    env["DATABASE_URL"] = TEST_DATABASE_URL  # the interactive pool of this bake uses postgres
+                                "LOG_", "METRICS_", "DATABASE_", "PG"))}
+    # No PostgreSQL for the default pool (interactive uses none): a desk without a database.
     log = tmp_path / "dev.log"
     with log.open("wb") as out:
         make_dev = subprocess.Popen(

@@ -334,17 +334,18 @@ def test_over_budget_stack_is_refused_with_its_numbers(
 ) -> None:
     def grow(config: dict[str, Any]) -> None:
         config["pools"]["bulk"]["max_replicas"] = (
-            10  # staging: (10 + 2) x (2 x 2 + 1) = 60
+            17  # staging: (17 + 2) x (2 x 2 + 1) = 95
         )
 
     stderr = refused(edited_copy(default_project, tmp_path, "staging", grow), "staging")
     ours = [line for line in stderr.splitlines() if not line.startswith("make")]
     assert len(ours) == 1 and ours[0].startswith("manifests: stack 'staging' refused: ")
-    assert "postgres: pools use 125 > budget 110 (capacity 150 - reserved 40)" in stderr
+    assert "postgres: pools use 115 > budget 110 (capacity 150 - reserved 40)" in stderr
+    # Only the pools that use it count (interactive uses no database).
     assert (
-        "interactive (3 + 2) x (1 x 8 + 1) = 45, bulk (10 + 2) x (2 x 2 + 1) = 60, "
-        "critical (2 + 2) x (1 x 4 + 1) = 20"
+        "bulk (17 + 2) x (2 x 2 + 1) = 95, critical (2 + 2) x (1 x 4 + 1) = 20"
     ) in stderr
+    assert "interactive" not in stderr
 
 
 def test_lowered_capacity_is_refused(default_project: Path, tmp_path: Path) -> None:
@@ -671,19 +672,18 @@ def test_db_pool_below_concurrency_is_refused_by_the_model(
 def test_uses_changes_reach_the_pod_consistently(
     default_project: Path, tmp_path: Path
 ) -> None:
-    """uses: [] renders without DATABASE_URL and the pod boots (it no longer needs one);
-    uses: [postgres] on external gets the secret and the worker uses it."""
+    """postgres dropped from critical's uses renders it without DATABASE_URL and the pod
+    boots (it no longer needs one); uses: [postgres] on external gets the secret and the
+    worker uses it."""
 
     def swap(config: dict[str, Any]) -> None:
-        config["pools"]["interactive"]["uses"] = []
+        config["pools"]["critical"]["uses"] = ["partner_api"]
         config["pools"]["external"]["uses"] = ["postgres", "partner_api"]
 
     project, objects = overridden(default_project, tmp_path, "prod", swap)
-    interactive = boot(
-        project, objects, deployment_of(objects, "interactive"), tmp_path
-    )
-    assert "DATABASE_URL" not in interactive["_secrets"]
-    assert interactive["DATABASE_URL"] is None
+    critical = boot(project, objects, deployment_of(objects, "critical"), tmp_path)
+    assert "DATABASE_URL" not in critical["_secrets"]
+    assert critical["DATABASE_URL"] is None
     external = boot(project, objects, deployment_of(objects, "external"), tmp_path)
     assert "DATABASE_URL" in external["_secrets"]
     assert external["DB_POOL_SIZE"] == 4

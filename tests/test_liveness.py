@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from _lifecycle import Jobs, Worker, jobs, lc_project, wait_for, wait_ready, workers
-from bakery import PYTHON, RedisServer, baked_constant, package_of, project_env
+from bakery import DATABASE_POOL, PYTHON, RedisServer, baked_constant, package_of, project_env
 
 pytestmark = pytest.mark.slow
 __all__ = ["jobs", "lc_project", "workers"]
@@ -140,7 +140,7 @@ def test_live_probe_is_fast_and_imports_neither_dramatiq_nor_actors(
 def test_readiness_follows_the_database(default_project: Path, redis_url: str,
                                         database_url: str, tmp_path: Path) -> None:
     def ready(url: str) -> tuple[subprocess.CompletedProcess[str], float]:
-        env = project_env(default_project, WORKER_POOL="interactive", REDIS_URL=redis_url,
+        env = project_env(default_project, WORKER_POOL=DATABASE_POOL, REDIS_URL=redis_url,
                           DATABASE_URL=url, WORKER_STATE_DIR=str(tmp_path))
         started = time.monotonic()
         result = subprocess.run([PYTHON, "-m", package_of(default_project), "healthcheck",

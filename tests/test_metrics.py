@@ -19,7 +19,7 @@ from dramatiq.message import Message
 from prometheus_client.parser import text_string_to_metric_families
 
 from _lifecycle import Worker, free_port, get, wait_for
-from bakery import PYTHON, copy_project, package_of, project_env
+from bakery import DATABASE_POOL, DATABASE_QUEUE, PYTHON, copy_project, package_of, project_env
 
 pytestmark = pytest.mark.slow
 
@@ -75,7 +75,7 @@ def m_slow(n):
         time.sleep(0.02)
 
 
-@dramatiq.actor(queue_name="notifications", max_retries=0)
+@dramatiq.actor(queue_name="DATABASE_QUEUE", max_retries=0)
 def m_hold_db(n):
     from .. import db
 
@@ -91,7 +91,8 @@ def m_hold_db(n):
 
 def copy_with_actors(project: Path, target: Path) -> Path:
     """``project`` copied into the directory ``target`` with the metrics test actors."""
-    return copy_project(project, target / project.name, metrics_test=TEST_ACTORS)
+    actors = TEST_ACTORS.replace('"DATABASE_QUEUE"', repr(DATABASE_QUEUE))
+    return copy_project(project, target / project.name, metrics_test=actors)
 
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -411,7 +412,8 @@ def test_db_pool_in_use_reaches_db_pool_size(
         pool: Callable[..., Pool], bake: Callable[..., Path], redis_url: str,
         database_url: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     project = copy_with_actors(bake(sandbox_pool="no"), tmp_path_factory.mktemp("metrics_db"))
-    worker = pool(project, DATABASE_URL=database_url, DB_POOL_SIZE=str(CONCURRENCY))
+    worker = pool(project, WORKER_POOL=DATABASE_POOL, DATABASE_URL=database_url,
+                  DB_POOL_SIZE=str(CONCURRENCY))
     client = redis.Redis.from_url(redis_url)
     size = PROCESSES * CONCURRENCY
 
@@ -421,19 +423,19 @@ def test_db_pool_in_use_reaches_db_pool_size(
 
     wait_for(lambda: gauges() == (0, size), 10, "idle pools")
     for n in range(2):
-        enqueue(client, "m_hold_db", n)
+        enqueue(client, "m_hold_db", n, queue=DATABASE_QUEUE)
     wait_for(lambda: client.get("m_hold_db:holding") == b"2", 10, "2 holders")
     wait_for(lambda: gauges() == (2, size), 5, "2 connections in use")
     # Saturation: every handler holds a connection (the over-concurrency symptom).
     for n in range(2, size):
-        enqueue(client, "m_hold_db", n)
+        enqueue(client, "m_hold_db", n, queue=DATABASE_QUEUE)
     wait_for(lambda: client.get("m_hold_db:holding") == str(size).encode(), 10, "all holders")
     wait_for(lambda: gauges() == (size, size), 5, "pools saturated")
     assert value(scrape(worker.port), "worker_inflight_jobs") == size
     client.set("m_hold_db:release", 1)
     wait_for(lambda: gauges() == (0, size), 10, "connections returned")
     found = series(scrape(worker.port), "jobs_processed_total")
-    assert found == {frozenset({"queue": QUEUE, "actor": "m_hold_db",
+    assert found == {frozenset({"queue": DATABASE_QUEUE, "actor": "m_hold_db",
                                 "outcome": "success"}.items()): size}
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import redis
 from _lifecycle import Worker, wait_for
-from bakery import PYTHON, TEST_DATABASE_URL, package_of
+from bakery import PYTHON, package_of
 from dramatiq import Message
 
 pytestmark = pytest.mark.slow
@@ -63,8 +63,7 @@ def test_api_process_enqueues_with_only_redis_url(default_project: Path, redis_u
     (delayed,) = queued(client, "payments.DQ")
     assert delayed.actor_name == "capture_payment" and delayed.options["eta"] > 0
 
-    worker = Worker(default_project, redis_url, tmp_path / "worker",
-                    DATABASE_URL=TEST_DATABASE_URL)
+    worker = Worker(default_project, redis_url, tmp_path / "worker")  # needs no database
     worker.start()
     try:
         wait_for(lambda: client.get("idempotency:notification:by-name") == b"done"

@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 import redis
 import yaml
-from bakery import BAKED_FIXTURES, TEST_DATABASE_URL, bake_project
+from bakery import BAKED_FIXTURES, DATABASE_POOL, bake_project
 
 #: The README's sections whose code blocks are the runbook, in README order.
 SECTIONS = ("Quick start", "Deploying", "Enqueue a job")
@@ -42,6 +42,8 @@ SECTIONS = ("Quick start", "Deploying", "Enqueue a job")
 PROJECT = "runbook-worker"
 #: The pool the README runs, and the actor of its example job.
 POOL, ACTOR = "interactive", "send_notification"
+#: The baked tests that need a PostgreSQL (they skip without DATABASE_URL).
+DATABASE_TESTS = "tests/test_db.py"
 
 SKIPPED = {
     "make infra-install": (
@@ -60,9 +62,6 @@ SUBSTITUTED = {
     "redis-server --save '' &": (
         "6379 is this machine's shared Redis: a private redis-server of the test fixtures on "
         "a free port, its URL exported as REDIS_URL for every later command"
-    ),
-    "export DATABASE_URL=postgresql://postgres:postgres@localhost:5432/postgres": (
-        "this machine's PostgreSQL is TEST_DATABASE_URL (socket, trust auth): exported instead"
     ),
 }
 #: The second pool the README runs beside the first, and the port its line names.
@@ -133,20 +132,14 @@ def readme_steps(readme: str) -> list[Step]:
     return found
 
 
-#: Handled commands that only a bake with the database option has in its README.
-DATABASE_ONLY = {command for command in SUBSTITUTED if "DATABASE_URL" in command}
-
-
-def stale_entries(steps: list[Step], *, database: bool = True) -> list[str]:
+def stale_entries(steps: list[Step]) -> list[str]:
     """Handled commands that no README command is any more (renamed or removed).
 
     Parameters:
       steps: the README's runbook.
-      database: whether the bake has the database option (default: it has).
     """
     commands = {step.command for step in steps}
-    expected = HANDLED if database else [c for c in HANDLED if c not in DATABASE_ONLY]
-    return [command for command in expected if command not in commands]
+    return [command for command in HANDLED if command not in commands]
 
 
 # ---- one terminal -----------------------------------------------------------------------------
@@ -155,7 +148,7 @@ def stale_entries(steps: list[Step], *, database: bool = True) -> list[str]:
 def fresh_environment() -> dict[str, str]:
     """A new team's terminal: this test's own venv, variables and pytest's left out."""
     venv_bin = str(Path(sys.prefix) / "bin")
-    drop = ("WORKER_", "REDIS_", "DATABASE_", "DB_", "PYTEST_", "VIRTUAL_ENV", "PYTHON",
+    drop = ("WORKER_", "REDIS_", "DATABASE_", "DB_", "PG", "PYTEST_", "VIRTUAL_ENV", "PYTHON",
             "COV_", "METRICS_", "HEALTH_", "OTEL_", "LOG_LEVEL", "DLQ_")
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
     env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
@@ -277,7 +270,7 @@ class Runbook:
             script = self.project.parent / "enqueue.py"
             script.write_text(step.command)
             command = f"python {shlex.quote(str(script))}"
-        extra = {"PYTEST_ADDOPTS": f"-v -p no:cacheprovider --ignore={NOT_HERE}"
+        extra = {"PYTEST_ADDOPTS": f"-v -rs -p no:cacheprovider --ignore={NOT_HERE}"
                  } if step.command == "make test" else None
         done = self.terminal.run(command, extra=extra)
         assert done.returncode == 0, (
@@ -295,9 +288,6 @@ class Runbook:
     def substitute(self, command: str) -> None:
         if command.startswith("redis-server"):
             self.terminal.env["REDIS_URL"] = self.redis_url
-        elif command.startswith("export DATABASE_URL="):
-            assert self.database, "the database line in a bake without the database option"
-            self.terminal.env["DATABASE_URL"] = TEST_DATABASE_URL
 
     def stand_in_infra_venv(self) -> None:
         """infra/venv as `make infra-install` leaves it, from this checkout's worker-infra:
@@ -338,6 +328,17 @@ class Runbook:
         wait_for(f"`{command}` to be ready (/readyz)", lambda: self.readyz() == 200)
         ready = self.terminal.run(f"WORKER_POOL={POOL} {PROJECT} healthcheck ready")
         assert ready.returncode == 0, ready.stderr
+
+    def database_pool_says_what_to_do(self) -> None:
+        """A pool that uses PostgreSQL, started here without one, stops at boot with the one
+        line the README quotes (exit 78), and leaves the running pools alone."""
+        done = self.terminal.run(f"make run POOL={DATABASE_POOL}", timeout=60)
+        ours = [line for line in done.stderr.splitlines()  # stdout: make echoes the command
+                if line.strip() and not line.startswith("make")]
+        assert done.returncode != 0 and len(ours) == 1, done.stdout + done.stderr
+        assert "Error 78" in done.stderr, done.stderr
+        assert f"`{ours[0]}`" in self.baked["README.md"], ours[0]
+        assert self.readyz() == 200 and self.readyz(self.second_port) == 200
 
     def metrics(self, port: str) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
@@ -414,15 +415,21 @@ def check_config(book: Runbook, done: subprocess.CompletedProcess[str]) -> None:
     assert shown["WORKER_PREFETCH"] == pool.get("prefetch", pool["concurrency"])
     assert shown["REDIS_URL"] == book.redis_url
     assert all(value is not None for key, value in shown.items() if key.startswith("WORKER_"))
-    if book.database:
-        assert shown["DATABASE_URL"] == TEST_DATABASE_URL  # no password in it to mask
+    if book.database:  # no PostgreSQL here, and the quick start's pool needs none
+        assert shown["DATABASE_URL"] is None and sources["DATABASE_URL"] == "default"
 
 
 def check_test(book: Runbook, done: subprocess.CompletedProcess[str]) -> None:
     passed = set(re.findall(r"^(tests/[^:\s]+)::.* PASSED", done.stdout, re.M))
     files = {str(path.relative_to(book.project)) for path in book.project.glob("tests/test_*.py")}
-    assert passed == files - {NOT_HERE}, f"files without a passing test: {files - passed}"
-    assert book.database == ("tests/test_db.py" in passed)  # DATABASE_URL exported: it runs
+    # No PostgreSQL here: the database's tests skip, and say in one line how to run them.
+    needs_database = {DATABASE_TESTS} if book.database else set()
+    assert passed == files - {NOT_HERE} - needs_database, f"without a passing test: {files - passed}"
+    if book.database:
+        assert DATABASE_TESTS not in passed
+        (reason,) = set(re.findall(rf"^SKIPPED \[\d+\] {DATABASE_TESTS}:\d+: (.*)$", done.stdout,
+                                   re.M))
+        assert reason.startswith("DATABASE_URL is not set") and "make test" in reason, reason
 
 
 def check_lint(book: Runbook, done: subprocess.CompletedProcess[str]) -> None:
@@ -511,6 +518,9 @@ def runbook(request: pytest.FixtureRequest, tmp_path: Path,
     subprocess.run(["git", "init", "-q"], cwd=project, check=True, timeout=60)
     baked = {path: (project / path).read_text() for path in ("README.md", "ops/alerts.yaml")}
     env = {**fresh_environment(), "METRICS_PORT": str(BAKED_FIXTURES.free_port()),
+           # No PostgreSQL reachable: DATABASE_URL unset, and libpq's default host a folder
+           # where none listens (this machine's own answers on /var/run/postgresql).
+           "PGHOST": str(tmp_path / "no-postgresql"),
            # the Makefile's root of the pools' state folders (/tmp/<project> by default)
            "WORKER_STATE_ROOT": str(tmp_path / "state")}
     book = Runbook(project, options["database"] == "postgres", redis_url,
@@ -526,12 +536,14 @@ def runbook(request: pytest.FixtureRequest, tmp_path: Path,
                          indirect=True)
 def test_a_fresh_bake_follows_its_readme(runbook: Runbook) -> None:
     steps = readme_steps(runbook.baked["README.md"])
-    assert stale_entries(steps, database=runbook.database) == []
+    assert stale_entries(steps) == []
     if not runbook.database:
         assert "DATABASE_URL" not in runbook.baked["README.md"]
     try:
         for step in steps:
             runbook.step(step)
+        if runbook.database:
+            runbook.database_pool_says_what_to_do()
         second = runbook.ctrl_c(SECOND_RUN)
         lines = runbook.ctrl_c()
     except AssertionError:

@@ -449,7 +449,7 @@ import dramatiq
 from .. import db
 
 
-@dramatiq.actor(queue_name="notifications")
+@dramatiq.actor(queue_name="{queue}")
 def trace_query(job_id: str) -> None:
     with db.connection() as conn:
         conn.execute("SELECT 1").fetchone()
@@ -458,14 +458,15 @@ def trace_query(job_id: str) -> None:
 
 def test_a_handlers_sql_query_is_a_child_span_of_its_delivery(
         bake: Callable[..., Path], tmp_path: Path, redis_url: str, receiver: Receiver) -> None:
-    from bakery import TEST_DATABASE_URL
+    from bakery import DATABASE_POOL, DATABASE_QUEUE, TEST_DATABASE_URL
 
     base = bake()  # the database option
     project = tmp_path / base.name
     shutil.copytree(base, project)
-    (project / "src" / package_of(project) / "actors" / "trace_db.py").write_text(DB_ACTOR)
-    worker = Worker(project, redis_url, tmp_path / "w", DATABASE_URL=TEST_DATABASE_URL,
-                    DB_POOL_SIZE="4")
+    actors = project / "src" / package_of(project) / "actors"
+    (actors / "trace_db.py").write_text(DB_ACTOR.replace("{queue}", DATABASE_QUEUE))
+    worker = Worker(project, redis_url, tmp_path / "w", WORKER_POOL=DATABASE_POOL,
+                    DATABASE_URL=TEST_DATABASE_URL, DB_POOL_SIZE="4")
     worker.env = {**without_otel(worker.env), **otel_env(receiver, "orders-worker")}
     try:
         worker.start()

@@ -153,9 +153,11 @@ def test_database_url_is_required_only_by_pools_that_use_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("DATABASE_URL", raising=False)
-    lines = errors_of(monkeypatch, WORKER_POOL="interactive")
-    assert lines == ["DATABASE_URL=unset: required: pool 'interactive' uses 'postgres'"]
-    assert not settings_with(monkeypatch, WORKER_POOL="external").uses_database
+    lines = errors_of(monkeypatch, WORKER_POOL="critical")
+    assert lines == ["DATABASE_URL=unset: required: pool 'critical' uses 'postgres'"]
+    # The quick start's pools run with Redis alone (pools.toml: interactive uses nothing).
+    for pool in ("interactive", "external"):
+        assert not settings_with(monkeypatch, WORKER_POOL=pool).uses_database
 {%- endif %}
 
 
