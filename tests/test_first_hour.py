@@ -195,6 +195,21 @@ def test_make_dev_runs_redis_and_the_pool_and_reloads_after_the_drain(tmp_path: 
         print(log.read_text()[-5000:])
 
 
+@pytest.mark.slow
+def test_make_lints_mypy_checks_the_tests_too(project: Path, tmp_path: Path) -> None:
+    """The mypy --strict of `make lint` (and of the pre-commit hook) reads the tests as well
+    as src/ (pyproject.toml's files): a type error planted in a test file fails it, named."""
+    copy = tmp_path / project.name
+    shutil.copytree(project, copy, ignore=shutil.ignore_patterns(".venv", ".mypy_cache"))
+    (copy / "tests" / "test_planted.py").write_text(
+        'def test_planted() -> None:\n    count: int = "three"\n    assert count\n')
+    done = subprocess.run([PYTHON, "-m", "mypy", "--strict"], cwd=copy, capture_output=True,
+                          text=True, timeout=600, check=False)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "tests/test_planted.py:2: error: Incompatible types in assignment" in done.stdout, (
+        done.stdout)
+
+
 def test_ci_actions_are_pinned_by_commit_and_kept_current(project: Path) -> None:
     """Every action of the baked CI is pinned to a commit SHA (its tag in a comment), and
     the bake's Dependabot config updates the actions, the base image and both Python
