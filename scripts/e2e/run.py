@@ -382,8 +382,9 @@ class Run:
         def dev(data: dict[str, Any]) -> None:
             config = data["config"]
             config[key("pools")]["sandbox"]["min_replicas"] = 1
-            # interactive drains in 5 s, not 40 (grace and minReadySeconds 20 s, not 55):
-            # step 3 rolls it, and that roll waits minReadySeconds.
+            # interactive drains in 5 s, not 40 (grace 20 s, not 55): step 3 rolls it, and
+            # that roll waits for the old pod's drain (it holds no downstream resource, so
+            # no minReadySeconds).
             config[key("pools")]["interactive"].update(
                 job_timeout_ms=INTERACTIVE_DRAIN_MS - 1000,
                 shutdown_timeout_ms=INTERACTIVE_DRAIN_MS,
