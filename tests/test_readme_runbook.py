@@ -2,7 +2,9 @@
 "Quick start" and "Deploying" blocks and the code of "Enqueue a job", in README order, in
 one terminal whose state (an activated venv, exported variables) carries from command to
 command; each must succeed and do what the README says it does. `make install` is real: a
-new venv, pip installing the project and its dependencies from PyPI (about 35 s).
+new venv, pip installing the project and its dependencies from PyPI (about 35 s). No
+PostgreSQL is reachable (DATABASE_URL unset, libpq's default host empty): the quick start's
+two pools, side by side, need none, and a pool that does says so in the README's one line.
 
 Every command is run as written unless this file names it below, with the reason:
 SUBSTITUTED (this machine differs from a laptop), FOREGROUND (it holds its terminal until
