@@ -40,20 +40,17 @@ GROUP_MEMBER_DONE: Final = """
 local parties = tonumber(redis.call('get', KEYS[1]) or '0')
 redis.call('sadd', KEYS[2], ARGV[1])
 redis.call('pexpire', KEYS[2], ARGV[2])
-if parties > 0 and redis.call('scard', KEYS[2]) >= parties then
-  if redis.call('set', KEYS[3], '1', 'NX', 'PX', ARGV[2]) then
-    for i = 1, (#KEYS - 3) / 3 do
-      local queue, bodies, index = KEYS[3 * i + 1], KEYS[3 * i + 2], KEYS[3 * i + 3]
-      local at = 3 + 4 * (i - 1)
-      redis.call('hset', bodies, ARGV[at + 1], ARGV[at + 2])
-      redis.call('rpush', queue, ARGV[at + 1])
-      redis.call('hset', index, ARGV[at + 3], bodies .. ' ' .. ARGV[at + 1])
-      if ARGV[at + 4] ~= '' then redis.call('publish', ARGV[3], ARGV[at + 4]) end
-    end
-    return 1
-  end
+if parties == 0 or redis.call('scard', KEYS[2]) < parties then return 0 end
+if not redis.call('set', KEYS[3], '1', 'NX', 'PX', ARGV[2]) then return 0 end
+for i = 1, (#KEYS - 3) / 3 do
+  local queue, bodies, index = KEYS[3 * i + 1], KEYS[3 * i + 2], KEYS[3 * i + 3]
+  local at = 3 + 4 * (i - 1)
+  redis.call('hset', bodies, ARGV[at + 1], ARGV[at + 2])
+  redis.call('rpush', queue, ARGV[at + 1])
+  redis.call('hset', index, ARGV[at + 3], bodies .. ' ' .. ARGV[at + 1])
+  if ARGV[at + 4] ~= '' then redis.call('publish', ARGV[3], ARGV[at + 4]) end
 end
-return 0
+return 1
 """
 
 
