@@ -294,6 +294,42 @@ def test_sandbox_jobs_are_cancelled_queued_or_running_as_the_acl_user(
     assert refused == [], "the sandbox worker needed more than its ACL allows"
 
 
+def test_a_sandbox_group_member_sent_past_the_refusal_runs_once(
+    default_project: Path, redis_url: str, sandbox_user: redis.Redis, tmp_path: Path
+) -> None:
+    """A group member on the sandbox's queue (pushed raw: producers refuse it) cannot record
+    the group's completion as the ACL user: it runs once and is acked, not requeued."""
+    admin = sandbox_user
+    package = package_of(default_project)
+    member = str(uuid.uuid4())
+    raw = json.loads(body(QUEUE, "run_customer_code", ("def main(p):\n    return 1\n",), member))
+    raw["options"].update(group_completion_uuid=str(uuid.uuid4()), group_completion_callbacks=[])
+    admin.hset(f"{SNS}:{QUEUE}.msgs", member, json.dumps(raw))
+    admin.rpush(f"{SNS}:{QUEUE}", member)
+    env = project_env(
+        default_project, WORKER_POOL="sandbox", REDIS_URL=as_user(redis_url),
+        METRICS_PORT=str(BAKED_FIXTURES.free_port()), WORKER_STATE_DIR=str(tmp_path / "state"),
+        WORKER_PROCESSES="1",
+    )  # fmt: skip
+    worker = subprocess.Popen(
+        [sys.executable, "-m", package, "worker"], env=env, cwd=default_project,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: admin.hlen(f"{SNS}:{QUEUE}.msgs") == 0, 60, "the member acked", worker)
+        time.sleep(2)  # a requeued member would run again now
+    finally:
+        os.killpg(worker.pid, signal.SIGTERM)
+        try:
+            output, _ = worker.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(worker.pid, signal.SIGKILL)
+            output, _ = worker.communicate()
+    assert output.count('"sandbox run finished"') == 1, output[-3000:]
+    assert output.count("group completion not recorded") == 1, output[-3000:]
+    assert admin.llen(f"{SNS}:{QUEUE}") == 0 and admin.zcard(f"{SNS}:{QUEUE}.XQ") == 0
+
+
 DISPATCH = Path(dramatiq.__file__).parent / "brokers" / "redis" / "dispatch.lua"
 
 

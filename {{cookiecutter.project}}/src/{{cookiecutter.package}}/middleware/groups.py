@@ -90,6 +90,16 @@ class GroupCompletion(GroupCallbacks):
             fired = group_member_done(
                 self.client, completion, message.message_id, self.barrier_ttl, stored
             )
+        except redis.exceptions.NoPermissionError as error:
+            # A member of the sandbox's queue sent past the refusal at send: requeued, it
+            # would run again for ever; it is acked, the group's callbacks do not fire.
+            logger.error(
+                "group completion not recorded: this worker's Redis user may not write the "
+                "group's keys, its callbacks will not fire: %s",
+                error,
+                extra={"job_id": message.message_id, "group": completion},
+            )
+            return
         except redis.RedisError as error:
             logger.warning(
                 "group member requeued: its completion could not be recorded: %s",
