@@ -115,9 +115,13 @@ import dramatiq
 
 
 @dramatiq.actor(queue_name="notifications")
-def nap(marker: str, seconds: float) -> None:
+def nap(marker: str, release: str, limit: float) -> None:
+    """Runs until ``release`` exists (at most ``limit`` seconds): in flight for as long as
+    the test needs, however slow the machine."""
     Path(marker).write_text("started")
-    time.sleep(seconds)
+    deadline = time.monotonic() + limit
+    while not Path(release).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
 '''
 
 
@@ -160,9 +164,12 @@ def test_make_dev_runs_redis_and_the_pool_and_reloads_after_the_drain(tmp_path: 
         assert f"make dev: starting redis-server on port {redis_port}" in log.read_text()
         assert console.fullmatch(lines_of(log)[started])
         assert not [line for line in lines_of(log) if line.startswith("{")], "JSON lines"
-        # A 3 s job running when its module is edited: the reload drains it.
-        marker = tmp_path / "nap-started"
-        send = (f"from dev_worker.actors.nap import nap; nap.send({str(marker)!r}, 3.0)")
+        # A job running when its module is edited: the reload drains it. It runs until the
+        # test has seen the reload begin (a fixed nap ended before a loaded machine's
+        # watcher noticed the edit: drained finished=0).
+        marker, release = tmp_path / "nap-started", tmp_path / "nap-release"
+        send = (f"from dev_worker.actors.nap import nap; "
+                f"nap.send({str(marker)!r}, {str(release)!r}, 120.0)")
         subprocess.run([PYTHON, "-c", send], cwd=project, check=True, timeout=60,
                        env={**env, "PYTHONPATH": str(project / "src"),
                             "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0"})
@@ -174,6 +181,7 @@ def test_make_dev_runs_redis_and_the_pool_and_reloads_after_the_drain(tmp_path: 
         module.write_text(module.read_text() + "\n# edited\n")
         reloading = wait_for_line(log, lambda line: "source changed: reloading" in line,
                                   "the reload", after=started)
+        release.write_text("go")
         drained = wait_for_line(log, lambda line: " drained " in line, "the drain", reloading)
         assert "finished=1" in lines_of(log)[drained] and "interrupted=0" in lines_of(log)[drained]
         ended = [line for line in lines_of(log)[reloading:drained] if "event=job_end" in line]
