@@ -141,6 +141,17 @@ def wait_for_line(log: Path, predicate: Callable[[str], bool], what: str,
     raise AssertionError(f"timed out waiting for {what}:\n" + "\n".join(lines_of(log)[-30:]))
 
 
+def kill_session(sid: int) -> None:
+    """SIGKILL every process of the session ``sid`` (field 6 of /proc/<pid>/stat)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+            if int(fields[3]) == sid:
+                os.kill(int(stat.parent.name), signal.SIGKILL)
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+
+
 @pytest.mark.slow
 def test_make_dev_runs_redis_and_the_pool_and_reloads_after_the_drain(tmp_path: Path) -> None:
     """`make dev` in a fresh bake: its own redis-server, the pool with console logs; an
@@ -198,8 +209,10 @@ def test_make_dev_runs_redis_and_the_pool_and_reloads_after_the_drain(tmp_path: 
         with pytest.raises(redis.ConnectionError):  # its redis-server stopped too
             redis.Redis(port=redis_port, socket_connect_timeout=1).ping()
     finally:
-        if make_dev.poll() is None:
-            os.killpg(make_dev.pid, signal.SIGKILL)
+        # `make dev` puts each job in its own process group (set -m): on a failure, kill
+        # the whole session, or its redis-server and workers outlive the test.
+        kill_session(make_dev.pid)
+        make_dev.wait(timeout=30)
         print(log.read_text()[-5000:])
 
 
