@@ -124,6 +124,18 @@ def wait_for(condition: Callable[[], object], timeout: float, what: str,
         time.sleep(0.1)
 
 
+
+def stopped(worker: subprocess.Popen[str]) -> str:
+    """SIGTERM the worker's process group (SIGKILL after 60 s); its whole output."""
+    os.killpg(worker.pid, signal.SIGTERM)
+    try:
+        output, _ = worker.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(worker.pid, signal.SIGKILL)
+        output, _ = worker.communicate()
+    return output
+
+
 PRODUCE = """
 from {package}.actors.sandbox import run_customer_code
 from {package}.producer import enqueue
@@ -196,12 +208,7 @@ def test_sandbox_worker_runs_its_own_jobs_as_the_acl_user(
         wait_for(lambda: admin.zscore(f"{SNS}:__heartbeats__", killed) is None, 60,
                  "the supervisor to forget the killed process", worker)  # fmt: skip
     finally:
-        os.killpg(worker.pid, signal.SIGTERM)
-        try:
-            output, _ = worker.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(worker.pid, signal.SIGKILL)
-            output, _ = worker.communicate()
+        output = stopped(worker)
     assert worker.returncode == 0, output[-3000:]
     statuses = sorted(json.loads(line).get("sandbox_status") for line in output.splitlines()
                       if line.startswith("{") and '"sandbox run finished"' in line)  # fmt: skip
@@ -282,12 +289,7 @@ def test_sandbox_jobs_are_cancelled_queued_or_running_as_the_acl_user(
         assert admin.zcard(f"{SNS}:{QUEUE}.XQ") == 0
         assert admin.hlen(f"{SNS}:__where__") == 0  # the index follows the messages out
     finally:
-        os.killpg(worker.pid, signal.SIGTERM)
-        try:
-            output, _ = worker.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(worker.pid, signal.SIGKILL)
-            output, _ = worker.communicate()
+        output = stopped(worker)
     assert worker.returncode == 0, output[-3000:]
     assert '"sandbox run finished"' not in output, output[-3000:]  # neither snippet finished
     refused = [entry for entry in denials(admin) if entry.get("object") != "config|get"]
@@ -319,12 +321,7 @@ def test_a_sandbox_group_member_sent_past_the_refusal_runs_once(
         wait_for(lambda: admin.hlen(f"{SNS}:{QUEUE}.msgs") == 0, 60, "the member acked", worker)
         time.sleep(2)  # a requeued member would run again now
     finally:
-        os.killpg(worker.pid, signal.SIGTERM)
-        try:
-            output, _ = worker.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(worker.pid, signal.SIGKILL)
-            output, _ = worker.communicate()
+        output = stopped(worker)
     assert output.count('"sandbox run finished"') == 1, output[-3000:]
     assert output.count("group completion not recorded") == 1, output[-3000:]
     assert admin.llen(f"{SNS}:{QUEUE}") == 0 and admin.zcard(f"{SNS}:{QUEUE}.XQ") == 0
