@@ -232,9 +232,9 @@ def test_make_lints_mypy_checks_the_tests_too(project: Path, tmp_path: Path) -> 
 
 
 def test_ci_actions_are_pinned_by_commit_and_kept_current(project: Path) -> None:
-    """Every action of the baked CI is pinned to a commit SHA (its tag in a comment), and
-    the bake's Dependabot config updates the actions, the base image and both Python
-    dependency sets."""
+    """Every action of the baked CI is pinned to a commit SHA (its tag in a comment), its
+    PostgreSQL is compose.yaml's (pinned by digest), and the bake's Dependabot config updates
+    the actions, the base image, compose's images and both Python dependency sets."""
     workflow = (project / ".github" / "workflows" / "ci.yml").read_text()
     uses = re.findall(r"uses: (\S+)(.*)", workflow)
     assert uses, "no action in ci.yml"
@@ -243,7 +243,12 @@ def test_ci_actions_are_pinned_by_commit_and_kept_current(project: Path) -> None
         assert re.fullmatch(r"\s+# v\d+\.\d+\.\d+", comment), (action, comment)
     config = yaml.safe_load((project / ".github" / "dependabot.yml").read_text())
     covered = {(u["package-ecosystem"], u["directory"]) for u in config["updates"]}
-    assert {("github-actions", "/"), ("docker", "/"), ("pip", "/"), ("pip", "/infra")} <= covered
+    assert {("github-actions", "/"), ("docker", "/"), ("docker-compose", "/"), ("pip", "/"),
+            ("pip", "/infra")} <= covered
+    # CI runs no image of its own: its PostgreSQL is compose.yaml's, pinned there by digest
+    # (the baked tests/test_compose.py) and kept current by the docker-compose entry.
+    assert "image:" not in workflow
+    assert "docker compose up -d --wait postgres" in workflow
 
 
 @pytest.mark.slow

@@ -74,10 +74,17 @@ def test_ci_workflow_is_actionlint_clean_and_covers_every_stack(
     assert "make manifests STACK=${{ matrix.stack }}" in steps["manifests"]
     assert "make alerts-check" in steps["manifests"]
     assert loaded["env"]["PYTHON_VERSION"] == options["python_version"]
-    services = jobs["test"].get("services", {})
-    assert ("postgres" in services) == (options["database"] == "postgres")
-    if "postgres" in services:
-        assert jobs["test"]["env"]["DATABASE_URL"].startswith("postgresql://")
+    # With the database option the tests get compose.yaml's PostgreSQL (its image pinned
+    # there, on the port DATABASE_URL names); no service container of CI's own.
+    assert "services" not in jobs["test"]
+    database = options["database"] == "postgres"
+    assert ("docker compose up -d --wait postgres" in steps["test"]) == database
+    assert ("DATABASE_URL" in jobs["test"].get("env", {})) == database
+    if database:
+        compose = yaml.safe_load((project / "compose.yaml").read_text())
+        (published,) = compose["services"]["postgres"]["ports"]
+        url = jobs["test"]["env"]["DATABASE_URL"]
+        assert url.startswith("postgresql://") and f":{published.split(':')[-1]}/" in url
     assert loaded["permissions"] == {"contents": "read"}
 
 

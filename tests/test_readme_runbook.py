@@ -77,8 +77,9 @@ FOREGROUND = {
     ),
     f"make run POOL={POOL}": (
         "holds its terminal: started, waited for until it logs its start, kept running while "
-        "the later commands run (a second terminal), then stopped with Ctrl-C (SIGINT to its "
-        "process group) at the end, which must drain and exit 0"
+        "the later commands run (a second terminal); a save of an actor's module must reload "
+        "it after its drain; stopped with Ctrl-C (SIGINT to its process group) at the end, "
+        "which must drain and exit 0"
     ),
 }
 #: What `make test` leaves out here (PYTEST_ADDOPTS): the sandbox's escape matrix.
@@ -342,6 +343,38 @@ class Runbook:
         assert f"`{ours[0]}`" in self.baked["README.md"], ours[0]
         assert self.readyz() == 200 and self.readyz(self.second_port) == 200
 
+    def refused_at_once(self) -> None:
+        """A second copy of the running pool on its port (a state folder of its own): `make
+        run` stops at once with the one line the README quotes (exit 78), not waiting for an
+        edit; the running pools stay ready."""
+        port = self.terminal.env["METRICS_PORT"]
+        other = self.project.parent / "state-of-a-copy"
+        done = self.terminal.run(f"make run POOL={POOL} WORKER_STATE_ROOT={other}", timeout=60)
+        ours = [line for line in done.stderr.splitlines()
+                if line.strip() and not line.startswith("make")]
+        assert "Error 78" in done.stderr and len(ours) == 1, done.stdout + done.stderr
+        assert f"`{ours[0].replace(port, '9191')}`" in self.baked["README.md"], ours[0]
+        assert self.readyz() == 200 and self.readyz(self.second_port) == 200
+
+    def reloads_on_save(self) -> None:
+        """A save of an actor's module: both running pools (`make run` watches src/) drain,
+        stop and start again, and are ready again."""
+        logs = [log for _, log in self.foreground.values()]
+        starts = [self.events(log, "start") for log in logs]
+        module = next(path for path in (self.project / "src").rglob("actors/*.py")
+                      if f"def {ACTOR}(" in path.read_text())
+        module.write_text(module.read_text() + "\n# saved\n")
+        for log, before in zip(logs, starts, strict=True):
+            wait_for(f"{log.name}: the reload", lambda log=log, before=before:
+                     self.events(log, "start") > before, 90)
+            assert any(line.get("msg") == "source changed: reloading" for line in json_lines(log))
+        wait_for("both pools ready again",
+                 lambda: self.readyz() == 200 and self.readyz(self.second_port) == 200)
+
+    @staticmethod
+    def events(log: Path, event: str) -> int:
+        return sum(1 for line in json_lines(log) if line.get("event") == event)
+
     def metrics(self, port: str) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
             return str(response.read().decode())
@@ -357,10 +390,11 @@ class Runbook:
     def ctrl_c(self, command: str = f"make run POOL={POOL}") -> list[dict[str, Any]]:
         """Ctrl-C in the foreground command's terminal: SIGINT to its process group."""
         process, log = self.foreground[command]
+        stops = self.events(log, "stop")  # one per reload so far
         os.killpg(process.pid, signal.SIGINT)
         try:
             wait_for("the worker to stop after Ctrl-C",
-                     lambda: any(line.get("event") == "stop" for line in json_lines(log)), 90)
+                     lambda: self.events(log, "stop") > stops, 90)
         except AssertionError as timeout:
             raise AssertionError(f"{timeout}; still running:\n{still_running(process.pid)}") from None
         process.wait(timeout=30)
@@ -546,15 +580,18 @@ def test_a_fresh_bake_follows_its_readme(runbook: Runbook) -> None:
             runbook.step(step)
         if runbook.database:
             runbook.database_pool_says_what_to_do()
+        runbook.refused_at_once()
+        runbook.reloads_on_save()
         second = runbook.ctrl_c(SECOND_RUN)
         lines = runbook.ctrl_c()
     except AssertionError:
         print("\n\n".join(runbook.terminal.log[-6:]))
         raise
+    # Each pool stopped twice, cleanly: for the reload, then for Ctrl-C.
     stopped = [line for line in lines if line.get("event") == "stop"]
-    assert [line["exit_code"] for line in stopped] == [0], stopped
+    assert [line["exit_code"] for line in stopped] == [0, 0], stopped
     stopped = [line for line in second if line.get("event") == "stop"]
-    assert [(line["pool"], line["exit_code"]) for line in stopped] == [(SECOND, 0)], stopped
+    assert [(line["pool"], line["exit_code"]) for line in stopped] == [(SECOND, 0)] * 2, stopped
     assert any(line.get("msg") == "drained" for line in lines), lines[-5:]
     print("\n".join(f"{seconds:6.1f} s  {command}" for command, seconds in runbook.terminal.timings))
     run = {step.command for step in steps} - set(SKIPPED)

@@ -1,5 +1,7 @@
 """compose.yaml runs the pools of pools.toml: one worker service per pool, each stopped with
-more grace than its drain window, probed with `healthcheck ready`; Redis is not published."""
+more grace than its drain window, probed with `healthcheck ready`; Redis (and PostgreSQL)
+published on loopback only; pulled images pinned by digest; `docker compose watch`
+rebuilds the workers on a source change."""
 
 from __future__ import annotations
 
@@ -89,3 +91,43 @@ def test_sandbox_workers_reach_only_the_broker(compose: dict[str, Any]) -> None:
     if sandboxed:
         assert compose["networks"]["broker"]["internal"] is True
         assert "broker" in compose["services"]["redis"]["networks"]
+
+
+def test_pulled_images_are_pinned_by_digest(compose: dict[str, Any]) -> None:
+    """Every image pulled (Redis{% if cookiecutter.database == "postgres" %}, PostgreSQL{% endif %}) names its tag and is pinned by digest: two
+    `docker compose up` a week apart run the same bytes, until Dependabot proposes the tag's
+    newer digest (.github/dependabot.yml, docker-compose)."""
+    pulled = {
+        name: spec["image"] for name, spec in compose["services"].items() if "build" not in spec
+    }
+    assert "redis" in pulled
+    for name, image in pulled.items():
+        assert re.fullmatch(r"[a-z0-9./-]+:[\w.-]+@sha256:[0-9a-f]{64}", image), (name, image)
+    dependabot = yaml.safe_load((ROOT / ".github" / "dependabot.yml").read_text())
+    assert any(
+        update["package-ecosystem"] == "docker-compose" and update["directory"] == "/"
+        for update in dependabot["updates"]
+    ), dependabot
+
+
+def test_compose_watch_rebuilds_every_worker_on_a_source_change(
+    compose: dict[str, Any],
+) -> None:
+    """`docker compose watch`: a change under src/, of pools.toml or of pyproject.toml
+    rebuilds the image of every worker and the scheduler (each then drains, like a deploy);
+    each watched path exists, and the Dockerfile copies src/ after the locked dependencies'
+    layer, so such a rebuild reinstalls the service only."""
+    built = {name: spec for name, spec in compose["services"].items() if "build" in spec}
+    assert set(workers(compose)) <= set(built) and "scheduler" in built
+    for name, spec in built.items():
+        rules = spec["develop"]["watch"]
+        assert {(rule["path"], rule["action"]) for rule in rules} == {
+            ("./src", "rebuild"),
+            ("./pools.toml", "rebuild"),
+            ("./pyproject.toml", "rebuild"),
+        }, name
+        assert all((ROOT / rule["path"]).exists() for rule in rules), name
+    steps = (ROOT / "Dockerfile").read_text().replace("\\\n", " ").splitlines()
+    lock = next(i for i, step in enumerate(steps) if "-r requirements.lock" in step)
+    source = steps.index("COPY src ./src")
+    assert steps[lock].startswith("RUN") and lock < source, steps

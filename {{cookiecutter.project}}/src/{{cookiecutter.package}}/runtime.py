@@ -10,10 +10,7 @@ signal, at least a second after the first, closes the drain window at once.
 
 from __future__ import annotations
 
-import ctypes
 import logging
-import signal
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -30,11 +27,11 @@ from .consumer import SettlingRedisBroker
 from .exitcodes import EX_OK
 from .lifecycle import LIFECYCLE, Lifecycle
 from .middleware import GracefulShutdown
+from .parentdeath import die_with_parent
 from .settings import Settings, refuse
 from .stopsignals import StopSignals
 
 logger = logging.getLogger(__name__)
-PR_SET_PDEATHSIG = 1
 #: How long interrupted handlers get to unwind before the process exits without them.
 INTERRUPT_GRACE_S = 2.0
 #: How long the consumers get to stop fetching (one fetch of ``FETCH_TIMEOUT_MS`` at most,
@@ -53,12 +50,6 @@ TICK_INTERVAL_S = 1.0
 #: ``WORKER_PREFETCH`` (default: the concurrency), not Dramatiq's twice the threads, so no
 #: message waits behind a long job in a busy process.
 FETCH_TIMEOUT_MS = 200
-
-
-def die_with_parent() -> None:
-    """Ask the kernel to SIGTERM this process when the supervisor dies (Linux only)."""
-    if sys.platform == "linux":
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _join(

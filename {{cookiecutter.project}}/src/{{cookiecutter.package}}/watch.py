@@ -1,24 +1,34 @@
 """``worker --watch``: run the worker, and run it again when its source changes.
 
-For a desk (``make dev``), never for production. The worker runs as a child process in
-a process group of its own; every ``interval_s`` (default 0.5 s) the modification
-times of the package's ``.py`` files and of pools.toml are compared with the last look.
-On a change the child gets SIGTERM, as Kubernetes sends it: the worker drains (its jobs
-finish within ``WORKER_SHUTDOWN_TIMEOUT_MS`` or are requeued), exits, and is started
-again. A worker that exits by itself (a syntax error, a bad setting: exit 78) is started
-again after the next change. Ctrl-C or SIGTERM stops the child the same way (one
-SIGTERM) and then this process, with the child's exit code.
+For a desk (``make run``, ``make dev``), never for production. The worker runs as a child
+process in a process group of its own, sent SIGTERM by the kernel if this process dies
+(:mod:`.parentdeath`); every ``interval_s`` (default 0.5 s) the modification times of the
+package's ``.py`` files and of pools.toml are compared with the last look. On a change the
+child gets SIGTERM, as Kubernetes sends it: the worker drains (its jobs finish within
+``WORKER_SHUTDOWN_TIMEOUT_MS`` or are requeued), exits, and is started again.
+
+A worker that exits by itself after a reload (a syntax error, a bad pools.toml: exit 78) is
+started again after the next change: the edit in progress is not finished. One that exits
+78 at its first start ends the watch with 78 (its one line says why: a busy
+``METRICS_PORT``, a state folder another pool uses, a setting of the environment); no
+edit of the watched files is awaited for what the command line or the machine must change.
+Ctrl-C, SIGTERM or SIGHUP (the terminal closed) stops the child the same way (one SIGTERM)
+and then this process, with the child's exit code.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import subprocess
 import time
 from collections.abc import Iterable
 from pathlib import Path
 from types import FrameType
+
+from .exitcodes import EX_CONFIG
+from .parentdeath import stop_with_parent
 
 logger = logging.getLogger(__name__)
 
@@ -76,15 +86,19 @@ class Watcher:
         return [], files
 
     def run(self) -> int:
-        signal.signal(signal.SIGINT, self._on_signal)
-        signal.signal(signal.SIGTERM, self._on_signal)
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, self._on_signal)
         files = snapshot(self.roots)
         code = 0
+        first = True
         while not self.stopping:
             # Its own process group: Ctrl-C reaches this process only, which sends one
             # SIGTERM (a second signal would cut the worker's drain short).
-            child = subprocess.Popen(self.command, process_group=0)
-            logger.info("watching for changes", extra={"child": child.pid, "files": len(files)})
+            child = subprocess.Popen(
+                self.command, process_group=0, preexec_fn=stop_with_parent(os.getpid())
+            )
+            # Debug only: a worker refused at once leaves its one line alone on stderr.
+            logger.debug("watching for changes", extra={"child": child.pid, "files": len(files)})
             diff, files = self._wait_for_change(files, child)
             if child.poll() is None:
                 if diff:
@@ -92,8 +106,9 @@ class Watcher:
                     logger.info("source changed: reloading", extra={"changed": shown})
                 child.send_signal(signal.SIGTERM)
             code = child.wait()
-            if self.stopping:
+            if self.stopping or (first and not diff and code == EX_CONFIG):
                 break
+            first = False
             if not diff:  # it exited by itself: start it again after the next change
                 logger.warning("worker exited: waiting for a change", extra={"exit_code": code})
                 diff, files = self._wait_for_change(files, None)

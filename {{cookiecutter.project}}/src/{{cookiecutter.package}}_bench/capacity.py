@@ -54,7 +54,6 @@ Exit codes: 0 measured, 1 refused or aborted (one line says why), 2 usage.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import signal
@@ -63,7 +62,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -72,6 +70,7 @@ from {{ cookiecutter.package }} import layout
 from {{ cookiecutter.package }}.arguments import command_parser, positive_int
 from {{ cookiecutter.package }}.exitcodes import EX_FAILURE, EX_INTERRUPTED, EX_OK
 from {{ cookiecutter.package }}.layout import QueueKeys
+from {{ cookiecutter.package }}.parentdeath import stop_with_parent
 from {{ cookiecutter.package }}.pools import KILL_AFTER_DRAIN_S, Concurrency, bounds
 
 if TYPE_CHECKING:
@@ -90,8 +89,6 @@ TIMED_SHARE = 4
 NOISY_SPREAD = 0.25
 #: Lines of the worker's log shown when it fails.
 LOG_TAIL = 5
-#: prctl(2): the signal a process gets when its parent dies.
-PR_SET_PDEATHSIG = 1
 
 
 class CapacityError(Exception):
@@ -250,22 +247,8 @@ def start_worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
             env=env,
             stdout=output,
             stderr=subprocess.STDOUT,
-            preexec_fn=_stop_with_parent(os.getpid()),
+            preexec_fn=stop_with_parent(os.getpid()),
         )
-
-
-def _stop_with_parent(parent: int) -> Callable[[], None]:
-    """A ``preexec_fn`` that has the child sent SIGTERM when ``parent`` dies (Linux's
-    ``PR_SET_PDEATHSIG``, kept across exec), and exit at once if it died already. The
-    libc call is looked up here, before the fork: the child only calls it."""
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-
-    def arm() -> None:
-        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != parent:
-            os._exit(EX_FAILURE)
-
-    return arm
 
 
 def stop_worker(process: subprocess.Popen[bytes], timeout_s: float) -> None:
