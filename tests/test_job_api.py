@@ -514,6 +514,50 @@ def test_a_retry_copy_is_found_by_its_id_and_cancelled(
     assert worker.stop() == 0
 
 
+def test_the_index_follows_messages_dead_lettered_unread_or_by_recovery_and_replayed(
+        workers: Callable[..., Worker], jobs: Jobs, api_project: Path, redis_url: str) -> None:
+    """The message index (one entry per stored message: a cancel's one look-up) keeps none
+    for a message the service sent that a foreign writer then garbled (dead-lettered as
+    malformed, unread) or whose worker process died WORKER_MAX_ATTEMPTS times (dead-lettered
+    by recovery); a dead letter replayed is indexed again: a cancel finds it, it never runs."""
+    sent = produce(api_project, redis_url, (
+        "from {package}.actors.lc_test import lc_poison, lc_quick\n"
+        "print(lc_quick.send('garbled').options['redis_message_id'])\n"
+        "print(lc_poison.send('poison').message_id)\n"))
+    assert sent.returncode == 0, sent.stderr
+    garbled, poison = sent.stdout.split()
+    stored = json.loads(jobs.client.hget(f"{NS}:{QUEUE}.msgs", garbled))
+    stored["kwargs"] = []  # its message id kept: the worker can still name its entry
+    jobs.client.hset(f"{NS}:{QUEUE}.msgs", garbled, json.dumps(stored))
+    index = f"{NS}:__where__"
+    assert jobs.client.hlen(index) == 2
+    worker = workers(WORKER_MAX_ATTEMPTS="2")
+    wait_for(lambda: jobs.client.zcard(f"{NS}:{QUEUE}.XQ") == 2, 60, "both dead-lettered")
+    wait_for(lambda: not jobs.stranded(), 30, "nothing held")
+    assert len(jobs.starts("poison")) == 2 and jobs.starts("garbled") == []
+    assert jobs.client.hgetall(index) == {}  # the old code kept both entries
+    assert worker.stop() == 0
+
+    (letter,) = [redis_id for redis_id, raw in jobs.client.hgetall(f"{NS}:{QUEUE}.XQ.msgs").items()
+                 if poison.encode() in raw]
+    replayed = run_cli(api_project, "dlq", "replay", letter.decode(), "--queue", QUEUE,
+                       env=worker.env)
+    assert replayed.returncode == 0, replayed.stderr
+    assert jobs.client.hexists(index, poison)  # the old code: not indexed, cancel said False
+    cancelled = produce(api_project, redis_url, (
+        "from {package}.producer import cancel\n"
+        f"print(cancel({poison!r}))\n"))
+    assert cancelled.stdout.strip() == "True", cancelled.stderr
+    worker = workers()
+    jobs.enqueue("lc_quick", "after")  # queued behind the replayed copy
+    wait_for(lambda: jobs.dones("after"), 30, "a job after the replayed copy")
+    wait_for(lambda: counted(worker.metrics(), "cancelled") == 1, 30, "the replay skipped")
+    assert len(jobs.starts("poison")) == 2
+    wait_for(lambda: not jobs.stranded(), 30, "nothing held")
+    assert jobs.client.hgetall(index) == {}
+    assert worker.stop() == 0
+
+
 PIPELINES = """\
 import dramatiq
 from {package}.actors.job_api import api_add, api_typed_stage

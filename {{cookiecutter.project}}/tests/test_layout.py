@@ -64,23 +64,33 @@ def test_requeue_and_dead_letter_move_a_held_message_once(client: redis.Redis) -
     assert client.lrange(layout.queue_key("q"), 0, -1) == [b"a"]
     assert client.hget(layout.bodies_key("q"), "a") == b"new"
 
-    assert layout.dead_letter_held(client, "w", "q", "b", b"dead body")
-    assert not layout.dead_letter_held(client, "w", "q", "b", b"dead body")
+    # The index names b's copy under its message id "m", and a later copy of "n" elsewhere.
+    index = layout.message_index_key()
+    client.hset(index, mapping={"m": layout.message_place("q", "b"), "n": "elsewhere"})
+    assert layout.dead_letter_held(client, "w", "q", "b", b"dead body", "m")
+    assert not layout.dead_letter_held(client, "w", "q", "b", b"dead body", "m")
     zset, bodies = layout.dead_letter_keys("q")
     assert client.zrange(zset, 0, -1) == [b"b"]
     assert client.hget(bodies, "b") == b"dead body"
     assert not client.hexists(layout.bodies_key("q"), "b")
     assert not client.exists(layout.acks_key("w", "q"))
+    # Its entry went with it; an entry naming another copy stays (a wrong guess is harmless).
+    client.sadd(layout.acks_key("w", "q"), "c")
+    assert layout.dead_letter_held(client, "w", "q", "c", b"dead body", "n")
+    assert client.hgetall(index) == {b"n": b"elsewhere"}
 
 
 def test_replay_and_purge_take_a_dead_letter_once(client: redis.Redis) -> None:
     zset, bodies = layout.dead_letter_keys("q")
     client.zadd(zset, {"x": 1, "y": 2})
     client.hset(bodies, mapping={"x": b"x", "y": b"y"})
-    assert layout.replay_dead_letters(client, "q", [("x", "x2", b"fresh")]) == 1
-    assert layout.replay_dead_letters(client, "q", [("x", "x3", b"fresh")]) == 0
+    assert layout.replay_dead_letters(client, "q", [("x", "x2", b"fresh", "mx")]) == 1
+    assert layout.replay_dead_letters(client, "q", [("x", "x3", b"fresh", "mx")]) == 0
     assert client.lrange(layout.queue_key("q"), 0, -1) == [b"x2"]
     assert client.hget(layout.bodies_key("q"), "x2") == b"fresh"
+    # The replayed copy is the message's latest: found by its id (cancel).
+    index = client.hget(layout.message_index_key(), "mx")
+    assert index == layout.message_place("q", "x2").encode()
     assert layout.purge_dead_letters(client, "q", ["y", "y"]) == 1
     assert layout.purge_dead_letters(client, "q", ["y"]) == 0
     assert client.zcard(zset) == 0 and client.hlen(bodies) == 0

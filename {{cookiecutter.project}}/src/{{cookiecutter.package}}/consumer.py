@@ -75,7 +75,7 @@ from dramatiq.errors import ConnectionClosed
 from dramatiq.middleware import Middleware, MiddlewareError
 
 from . import brokerstate, layout
-from .messages import dead_letter_body, inspect
+from .messages import dead_letter_body, indexed_id, inspect
 from .settlement import (
     ACK,
     REJECT_SIGNAL,
@@ -284,7 +284,12 @@ class SettlingConsumer(_RedisConsumer):
             return message
         reason = f"malformed message: {problem}"
         stored = dead_letter_body(body, self.queue_name, reason, message, fields)
-        self.broker.settle(self.queue_name, redis_id, Settlement("dead_letter", stored))
+        self.broker.settle(
+            self.queue_name,
+            redis_id,
+            Settlement("dead_letter", stored),
+            indexed_id(fields),
+        )
         known = fields if isinstance(fields, dict) else {}
         self.broker.rejected(
             self.queue_name,
@@ -750,10 +755,13 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
         if consumer is not None:
             consumer.wake()
 
-    def settle(self, queue: str, redis_id: str, settlement: Settlement) -> bool:
+    def settle(
+        self, queue: str, redis_id: str, settlement: Settlement, message_id: str = ""
+    ) -> bool:
         """Store ``settlement`` of the delivery ``redis_id`` held on ``queue``; False when
-        this worker no longer held it (someone else recovered it)."""
-        settled, _ = self.settle_and_take(queue, redis_id, settlement, 0)
+        this worker no longer held it (someone else recovered it). ``message_id`` (default:
+        none) keeps the message index, as :meth:`settle_and_take`."""
+        settled, _ = self.settle_and_take(queue, redis_id, settlement, 0, message_id)
         return settled
 
     def reclaim_orphans(self, now: float) -> int:

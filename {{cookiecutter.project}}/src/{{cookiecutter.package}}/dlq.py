@@ -365,7 +365,7 @@ def replay_page(
     timestamp the worker writes: the backlog's age of a replayed message is then right
     whatever the clock of the host that replays it)."""
     now_ms = layout.redis_now_ms(client) if now_ms is None else now_ms
-    moves: list[tuple[str, str, bytes]] = []
+    moves: list[tuple[str, str, bytes, str]] = []
     skipped: list[str] = []
     for letter in letters:
         try:
@@ -373,7 +373,8 @@ def replay_page(
         except DeadLetterError as error:
             skipped.append(str(error))
             continue
-        moves.append((letter.redis_id, message.options[layout.REDIS_MESSAGE_ID], message.encode()))
+        new_id = message.options[layout.REDIS_MESSAGE_ID]
+        moves.append((letter.redis_id, new_id, message.encode(), message.message_id))
     return layout.replay_dead_letters(client, queue, moves), skipped
 
 

@@ -68,3 +68,14 @@ def dead_letter_body(
     if message is not None:
         return message.copy(options={layout.DEAD_LETTER_REASON: reason}).encode()
     return layout.malformed_record(body, queue, reason, fields)
+
+
+def indexed_id(fields: Any) -> str:
+    """The message id under which the message index (:func:`.layout.message_index_key`) may
+    hold a stored message that is dead-lettered undecoded: its ``message_id`` field when
+    that is a string, else '' (not known: a body that is not a JSON object keeps its entry,
+    its redis id being another uuid). The index drops an entry only while it names that very
+    copy, so a forged id removes nothing."""
+    if isinstance(fields, dict) and isinstance(fields.get("message_id"), str):
+        return str(fields["message_id"])
+    return ""

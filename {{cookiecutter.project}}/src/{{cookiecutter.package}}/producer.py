@@ -67,8 +67,8 @@ def cancel(message_id: str) -> bool:
     Returns True when the message was found queued, delayed or running (False: it had
     ended, or never existed; it is cancelled all the same should it appear). One round
     trip, whatever is queued: the message is found by its id in the message index
-    (:func:`.layout.message_index_key`), the sandbox's queue's too. A message this service
-    did not enqueue (raw Redis, a dead letter replayed) is not in the index: cancelled all
-    the same, reported False.
+    (:func:`.layout.message_index_key`), the sandbox's queue's too (a replayed dead letter
+    is indexed by its replay). A message this service did not enqueue (raw Redis, bare
+    Dramatiq) is not in the index: cancelled all the same, reported False.
     """
     return layout.record_cancel(broker.client, message_id)

@@ -28,7 +28,7 @@ import redis
 from dramatiq.message import Message
 
 from . import layout
-from .messages import dead_letter_body, inspect
+from .messages import dead_letter_body, indexed_id, inspect
 from .telemetry import record_lost_delivery
 
 logger = logging.getLogger(__name__)
@@ -49,7 +49,9 @@ def dead_letter(
     """
     message = message.copy(options={layout.DEAD_LETTER_REASON: reason})
     redis_id = message.options[layout.REDIS_MESSAGE_ID]
-    moved = layout.dead_letter_held(client, broker_id, queue, redis_id, message.encode())
+    moved = layout.dead_letter_held(
+        client, broker_id, queue, redis_id, message.encode(), message.message_id
+    )
     if moved:
         logger.warning(
             "dead-lettered message",
@@ -132,7 +134,10 @@ def _recover_crashed(
     if message is None or (problem is not None and layout.REDIS_MESSAGE_ID not in problem):
         reason = f"malformed message: {problem}"
         stored = dead_letter_body(body, queue, reason, message, fields)
-        return 0, int(_dead_letter_raw(client, broker_id, queue, redis_id, stored, reason))
+        message_id = indexed_id(fields)
+        return 0, int(
+            _dead_letter_raw(client, broker_id, queue, redis_id, stored, reason, message_id)
+        )
     message = message.copy(
         options={
             layout.CRASHES: layout.crashes(message.options) + 1,
@@ -155,10 +160,17 @@ def _recover_crashed(
 
 
 def _dead_letter_raw(
-    client: redis.Redis, broker_id: str, queue: str, redis_id: str, body: bytes, reason: str
+    client: redis.Redis,
+    broker_id: str,
+    queue: str,
+    redis_id: str,
+    body: bytes,
+    reason: str,
+    message_id: str,
 ) -> bool:
-    """Move the held ``redis_id`` to the dead letters with ``body`` (any bytes)."""
-    moved = layout.dead_letter_held(client, broker_id, queue, redis_id, body)
+    """Move the held ``redis_id`` to the dead letters with ``body`` (any bytes), and its
+    entry of the message index (``message_id``, :func:`.messages.indexed_id`)."""
+    moved = layout.dead_letter_held(client, broker_id, queue, redis_id, body, message_id)
     if moved:
         logger.warning(
             "dead-lettered message",

@@ -63,33 +63,57 @@ local function beat(heartbeats, id, now)
 end
 """
 
-#: Dead-letter a held message: the same guard, then the zset and bodies, as Dramatiq's nack.
-#: KEYS: acks set, bodies of the queue, dead zset, dead bodies.  ARGV: id, body.
+#: Lua: the message index (:func:`message_index_key`, message id -> the place of its latest
+#: copy, ``"<bodies key> <redis id>"``, :func:`.keys.message_place`). ``keep_place`` records
+#: a copy as the latest; ``drop_place`` removes the entry only while it names ``place`` (a
+#: later copy's entry stays). Both do nothing for the message id ''.
+INDEX: Final = """
+local function keep_place(index, message_id, place)
+  if message_id ~= '' then redis.call('hset', index, message_id, place) end
+end
+local function drop_place(index, message_id, place)
+  if message_id ~= '' and redis.call('hget', index, message_id) == place then
+    redis.call('hdel', index, message_id)
+  end
+end
+"""
+
+#: Dead-letter a held message: the same guard, then the zset and bodies, as Dramatiq's nack;
+#: its index entry goes with it.
+#: KEYS: acks set, bodies of the queue, dead zset, dead bodies, the message index.
+#: ARGV: id, body, message id ('': not known).
 DEAD_LETTER: Final = (
     CLOCK
+    + INDEX
     + """
 if redis.call('srem', KEYS[1], ARGV[1]) == 1 then
   redis.call('zadd', KEYS[3], now_ms(), ARGV[1])
   redis.call('hset', KEYS[4], ARGV[1], ARGV[2])
   redis.call('hdel', KEYS[2], ARGV[1])
+  drop_place(KEYS[5], ARGV[3], KEYS[2] .. ' ' .. ARGV[1])
   return 1
 end
 return 0
 """
 )
 
-#: Replay a dead letter; the removal from the dead zset is the guard (exactly once).
-#: KEYS: dead zset, dead bodies, bodies of the queue, the queue.
-#: ARGV: old redis id, new redis id, new body.
-REPLAY: Final = """
+#: Replay a dead letter; the removal from the dead zset is the guard (exactly once). The
+#: new copy is the message's latest in the index (a replayed job can be cancelled by its id).
+#: KEYS: dead zset, dead bodies, bodies of the queue, the queue, the message index.
+#: ARGV: old redis id, new redis id, new body, message id.
+REPLAY: Final = (
+    INDEX
+    + """
 if redis.call('zrem', KEYS[1], ARGV[1]) == 1 then
   redis.call('hdel', KEYS[2], ARGV[1])
   redis.call('hset', KEYS[3], ARGV[2], ARGV[3])
   redis.call('rpush', KEYS[4], ARGV[2])
+  keep_place(KEYS[5], ARGV[4], KEYS[3] .. ' ' .. ARGV[2])
   return 1
 end
 return 0
 """
+)
 
 #: Delete a dead letter, with the same guard.  KEYS: dead zset, dead bodies.  ARGV: redis id.
 PURGE: Final = """
@@ -170,12 +194,9 @@ return redis.call('zrangebyscore', KEYS[1], 0, now_ms() - tonumber(ARGV[1]))
 SETTLE: Final = (
     _TAKE
     + CLOCK
+    + INDEX
     + """
-local function unindex()
-  if ARGV[7] ~= '' and redis.call('hget', KEYS[9], ARGV[7]) == KEYS[2] .. ' ' .. ARGV[2] then
-    redis.call('hdel', KEYS[9], ARGV[7])
-  end
-end
+local function unindex() drop_place(KEYS[9], ARGV[7], KEYS[2] .. ' ' .. ARGV[2]) end
 local settled = redis.call('srem', KEYS[1], ARGV[2])
 local now = now_ms()
 if settled == 1 then
@@ -187,7 +208,7 @@ if settled == 1 then
     redis.call('hdel', KEYS[2], ARGV[2])
     redis.call('hset', KEYS[4], ARGV[4], ARGV[3])
     redis.call('rpush', KEYS[3], ARGV[4])
-    if ARGV[7] ~= '' then redis.call('hset', KEYS[9], ARGV[7], KEYS[4] .. ' ' .. ARGV[4]) end
+    keep_place(KEYS[9], ARGV[7], KEYS[4] .. ' ' .. ARGV[4])
   elseif kind == 'requeue' then
     if redis.call('hexists', KEYS[2], ARGV[2]) == 1 then
       redis.call('rpush', KEYS[3], ARGV[2])
@@ -308,12 +329,18 @@ def requeue_held(
 
 
 def dead_letter_held(
-    client: redis.Redis, broker_id: str, queue: str, redis_id: str, body: bytes
+    client: redis.Redis, broker_id: str, queue: str, redis_id: str, body: bytes, message_id: str
 ) -> bool:
     """Move a message held by ``broker_id`` to the dead letters of ``queue``, stored as
-    ``body``. False when it was no longer held."""
-    keys = (acks_key(broker_id, queue), bodies_key(queue), *dead_letter_keys(queue))
-    return bool(client.eval(DEAD_LETTER, len(keys), *keys, redis_id, body))
+    ``body``; its entry of the message index goes too (``message_id``; '' when not known).
+    False when it was no longer held."""
+    keys = (
+        acks_key(broker_id, queue),
+        bodies_key(queue),
+        *dead_letter_keys(queue),
+        message_index_key(namespace_of(queue)),
+    )
+    return bool(client.eval(DEAD_LETTER, len(keys), *keys, redis_id, body, message_id))
 
 
 def heartbeat(
@@ -383,15 +410,21 @@ def stale_workers(client: redis.Redis, namespace: str, timeout_ms: int) -> list[
 
 
 def replay_dead_letters(
-    client: redis.Redis, queue: str, moves: Sequence[tuple[str, str, bytes]]
+    client: redis.Redis, queue: str, moves: Sequence[tuple[str, str, bytes, str]]
 ) -> int:
     """Move each dead letter ``redis id`` of ``queue`` to the tail of ``queue`` as ``new redis
-    id`` with ``body`` (:data:`REPLAY`, for each of ``moves``), in one round trip; returns how
-    many moved (the others were already gone: the removal is the guard)."""
-    keys = (*dead_letter_keys(queue), bodies_key(queue), queue_key(queue))
+    id`` with ``body``, indexed under ``message id`` (:data:`REPLAY`, for each of ``moves``),
+    in one round trip; returns how many moved (the others were already gone: the removal is
+    the guard)."""
+    keys = (
+        *dead_letter_keys(queue),
+        bodies_key(queue),
+        queue_key(queue),
+        message_index_key(namespace_of(queue)),
+    )
     pipe = client.pipeline(transaction=False)
-    for redis_id, new_redis_id, body in moves:
-        pipe.eval(REPLAY, len(keys), *keys, redis_id, new_redis_id, body)
+    for redis_id, new_redis_id, body, message_id in moves:
+        pipe.eval(REPLAY, len(keys), *keys, redis_id, new_redis_id, body, message_id)
     return sum(bool(moved) for moved in pipe.execute()) if moves else 0
 
 
