@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from .clock import redis_now_ms
-from .delivery import CLOCK
+from .delivery import CLOCK, INDEX
 from .keys import (
     CANCEL_CHANNEL,
     NAMESPACE,
@@ -36,7 +36,9 @@ if TYPE_CHECKING:
 #: ARGV: the member's message id, the keys' TTL ms, the wake-up channel, then each
 #: callback's redis id, body, message id and the queue to wake ('' for none).
 #: Returns 1 when this call completed the group and enqueued the callbacks, else 0.
-GROUP_MEMBER_DONE: Final = """
+GROUP_MEMBER_DONE: Final = (
+    INDEX
+    + """
 local parties = tonumber(redis.call('get', KEYS[1]) or '0')
 redis.call('sadd', KEYS[2], ARGV[1])
 redis.call('pexpire', KEYS[2], ARGV[2])
@@ -47,11 +49,12 @@ for i = 1, (#KEYS - 3) / 3 do
   local at = 3 + 4 * (i - 1)
   redis.call('hset', bodies, ARGV[at + 1], ARGV[at + 2])
   redis.call('rpush', queue, ARGV[at + 1])
-  redis.call('hset', index, ARGV[at + 3], bodies .. ' ' .. ARGV[at + 1])
+  keep_place(index, ARGV[at + 3], bodies .. ' ' .. ARGV[at + 1])
   if ARGV[at + 4] ~= '' then redis.call('publish', ARGV[3], ARGV[at + 4]) end
 end
 return 1
 """
+)
 
 
 @dataclass(frozen=True)
