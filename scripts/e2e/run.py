@@ -17,13 +17,15 @@ Steps (each prints its name and time; the first failed assertion stops the run, 
    sandbox's ResourceQuota and LimitRange) and Ready;
 3. a one-line pools.toml change to one pool: only its Deployment rolls, the other pools'
    pods and ReplicaSets stay, its old pods keep their old ConfigMap while they exist;
-4. a change that forces replacement (the sandbox's namespace): the new pool exists and is
+4. the rollback of that change: the pool alone rolls back onto the first up's ConfigMap,
+   made again under its content name; the changed config is gone after its pods;
+5. a change that forces replacement (the sandbox's namespace): the new pool exists and is
    Ready before the old one is deleted: the pool is never without a Ready pod;
-5. wrong stacks refused by the real admission, the pool named in the engine's error, each
+6. wrong stacks refused by the real admission, the pool named in the engine's error, each
    refused ``up`` bounded by a short custom timeout (:data:`REFUSED_WAIT_S`): a sandbox
    quota too small for a rollout (its CPU below one pod's request: the next rollout's pod
    is refused by ResourceQuota) and a sandbox pod asking for a capability (PodSecurity);
-6. destroy: nothing of the stack left in the API server.
+7. destroy: nothing of the stack left in the API server.
 
 ``make e2e`` runs it (tests/test_e2e_cluster.py, which checks every step's ``ok`` line).
 
@@ -76,6 +78,7 @@ PREFLIGHT = "preflight refuses a bare cluster"
 SCENARIOS = {
     "preview and up (dev stack)": "first_up",
     "one pool's change rolls that pool alone": "one_pool_change",
+    "rollback restores the first config": "rollback",
     "replacement keeps a Ready pod": "replacement",
     "wrong stacks refused by the real admission": "refused",
     "destroy leaves nothing": "destroy",
@@ -331,6 +334,9 @@ class Run:
     deployer: Deployer
     times: dict[str, float] = field(default_factory=dict)
     numbers: dict[str, Any] = field(default_factory=dict)
+    #: pools.toml and interactive's ConfigMap before the one pool's change (the rollback's).
+    first_pools: str = ""
+    first_config: set[str | None] = field(default_factory=set)
 
     def up(
         self, what: str, expect_failure: bool = False
@@ -466,6 +472,7 @@ class Run:
         head, tail = text[:block], text[block:]
         check("concurrency = 8" in tail.split("[pools.", 2)[1], "interactive concurrency not 8")
         pools_toml.write_text(head + tail.replace("concurrency = 8", "concurrency = 6", 1))
+        self.first_pools = text  # what the rollback restores
         before = deployments(self.cluster)
         rs_before = {p: {r["metadata"]["name"] for r in replica_sets(self.cluster, p)}
                      for p in ("interactive", "bulk", "external", "critical", "sandbox")}
@@ -499,6 +506,7 @@ class Run:
         # pods end within their grace and nothing of the old config is left.
         old = [p for p in first.pods if p["metadata"]["labels"].get(POOL_LABEL) == "interactive"]
         check(old, "no interactive pod before the change")
+        self.first_config = {mounted(pod) for pod in old}
         for pod in old:
             uid, cm = pod["metadata"]["uid"], mounted(pod)
             running = [s for s in watcher.snapshots if any(
@@ -517,6 +525,44 @@ class Run:
             "interactive")
 
     # 4 ---------------------------------------------------------------------------------
+    def rollback(self) -> None:
+        """pools.toml as it was before the change (a revert): interactive alone rolls back
+        onto the first up's ConfigMap, made again under its content name, and the changed
+        config is gone once its pods have ended."""
+        (first_config,) = self.first_config
+        changed_config = {mounted(p) for p in self.interactive_pods()}
+        check(first_config not in changed_config, f"interactive still on {first_config}")
+        (self.deployer.project / "pools.toml").write_text(self.first_pools)
+        before = deployments(self.cluster)
+        started = time.monotonic()
+        _, ops, watcher, _ = self.up("rollback")
+        self.numbers["rollback up s"] = round(time.monotonic() - started, 1)
+        changed = ops.changed()
+        check(changed and all("interactive" in urn for urn in changed),
+              f"a rollback of interactive changed {changed}")
+        for name, d in deployments(self.cluster).items():
+            rolled = d["metadata"]["generation"] != before[name]["metadata"]["generation"]
+            check(rolled == (name == f"{PROJECT}-interactive"), f"{name} rolled back too")
+        check((NAMESPACE, first_config) in watcher.snapshots[-1].config_maps,
+              f"the first ConfigMap {first_config} not made again")
+        for pool in ("critical", "sandbox"):
+            uids = [{p["metadata"]["uid"] for p in pods} for pods in watcher.pods_of(pool)]
+            check(all(u == uids[0] for u in uids), f"{pool}: its pods changed in the rollback")
+        # Every interactive pod on the first config again, Ready; the changed one gone.
+        wait_until("interactive back on its first ConfigMap", lambda: (
+            pods := self.interactive_pods()) and all(
+                mounted(p) == first_config and is_ready(p) for p in pods), 120)
+        wait_until("the changed ConfigMap gone", lambda: not changed_config & {
+            m["metadata"]["name"]
+            for m in api_list(self.cluster, f"/api/v1/namespaces/{NAMESPACE}/configmaps")}, 120)
+
+    def interactive_pods(self) -> list[dict[str, Any]]:
+        """The interactive pool's pods, those terminating left out."""
+        return [p for p in api_list(self.cluster, f"/api/v1/namespaces/{NAMESPACE}/pods")
+                if p["metadata"]["labels"].get(POOL_LABEL) == "interactive"
+                and not p["metadata"].get("deletionTimestamp")]
+
+    # 5 ---------------------------------------------------------------------------------
     def replacement(self) -> None:
         """The sandbox's namespace changes: every sandbox object is replaced; the new pool
         is Ready before the old one goes."""
@@ -543,7 +589,7 @@ class Run:
         wait_until(f"{SANDBOX_NS} deleted", lambda: SANDBOX_NS not in {
             n["metadata"]["name"] for n in api_list(self.cluster, "/api/v1/namespaces")}, 120)
 
-    # 5 ---------------------------------------------------------------------------------
+    # 6 ---------------------------------------------------------------------------------
     def refused(self) -> None:
         """Two wrong stacks, refused by the API server's own admission, the pool named.
 
@@ -678,7 +724,7 @@ class Run:
                 out.setdefault(event["involvedObject"]["name"], event.get("message", ""))
         return out
 
-    # 6 ---------------------------------------------------------------------------------
+    # 7 ---------------------------------------------------------------------------------
     def destroy(self) -> None:
         stack = self.deployer.stack()
         result = stack.destroy(color="never")
