@@ -35,11 +35,12 @@ e2e-build:
 e2e: venv e2e-build
 	$(BIN)/python -m pytest tests/test_e2e_cluster.py -m e2e -p no:xdist -p no:cacheprovider -s -v
 
-# worker_infra's import contracts (infra/pyproject.toml) and ruff; each bake's own
+# worker_infra's import contracts (infra/pyproject.toml) and ruff, on it and on the
+# benchmarks (bench/ruff.toml): tests/test_lint.py runs the same. Each bake's own
 # `make lint` (its contracts in its pyproject.toml) runs in tests/test_template.py.
 lint: venv
-	$(BIN)/python -m ruff check infra/worker_infra
-	$(BIN)/python -m ruff format --check infra/worker_infra
+	$(BIN)/python -m ruff check infra/worker_infra bench
+	$(BIN)/python -m ruff format --check infra/worker_infra bench
 	cd infra && $(abspath $(BIN))/lint-imports --no-cache
 
 # Each benchmark writes bench/results/<script>-<UTC>.json; the report prints one table

@@ -30,12 +30,18 @@ from typing import Any
 import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _workers  # noqa: E402
+import _workers
 
 #: The runtimes, in the order of the tables: the service, bare Dramatiq, then Celery's
 #: (pool, careful) configurations (careful: ``task_acks_late`` and prefetch multiplier 1).
-TOOLS: tuple[str, ...] = ("service", "bare", "celery_threads", "celery_threads_late",
-                          "celery_prefork", "celery_prefork_late")
+TOOLS: tuple[str, ...] = (
+    "service",
+    "bare",
+    "celery_threads",
+    "celery_threads_late",
+    "celery_prefork",
+    "celery_prefork_late",
+)
 CELERY: dict[str, tuple[str, bool]] = {
     "celery_threads": ("threads", False),
     "celery_threads_late": ("threads", True),
@@ -56,7 +62,7 @@ BARE_QUEUES = ("bare", "bare_b", "bare_c")
 CELERY_QUEUES = ("a", "b", "c")
 
 #: The job body every runtime runs: two timestamps and a counter around the job's sleep.
-BODY = '''
+BODY = """
 import os
 import time
 
@@ -73,10 +79,12 @@ def _run(run, ms):
         time.sleep(ms / 1000)
     _client.zadd("bench:" + run + ":last", {"t": time.time()}, gt=True)
     _client.incr("bench:" + run + ":done")
-'''
+"""
 #: Redis calls (and commands) :data:`BODY` makes per untraced job.
 BODY_CALLS = 3
-SERVICE_ACTORS = BODY + f'''
+SERVICE_ACTORS = (
+    BODY
+    + f"""
 import dramatiq
 
 for _queue in {SERVICE_QUEUES!r}:
@@ -85,8 +93,11 @@ for _queue in {SERVICE_QUEUES!r}:
 
     _job.__name__ = "bench_" + _queue
     dramatiq.actor(queue_name=_queue, max_retries=0)(_job)
-'''
-BARE_MODULE = BODY + f'''
+"""
+)
+BARE_MODULE = (
+    BODY
+    + f"""
 import dramatiq
 from dramatiq.brokers.redis import RedisBroker
 
@@ -98,8 +109,11 @@ for _queue in {BARE_QUEUES!r}:
 
     _job.__name__ = "bench_" + _queue
     dramatiq.actor(queue_name=_queue, max_retries=0)(_job)
-'''
-CELERY_MODULE = BODY + '''
+"""
+)
+CELERY_MODULE = (
+    BODY
+    + """
 from celery import Celery
 
 app = Celery("celery_bench", broker=os.environ["REDIS_URL"])
@@ -112,7 +126,8 @@ if os.environ.get("BENCH_CAREFUL") == "1":
 @app.task(name="bench_job")
 def bench_job(run, ms):
     _run(run, ms)
-'''
+"""
+)
 
 
 @dataclass
@@ -140,7 +155,7 @@ def group_pids(leaders: Sequence[int]) -> list[int]:
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2:].split()
+        fields = stat[stat.rindex(")") + 2 :].split()
         if int(fields[2]) in leaders and fields[0] != "Z":
             found.append(int(entry.name))
     return sorted(found)
@@ -175,8 +190,11 @@ class Bench:
         pools = project / "pools.toml"
         declared = 'queues = ["notifications"]'
         assert declared in pools.read_text(), "the interactive pool's queues moved"
-        pools.write_text(pools.read_text().replace(
-            declared, "queues = [" + ", ".join(f'"{q}"' for q in SERVICE_QUEUES) + "]"))
+        pools.write_text(
+            pools.read_text().replace(
+                declared, "queues = [" + ", ".join(f'"{q}"' for q in SERVICE_QUEUES) + "]"
+            )
+        )
         self.project = project
         self.layout = baked_layout(project)
         self.module_dir = root / "modules"
@@ -197,8 +215,15 @@ class Bench:
         self.redis.stop()
 
     # -- workers -------------------------------------------------------------------------
-    def start(self, tool: str, threads: int, processes: int = 1, queue: int = 0,
-              prefetch: int | None = None, warm: bool = True) -> Worker:
+    def start(
+        self,
+        tool: str,
+        threads: int,
+        processes: int = 1,
+        queue: int = 0,
+        prefetch: int | None = None,
+        warm: bool = True,
+    ) -> Worker:
         """Start ``tool`` with ``threads`` handler threads (prefork: child processes) per
         process on its ``queue``-th queue: the service with ``WORKER_PROCESSES``, Dramatiq
         with ``--processes``, Celery as that many nodes. ``prefetch`` (Dramatiq runtimes):
@@ -207,9 +232,15 @@ class Bench:
         if tool == "service":
             name = SERVICE_QUEUES[queue]
             env = _workers.worker_env(
-                self.project, self.redis_url, self.root / f"state-{name}", WORKER_QUEUES=name,
-                WORKER_CONCURRENCY=str(threads), WORKER_PROCESSES=str(processes),
-                WORKER_JOB_TIMEOUT_MS="20000", WORKER_SHUTDOWN_TIMEOUT_MS="25000")
+                self.project,
+                self.redis_url,
+                self.root / f"state-{name}",
+                WORKER_QUEUES=name,
+                WORKER_CONCURRENCY=str(threads),
+                WORKER_PROCESSES=str(processes),
+                WORKER_JOB_TIMEOUT_MS="20000",
+                WORKER_SHUTDOWN_TIMEOUT_MS="25000",
+            )
             if prefetch is not None:
                 env["WORKER_PREFETCH"] = str(prefetch)
             procs = [_workers.start_worker(self.project, env, log)]
@@ -218,8 +249,18 @@ class Bench:
             env = self._module_env()
             if prefetch is not None:
                 env["dramatiq_queue_prefetch"] = str(prefetch)
-            command = [_workers.PYTHON, "-m", "dramatiq", "bare_bench", "--processes",
-                       str(processes), "--threads", str(threads), "--queues", name]
+            command = [
+                _workers.PYTHON,
+                "-m",
+                "dramatiq",
+                "bare_bench",
+                "--processes",
+                str(processes),
+                "--threads",
+                str(threads),
+                "--queues",
+                name,
+            ]
             procs = [_workers.start(command, self.module_dir, env, log)]
         else:
             pool, careful = CELERY[tool]
@@ -229,9 +270,24 @@ class Bench:
                 env["BENCH_CAREFUL"] = "1"
             procs = []
             for node in range(processes):
-                command = [_workers.PYTHON, "-m", "celery", "-A", "celery_bench", "worker",
-                           "-P", pool, "-c", str(threads), "-Q", name, "-l", "WARNING",
-                           "-n", f"{name}-{node}-{uuid.uuid4().hex[:6]}@%h"]
+                command = [
+                    _workers.PYTHON,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "celery_bench",
+                    "worker",
+                    "-P",
+                    pool,
+                    "-c",
+                    str(threads),
+                    "-Q",
+                    name,
+                    "-l",
+                    "WARNING",
+                    "-n",
+                    f"{name}-{node}-{uuid.uuid4().hex[:6]}@%h",
+                ]
                 procs.append(_workers.start(command, self.module_dir, env, log))
         worker = Worker(tool, name, threads, processes, procs)
         self.workers.append(worker)
@@ -252,11 +308,14 @@ class Bench:
         while len(seen) < worker.processes:
             for proc in worker.procs:
                 if proc.poll() is not None:
-                    raise SystemExit(f"{worker.label} exited {proc.returncode} while warming up"
-                                     f" (log: {self.root})")
+                    raise SystemExit(
+                        f"{worker.label} exited {proc.returncode} while warming up"
+                        f" (log: {self.root})"
+                    )
             if time.monotonic() > deadline:
-                raise SystemExit(f"{worker.label}: {len(seen)} of {worker.processes} "
-                                 "processes ran a job")
+                raise SystemExit(
+                    f"{worker.label}: {len(seen)} of {worker.processes} processes ran a job"
+                )
             run = self.new_run("t")
             jobs = 2 * worker.processes * min(worker.threads, 4)
             self.prepare(worker, run, [50.0] * jobs)
@@ -313,11 +372,14 @@ class Bench:
                 pipe.hset(f"{_workers.NS}:{worker.queue}.msgs", redis_id, item.encode())
                 pipe.rpush(staging, redis_id)
                 if worker.tool == "service":  # its producer indexes each message it stores
-                    pipe.hset(self.layout.message_index_key(), item.message_id,
-                              self.layout.message_place(worker.queue, redis_id))
+                    pipe.hset(
+                        self.layout.message_index_key(),
+                        item.message_id,
+                        self.layout.message_place(worker.queue, redis_id),
+                    )
         for start in range(0, len(pipe.command_stack), 20_000):
             chunk = self.client.pipeline(transaction=False)
-            chunk.command_stack = pipe.command_stack[start:start + 20_000]
+            chunk.command_stack = pipe.command_stack[start : start + 20_000]
             chunk.execute()
 
     def release(self, worker: Worker) -> float:
@@ -348,8 +410,9 @@ class Bench:
     def _celery_copy(text: str, task_id: str, tag: str) -> str:
         return text.replace(task_id, str(uuid.uuid4())).replace(tag, str(uuid.uuid4()))
 
-    def wait_done(self, run: str, jobs: int, timeout: float, worker: Worker | None = None,
-                  step: float = 0.005) -> bool:
+    def wait_done(
+        self, run: str, jobs: int, timeout: float, worker: Worker | None = None, step: float = 0.005
+    ) -> bool:
         """Poll ``run``'s counter until ``jobs`` are done (True) or ``timeout`` s passed
         (False; a SystemExit when ``worker`` died meanwhile). Counts its calls."""
         deadline = time.monotonic() + timeout
@@ -358,8 +421,7 @@ class Bench:
             if int(self.client.get(f"bench:{run}:done") or 0) >= jobs:
                 return True
             if worker is not None and all(p.poll() is not None for p in worker.procs):
-                raise SystemExit(f"{worker.label} exited while running {run} "
-                                 f"(log: {self.root})")
+                raise SystemExit(f"{worker.label} exited while running {run} (log: {self.root})")
             if time.monotonic() > deadline:
                 return False
             time.sleep(step)
@@ -389,10 +451,13 @@ def versions() -> dict[str, str]:
     """The versions of what is compared (recorded with the results)."""
     from importlib.metadata import version
 
-    server = subprocess.run(["redis-server", "--version"], capture_output=True, text=True,
-                            check=True)
-    return {**{name: version(name) for name in ("dramatiq", "celery", "kombu", "redis")},
-            "redis-server": server.stdout.split("v=", 1)[-1].split()[0]}
+    server = subprocess.run(
+        ["redis-server", "--version"], capture_output=True, text=True, check=True
+    )
+    return {
+        **{name: version(name) for name in ("dramatiq", "celery", "kombu", "redis")},
+        "redis-server": server.stdout.split("v=", 1)[-1].split()[0],
+    }
 
 
 def rotate(items: Sequence[Any], index: int) -> list[Any]:

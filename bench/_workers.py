@@ -23,8 +23,8 @@ import redis
 from dramatiq.message import Message
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-import bakery  # noqa: E402
-from bakery import (  # noqa: E402
+import bakery
+from bakery import (
     PYTHON,
     RedisServer,
     add_actors,
@@ -85,7 +85,7 @@ def redis_server(directory: Path) -> RedisServer:
 
 #: The actor of the benchmarks that run the service's stack in their own process: it sleeps
 #: ``ms`` (a no-op for 0).
-PROFILE_ACTOR = '''
+PROFILE_ACTOR = """
 import time
 
 import dramatiq
@@ -95,7 +95,7 @@ import dramatiq
 def profile_job(ms):
     if ms:
         time.sleep(ms / 1000)
-'''
+"""
 
 
 def in_process(
@@ -111,8 +111,9 @@ def in_process(
     for folder in ("prom", "state"):
         (root / folder).mkdir()
     server = redis_server(root / "redis")
-    env = worker_env(project, server.url, root / "state",
-                     PROMETHEUS_MULTIPROC_DIR=str(root / "prom"), **settings)
+    env = worker_env(
+        project, server.url, root / "state", PROMETHEUS_MULTIPROC_DIR=str(root / "prom"), **settings
+    )
     return project, script, server, env
 
 
@@ -140,11 +141,18 @@ def start(
     """``command`` in its own process group, its output appended to ``log`` (default None:
     discarded)."""
     if log is None:
-        return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True)
+        return subprocess.Popen(
+            command,
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     with log.open("ab") as out:
-        return subprocess.Popen(command, cwd=cwd, env=env, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            command, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
 
 def start_worker(
@@ -154,8 +162,11 @@ def start_worker(
     return start([PYTHON, "-m", package_of(project), "worker"], project, env, log)
 
 
-def wait_started(client: redis.Redis, process: subprocess.Popen[bytes], timeout: float = 30,
-                 ) -> None:
+def wait_started(
+    client: redis.Redis,
+    process: subprocess.Popen[bytes],
+    timeout: float = 30,
+) -> None:
     """Wait until a worker process sent its heartbeat (its consumers run); fail at once
     when ``process`` exits first."""
 
@@ -187,8 +198,9 @@ def stop(process: subprocess.Popen[bytes], timeout: float = 30, group: bool = Tr
 
 def message(actor: str, *args: Any, queue: str = QUEUE) -> Message[Any]:
     """A message for ``actor`` on ``queue`` whose Redis id is its message id."""
-    made: Message[Any] = Message(queue_name=queue, actor_name=actor, args=args, kwargs={},
-                                 options={})
+    made: Message[Any] = Message(
+        queue_name=queue, actor_name=actor, args=args, kwargs={}, options={}
+    )
     return made.copy(options={"redis_message_id": made.message_id})
 
 

@@ -35,8 +35,9 @@ def main() -> None:
         times = []
         for index in range(args.bakes):
             started = time.perf_counter()
-            project = Path(cookiecutter(str(TEMPLATE), no_input=True,
-                                        output_dir=str(Path(tmp) / str(index))))
+            project = Path(
+                cookiecutter(str(TEMPLATE), no_input=True, output_dir=str(Path(tmp) / str(index)))
+            )
             times.append(time.perf_counter() - started)
         env = {**os.environ, "PYTHONPATH": str(project / "src")}
         if "TEST_DATABASE_URL" in os.environ:
@@ -44,14 +45,28 @@ def main() -> None:
         started = time.perf_counter()
         done = subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:cloudcoil"],
-            cwd=project, env=env, capture_output=True, text=True, check=False,
+            cwd=project,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
         )
         suite_s = time.perf_counter() - started
     summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-300:]
     bake_s = statistics.median(times)
-    print(f"bake (median of {args.bakes}): {bake_s:.2f} s;  baked suite: {suite_s:.1f} s ({summary})")
-    _results.write("bake_bench", {"bake_s": bake_s, "bakes_s": times, "suite_s": suite_s,
-                                  "suite_exit": done.returncode, "suite_summary": summary})
+    print(
+        f"bake (median of {args.bakes}): {bake_s:.2f} s;  baked suite: {suite_s:.1f} s ({summary})"
+    )
+    _results.write(
+        "bake_bench",
+        {
+            "bake_s": bake_s,
+            "bakes_s": times,
+            "suite_s": suite_s,
+            "suite_exit": done.returncode,
+            "suite_summary": summary,
+        },
+    )
 
 
 if __name__ == "__main__":

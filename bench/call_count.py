@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _results  # noqa: E402
-import _workers  # noqa: E402
+import _results
+import _workers
 
-DRIVER = r'''
+DRIVER = r"""
 import collections, json, os, sys, threading, time
 
 import dramatiq
@@ -101,10 +101,19 @@ worker.stop()
 with open(out, "w") as file:
     json.dump({"jobs": done, "calls": {f"{path}::{name}": n / done
                                        for (path, name), n in counted.items()}}, file)
-'''
+"""
 
-PACKAGES = ("orders_worker", "dramatiq", "redis", "logging", "threading", "queue",
-            "opentelemetry", "prometheus_client", "orjson")
+PACKAGES = (
+    "orders_worker",
+    "dramatiq",
+    "redis",
+    "logging",
+    "threading",
+    "queue",
+    "opentelemetry",
+    "prometheus_client",
+    "orjson",
+)
 
 
 def package(key: str) -> str:
@@ -135,9 +144,14 @@ def main() -> int:
     try:
         for which in ("service", "bare"):
             out = root / f"{which}.json"
-            subprocess.run([sys.executable, str(driver), which, str(args.jobs),
-                            str(out)], env=env, cwd=project, check=True, timeout=600,
-                           stderr=subprocess.DEVNULL)
+            subprocess.run(
+                [sys.executable, str(driver), which, str(args.jobs), str(out)],
+                env=env,
+                cwd=project,
+                check=True,
+                timeout=600,
+                stderr=subprocess.DEVNULL,
+            )
             counts[which] = json.loads(out.read_text())["calls"]
     finally:
         server.stop()
@@ -154,15 +168,26 @@ def main() -> int:
     def diff(key: str) -> float:
         return counts["service"].get(key, 0.0) - counts["bare"].get(key, 0.0)
 
-    largest = [{"call": short(key), "service": round(counts["service"].get(key, 0.0), 2),
-                "bare": round(counts["bare"].get(key, 0.0), 2)}
-               for key in sorted(keys, key=lambda key: -abs(diff(key)))[:30]]
-    results: dict[str, Any] = {"jobs": args.jobs, "calls_per_job": totals,
-                               "by_package": by_package, "largest_differences": largest}
+    largest = [
+        {
+            "call": short(key),
+            "service": round(counts["service"].get(key, 0.0), 2),
+            "bare": round(counts["bare"].get(key, 0.0), 2),
+        }
+        for key in sorted(keys, key=lambda key: -abs(diff(key)))[:30]
+    ]
+    results: dict[str, Any] = {
+        "jobs": args.jobs,
+        "calls_per_job": totals,
+        "by_package": by_package,
+        "largest_differences": largest,
+    }
     print(json.dumps({"calls_per_job": totals}))
     for name in sorted(set(by_package["service"]) | set(by_package["bare"])):
-        print(f"  {name:24s} service {by_package['service'].get(name, 0):7.1f}"
-              f"  bare {by_package['bare'].get(name, 0):7.1f}")
+        print(
+            f"  {name:24s} service {by_package['service'].get(name, 0):7.1f}"
+            f"  bare {by_package['bare'].get(name, 0):7.1f}"
+        )
     _results.write("call_count", results)
     return 0
 

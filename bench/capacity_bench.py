@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _results  # noqa: E402
-import _workers  # noqa: E402
+import _results
+import _workers
 
-ACTORS = '''
+ACTORS = """
 import time
 
 import dramatiq
@@ -45,7 +45,7 @@ def bench_compute(loops):
 @dramatiq.actor(queue_name="notifications", max_retries=0)
 def bench_wait(seconds):
     time.sleep(seconds)
-'''
+"""
 
 #: The handlers measured: name -> (actor, its arguments, the --min-gain a flat curve stays under).
 HANDLERS = {
@@ -54,19 +54,46 @@ HANDLERS = {
 }
 
 
-def probe(project: Path, redis_url: str, actor: str, args: list[Any], min_gain: float,
-          jobs: int, rounds: int) -> dict[str, Any]:
+def probe(
+    project: Path,
+    redis_url: str,
+    actor: str,
+    args: list[Any],
+    min_gain: float,
+    jobs: int,
+    rounds: int,
+) -> dict[str, Any]:
     env = _workers.worker_env(project, redis_url, project / "state")
     # A pool that prefetches ahead, so a thread never waits for the fetcher between jobs.
     pools = project / "bench-pools.toml"
-    pools.write_text((project / "pools.toml").read_text().replace(
-        'queues = ["notifications"]', 'queues = ["notifications"]\nprefetch = 16', 1))
+    pools.write_text(
+        (project / "pools.toml")
+        .read_text()
+        .replace('queues = ["notifications"]', 'queues = ["notifications"]\nprefetch = 16', 1)
+    )
     env["WORKER_POOLS_FILE"] = str(pools)
-    command = [_workers.PYTHON, "-m", _workers.package_of(project), "capacity", "--actor",
-               actor, "--args", json.dumps(args), "--jobs", str(jobs), "--concurrency",
-               "1,2,4", "--rounds", str(rounds), "--min-gain", str(min_gain), "--json"]
-    done = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True,
-                          timeout=900, check=False)
+    command = [
+        _workers.PYTHON,
+        "-m",
+        _workers.package_of(project),
+        "capacity",
+        "--actor",
+        actor,
+        "--args",
+        json.dumps(args),
+        "--jobs",
+        str(jobs),
+        "--concurrency",
+        "1,2,4",
+        "--rounds",
+        str(rounds),
+        "--min-gain",
+        str(min_gain),
+        "--json",
+    ]
+    done = subprocess.run(
+        command, cwd=project, env=env, capture_output=True, text=True, timeout=900, check=False
+    )
     if done.returncode:
         raise SystemExit(f"capacity_bench: capacity failed for {actor}: {done.stderr.strip()}")
     report: dict[str, Any] = json.loads(done.stdout)
@@ -84,16 +111,19 @@ def main() -> int:
         server = _workers.redis_server(root / "redis")
         try:
             results = {
-                name: probe(project, server.url, actor, args, min_gain, options.jobs,
-                            options.rounds)
+                name: probe(
+                    project, server.url, actor, args, min_gain, options.jobs, options.rounds
+                )
                 for name, (actor, args, min_gain) in HANDLERS.items()
             }
         finally:
             server.stop()
     for name, report in results.items():
         rates = "/".join(f"{level['jobs_per_s']:.1f}" for level in report["levels"])
-        print(f"{name}: {rates} jobs/s at 1/2/4 threads, stops rising at "
-              f"{report['stops_rising_at']}, noisy levels {report['noisy']}")
+        print(
+            f"{name}: {rates} jobs/s at 1/2/4 threads, stops rising at "
+            f"{report['stops_rising_at']}, noisy levels {report['noisy']}"
+        )
     _results.write("capacity_bench", results)
     return 0
 

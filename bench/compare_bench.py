@@ -64,9 +64,9 @@ from typing import Any
 import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _results  # noqa: E402
-import _tools  # noqa: E402
-import _workers  # noqa: E402
+import _results
+import _tools
+import _workers
 
 PARTS = ("scaling", "ceiling", "profile", "head_of_line", "redelivery", "footprint")
 #: Calls per round trip of the ceiling loop (the consumer's handler threads settle one each).
@@ -87,8 +87,12 @@ REDELIVERY_JOBS = 6
 
 # -- scaling ---------------------------------------------------------------------------
 def scaling(bench: _tools.Bench, jobs: int, rounds: int, tools: list[str]) -> dict[str, Any]:
-    configs = [(tool, processes) for tool in ("service", "bare", "celery_threads")
-               for processes in (1, 2) if tool in tools]
+    configs = [
+        (tool, processes)
+        for tool in ("service", "bare", "celery_threads")
+        for processes in (1, 2)
+        if tool in tools
+    ]
     workers = []
     try:
         for index, (tool, processes) in enumerate(configs):
@@ -104,9 +108,11 @@ def scaling(bench: _tools.Bench, jobs: int, rounds: int, tools: list[str]) -> di
     for worker in workers:
         median = statistics.median(spans[id(worker)])
         entry = result.setdefault(worker.tool, {})
-        entry[f"{worker.processes}p"] = {"span_s": round(median, 4),
-                                         "jobs_per_s": round(jobs / median, 1),
-                                         "spans_s": [round(s, 4) for s in spans[id(worker)]]}
+        entry[f"{worker.processes}p"] = {
+            "span_s": round(median, 4),
+            "jobs_per_s": round(jobs / median, 1),
+            "spans_s": [round(s, 4) for s in spans[id(worker)]],
+        }
     for worker in workers:
         entry = result[worker.tool]
         entry["two_vs_one"] = round(entry["2p"]["jobs_per_s"] / entry["1p"]["jobs_per_s"], 3)
@@ -114,8 +120,9 @@ def scaling(bench: _tools.Bench, jobs: int, rounds: int, tools: list[str]) -> di
 
 
 # -- ceiling ---------------------------------------------------------------------------
-def _ceiling_client(url: str, sha: str, keys: list[str], broker_id: str, body: bool,
-                    go: Any, out: Any) -> None:
+def _ceiling_client(
+    url: str, sha: str, keys: list[str], broker_id: str, body: bool, go: Any, out: Any
+) -> None:
     client = redis.Redis.from_url(url)
     lanes = ["none"] * CEILING_PIPELINE  # a first call takes a message and settles nothing
     go.wait()
@@ -150,11 +157,14 @@ def ceiling(bench: _tools.Bench, jobs: int) -> dict[str, Any]:
         ids = [f"c{i}" for i in range(count)]
         for start in range(0, count, 5000):
             pipe = client.pipeline(transaction=False)
-            pipe.hset(f"{_workers.NS}:{queue}.msgs",
-                      mapping={i: body for i in ids[start:start + 5000]})
-            pipe.rpush(f"{_workers.NS}:{queue}", *ids[start:start + 5000])
-            pipe.hset(layout.message_index_key(), mapping={
-                i: layout.message_place(queue, i) for i in ids[start:start + 5000]})
+            pipe.hset(
+                f"{_workers.NS}:{queue}.msgs", mapping={i: body for i in ids[start : start + 5000]}
+            )
+            pipe.rpush(f"{_workers.NS}:{queue}", *ids[start : start + 5000])
+            pipe.hset(
+                layout.message_index_key(),
+                mapping={i: layout.message_place(queue, i) for i in ids[start : start + 5000]},
+            )
             pipe.execute()
 
     # redis-benchmark (a C client: 8 connections, 16 calls per round trip) runs the script
@@ -165,18 +175,49 @@ def ceiling(bench: _tools.Bench, jobs: int) -> dict[str, Any]:
     keys = list(layout.settle_keys("ceiling-bench", queue, queue))
     cpu = _cpu_s(redis_pid)
     bench_run = subprocess.run(
-        ["redis-benchmark", "-h", "127.0.0.1", "-p", str(bench.redis.port), "-n", str(calls),
-         "-c", "8", "-P", "16", "--csv", "EVALSHA", sha, str(len(keys)), *keys, "ack",
-         "__rand_int__", "", "", "ceiling-bench", "1", "__rand_int__"],
-        capture_output=True, text=True, timeout=600, check=True)
+        [
+            "redis-benchmark",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(bench.redis.port),
+            "-n",
+            str(calls),
+            "-c",
+            "8",
+            "-P",
+            "16",
+            "--csv",
+            "EVALSHA",
+            sha,
+            str(len(keys)),
+            *keys,
+            "ack",
+            "__rand_int__",
+            "",
+            "",
+            "ceiling-bench",
+            "1",
+            "__rand_int__",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
     cpu = _cpu_s(redis_pid) - cpu
     rps = float(bench_run.stdout.strip().splitlines()[-1].split('","')[1])
-    result["redis_benchmark"] = {"calls": calls, "connections": 8, "pipeline": 16,
-                                 "jobs_per_s": round(rps, 1),
-                                 "left_in_queue": client.llen(f"{_workers.NS}:{queue}"),
-                                 "redis_cpu_us_per_job": round(cpu / calls * 1e6, 2)}
-    client.delete(f"{_workers.NS}:{queue}", f"{_workers.NS}:{queue}.msgs", keys[0],
-                  layout.message_index_key())
+    result["redis_benchmark"] = {
+        "calls": calls,
+        "connections": 8,
+        "pipeline": 16,
+        "jobs_per_s": round(rps, 1),
+        "left_in_queue": client.llen(f"{_workers.NS}:{queue}"),
+        "redis_cpu_us_per_job": round(cpu / calls * 1e6, 2),
+    }
+    client.delete(
+        f"{_workers.NS}:{queue}", f"{_workers.NS}:{queue}.msgs", keys[0], layout.message_index_key()
+    )
     for with_body in (False, True):
         for clients in CEILING_CLIENTS:
             fill(jobs)
@@ -186,8 +227,12 @@ def ceiling(bench: _tools.Bench, jobs: int) -> dict[str, Any]:
             for index in range(clients):
                 broker_id = f"ceiling-{index}"
                 keys = list(layout.settle_keys(broker_id, queue, queue))
-                procs.append(context.Process(target=_ceiling_client, args=(
-                    bench.redis_url, sha, keys, broker_id, with_body, go, out)))
+                procs.append(
+                    context.Process(
+                        target=_ceiling_client,
+                        args=(bench.redis_url, sha, keys, broker_id, with_body, go, out),
+                    )
+                )
             for proc in procs:
                 proc.start()
             time.sleep(0.5)
@@ -203,11 +248,15 @@ def ceiling(bench: _tools.Bench, jobs: int) -> dict[str, Any]:
             elapsed = max(r[1] for r in reports) - min(r[0] for r in reports)
             busy_us = sum(v["usec"] for v in stats.values())
             result[f"{'body' if with_body else 'script'}_{clients}c"] = {
-                "clients": clients, "body": with_body, "settled": settled,
-                "elapsed_s": round(elapsed, 4), "jobs_per_s": round(settled / elapsed, 1),
+                "clients": clients,
+                "body": with_body,
+                "settled": settled,
+                "elapsed_s": round(elapsed, 4),
+                "jobs_per_s": round(settled / elapsed, 1),
                 "redis_us_per_settle": round(calls["usec_per_call"], 2),
                 "redis_cpu_us_per_job": round(redis_cpu / settled * 1e6, 2),
-                "redis_busy_fraction": round(busy_us / 1e6 / elapsed, 3)}
+                "redis_busy_fraction": round(busy_us / 1e6 / elapsed, 3),
+            }
     best = max(result[f"script_{c}c"]["jobs_per_s"] for c in CEILING_CLIENTS)
     with_writes = max(result[f"body_{c}c"]["jobs_per_s"] for c in CEILING_CLIENTS)
     cpu = min(result[f"script_{c}c"]["redis_cpu_us_per_job"] for c in CEILING_CLIENTS)
@@ -221,7 +270,7 @@ def ceiling(bench: _tools.Bench, jobs: int) -> dict[str, Any]:
 # -- profile ---------------------------------------------------------------------------
 def _cpu_s(pid: int) -> float:
     stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2:].split()
+    fields = stat[stat.rindex(")") + 2 :].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -233,7 +282,7 @@ def _children(pid: int) -> list[int]:
                 stat = (entry / "stat").read_text()
             except OSError:
                 continue
-            if int(stat[stat.rindex(")") + 2:].split()[1]) == pid:
+            if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
                 found.append(int(entry.name))
     return found
 
@@ -243,8 +292,12 @@ def _module_of(filename: str) -> str:
     path = "/" + filename.removesuffix(".py")
     if "bench_throughput" in path:
         return "job body"
-    for marker, name in (("/orders_worker/", "service: "), ("/dramatiq/", "dramatiq: "),
-                         ("/redis/", "redis-py: "), ("/prometheus_client/", "prometheus: ")):
+    for marker, name in (
+        ("/orders_worker/", "service: "),
+        ("/dramatiq/", "dramatiq: "),
+        ("/redis/", "redis-py: "),
+        ("/prometheus_client/", "prometheus: "),
+    ):
         if marker in path:
             return name + path.rsplit(marker, 1)[1]
     return "other: " + Path(path).name
@@ -262,9 +315,23 @@ def profile(bench: _tools.Bench, jobs: int) -> dict[str, Any]:
         run = bench.new_run()
         bench.prepare(worker, run, [0.0] * jobs)
         recorder = subprocess.Popen(
-            [spy, "record", "--pid", str(target), "--gil", "--rate", "400", "--format", "raw",
-             "--output", str(out), "--nonblocking"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            [
+                spy,
+                "record",
+                "--pid",
+                str(target),
+                "--gil",
+                "--rate",
+                "400",
+                "--format",
+                "raw",
+                "--output",
+                str(out),
+                "--nonblocking",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         time.sleep(1.0)
         cpu_before = _cpu_s(target)
         redis_before = _cpu_s(redis_pid) if redis_pid else 0.0
@@ -278,7 +345,8 @@ def profile(bench: _tools.Bench, jobs: int) -> dict[str, Any]:
     finally:
         bench.stop(worker)
     result: dict[str, Any] = {
-        "jobs": jobs, "wall_us_per_job": round(wall / jobs * 1e6, 1),
+        "jobs": jobs,
+        "wall_us_per_job": round(wall / jobs * 1e6, 1),
         "worker_cpu_us_per_job": round(cpu / jobs * 1e6, 1),
         "redis_cpu_us_per_job": round(redis_cpu / jobs * 1e6, 1) if redis_cpu else None,
     }
@@ -319,15 +387,20 @@ def profile(bench: _tools.Bench, jobs: int) -> dict[str, Any]:
     result["samples"] = total
     result["phase_share"] = {k: round(phases[k] / total, 3) if total else 0 for k in PHASES}
     result["self_share"] = {k: round(v / total, 3) for k, v in self_time.most_common(14)}
-    result["service_inclusive_share"] = {k: round(v / total, 3)
-                                         for k, v in inclusive.most_common(14)}
+    result["service_inclusive_share"] = {
+        k: round(v / total, 3) for k, v in inclusive.most_common(14)
+    }
     return result
 
 
 # -- head-of-line ----------------------------------------------------------------------
 def head_of_line(bench: _tools.Bench, long_ms: float, tools: list[str]) -> dict[str, Any]:
-    result: dict[str, Any] = {"long_ms": long_ms, "short_jobs": SHORT_JOBS, "processes": 2,
-                              "threads": 1}
+    result: dict[str, Any] = {
+        "long_ms": long_ms,
+        "short_jobs": SHORT_JOBS,
+        "processes": 2,
+        "threads": 1,
+    }
     for tool in tools:
         worker = bench.start(tool, 1, processes=2)
         try:
@@ -341,18 +414,24 @@ def head_of_line(bench: _tools.Bench, long_ms: float, tools: list[str]) -> dict[
         long_start = next(t for t, _, ms in starts if ms == long_ms)
         waits = sorted(t - released for t, _, ms in starts if ms == 0.0)
         blocked = [w for w in waits if w > long_ms / 2000]
-        result[tool] = {"max_wait_s": round(waits[-1], 3),
-                        "median_wait_s": round(statistics.median(waits), 3),
-                        "behind_long": len(blocked),
-                        "long_started_after_s": round(long_start - released, 3)}
+        result[tool] = {
+            "max_wait_s": round(waits[-1], 3),
+            "median_wait_s": round(statistics.median(waits), 3),
+            "behind_long": len(blocked),
+            "long_started_after_s": round(long_start - released, 3),
+        }
     return result
 
 
 # -- redelivery ------------------------------------------------------------------------
 def redelivery(bench: _tools.Bench, bound: float, tools: list[str]) -> dict[str, Any]:
     job_ms = 3000.0
-    result: dict[str, Any] = {"bound_s": bound, "jobs": REDELIVERY_JOBS, "job_ms": job_ms,
-                              "threads": 2}
+    result: dict[str, Any] = {
+        "bound_s": bound,
+        "jobs": REDELIVERY_JOBS,
+        "job_ms": job_ms,
+        "threads": 2,
+    }
     first = {tool: bench.start(tool, 2, queue=2) for tool in tools}
     runs = {}
     for tool, worker in first.items():
@@ -384,8 +463,11 @@ def redelivery(bench: _tools.Bench, bound: float, tools: list[str]) -> dict[str,
     unacked = _celery_unacked(bench.client)
     for tool in tools:
         held = REDELIVERY_JOBS - waiting[tool]
-        entry = {"held": held, "done": bench.done(runs[tool]),
-                 "all_done_after_s": round(finished[tool], 2) if tool in finished else None}
+        entry = {
+            "held": held,
+            "done": bench.done(runs[tool]),
+            "all_done_after_s": round(finished[tool], 2) if tool in finished else None,
+        }
         if tool in _tools.CELERY:
             # Held and neither run again nor waiting in Celery's unacked hash: acknowledged
             # when they started (Celery's early acks), so gone with the killed worker.
@@ -451,15 +533,18 @@ def footprint(bench: _tools.Bench, jobs: int, window: float, tools: list[str]) -
         finally:
             bench.stop(worker)
         result[tool] = {
-            "processes": len(pids), "idle_rss_mb": round(idle_rss, 1),
+            "processes": len(pids),
+            "idle_rss_mb": round(idle_rss, 1),
             "rss_after_jobs_mb": round(sum(per_process), 1),
             "per_process_rss_mb": per_process,
-            "idle_pss_mb": round(idle_pss, 1), "pss_after_jobs_mb": round(pss_after, 1),
+            "idle_pss_mb": round(idle_pss, 1),
+            "pss_after_jobs_mb": round(pss_after, 1),
             "idle_round_trips_per_s": round(idle_reads, 2),
             "idle_commands_per_s": round(idle_commands, 2),
             "round_trips_per_job": round(job_reads, 3),
             "commands_per_job": round(job_commands, 3),
-            "batch_s": round(busy, 3)}
+            "batch_s": round(busy, 3),
+        }
     return result
 
 
@@ -470,8 +555,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, 1 round (a smoke run)")
     parser.add_argument("--only", action="append", choices=PARTS, help="only this part")
-    parser.add_argument("--tool", action="append", choices=_tools.TOOLS[1:],
-                        help="only the service and this tool (repeatable; default: all)")
+    parser.add_argument(
+        "--tool",
+        action="append",
+        choices=_tools.TOOLS[1:],
+        help="only the service and this tool (repeatable; default: all)",
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--noop", type=int, default=3000, help="no-op jobs per scaling round")
     parser.add_argument("--jobs", type=int, default=10_000, help="jobs of the footprint")
@@ -511,13 +600,23 @@ def main() -> int:
     if "scaling" in results and "ceiling" in results:
         service, top = results["scaling"]["service"], results["ceiling"]
         results["ceiling_fraction"] = {
-            f"{n}p": {name: round(service[f"{n}p"]["jobs_per_s"] / top[key], 3) for name, key in (
-                ("of_ceiling", "ceiling_jobs_per_s"),
-                ("of_python_loop", "python_loop_jobs_per_s"),
-                ("of_python_loop_with_body", "python_loop_with_body_jobs_per_s"))}
-            for n in (1, 2)}
-    _results.write("compare_bench", results, partial=bool(args.quick or args.only or args.tool),
-                   loadavg_before=list(load_before), versions=_tools.versions())
+            f"{n}p": {
+                name: round(service[f"{n}p"]["jobs_per_s"] / top[key], 3)
+                for name, key in (
+                    ("of_ceiling", "ceiling_jobs_per_s"),
+                    ("of_python_loop", "python_loop_jobs_per_s"),
+                    ("of_python_loop_with_body", "python_loop_with_body_jobs_per_s"),
+                )
+            }
+            for n in (1, 2)
+        }
+    _results.write(
+        "compare_bench",
+        results,
+        partial=bool(args.quick or args.only or args.tool),
+        loadavg_before=list(load_before),
+        versions=_tools.versions(),
+    )
     return 0
 
 

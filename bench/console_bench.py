@@ -33,8 +33,8 @@ import redis
 from cookiecutter.main import cookiecutter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _results  # noqa: E402
-import _workers  # noqa: E402
+import _results
+import _workers
 
 DEAD_QUEUE = "reports"
 BATCH = 20_000
@@ -47,21 +47,36 @@ def fill(client: redis.Redis, count: int) -> None:
         pipe = client.pipeline(transaction=False)
         for index in range(start, min(count, start + BATCH)):
             waiting = f"w{index:07d}"
-            body = json.dumps({
-                "queue_name": _workers.QUEUE, "actor_name": "send_notification",
-                "args": [index], "kwargs": {}, "options": {"redis_message_id": waiting},
-                "message_id": waiting, "message_timestamp": now - 60_000,
-            })
+            body = json.dumps(
+                {
+                    "queue_name": _workers.QUEUE,
+                    "actor_name": "send_notification",
+                    "args": [index],
+                    "kwargs": {},
+                    "options": {"redis_message_id": waiting},
+                    "message_id": waiting,
+                    "message_timestamp": now - 60_000,
+                }
+            )
             pipe.hset(f"{_workers.NS}:{_workers.QUEUE}.msgs", waiting, body)
             pipe.rpush(f"{_workers.NS}:{_workers.QUEUE}", waiting)
             dead = f"d{index:07d}"
-            letter = json.dumps({
-                "queue_name": DEAD_QUEUE, "actor_name": f"build_report_{index % 3}",
-                "args": [index], "kwargs": {}, "message_id": dead,
-                "message_timestamp": now - 3_600_000,
-                "options": {"redis_message_id": dead, "dead_letter_reason":
-                            "KeyError: 'q3'" if index % 2 else "TimeoutError: partner"},
-            })
+            letter = json.dumps(
+                {
+                    "queue_name": DEAD_QUEUE,
+                    "actor_name": f"build_report_{index % 3}",
+                    "args": [index],
+                    "kwargs": {},
+                    "message_id": dead,
+                    "message_timestamp": now - 3_600_000,
+                    "options": {
+                        "redis_message_id": dead,
+                        "dead_letter_reason": "KeyError: 'q3'"
+                        if index % 2
+                        else "TimeoutError: partner",
+                    },
+                }
+            )
             pipe.zadd(f"{_workers.NS}:{DEAD_QUEUE}.XQ", {dead: now - count + index})
             pipe.hset(f"{_workers.NS}:{DEAD_QUEUE}.XQ.msgs", dead, letter)
         pipe.execute()
@@ -74,15 +89,31 @@ def simulate(client: redis.Redis, processes: int) -> None:
     pipe = client.pipeline(transaction=False)
     for index in range(processes):
         broker_id = f"bench-{index:03d}"
-        jobs = [{"queue": _workers.QUEUE, "redis_id": f"w{index:03d}{slot}",
-                 "message_id": f"m{index}{slot}", "actor": "send_notification",
-                 "started_ms": now - 1000 * slot} for slot in range(4)]
-        record = {"pool": "interactive", "host": f"orders-worker-{index // 2}", "pid": 100 + index,
-                  "queues": [_workers.QUEUE], "concurrency": 4, "started_ms": now, "jobs": jobs}
+        jobs = [
+            {
+                "queue": _workers.QUEUE,
+                "redis_id": f"w{index:03d}{slot}",
+                "message_id": f"m{index}{slot}",
+                "actor": "send_notification",
+                "started_ms": now - 1000 * slot,
+            }
+            for slot in range(4)
+        ]
+        record = {
+            "pool": "interactive",
+            "host": f"orders-worker-{index // 2}",
+            "pid": 100 + index,
+            "queues": [_workers.QUEUE],
+            "concurrency": 4,
+            "started_ms": now,
+            "jobs": jobs,
+        }
         pipe.zadd(f"{_workers.NS}:__heartbeats__", {broker_id: now})
         pipe.set(f"{_workers.NS}:__process__.{broker_id}", json.dumps(record), px=600_000)
-        pipe.sadd(f"{_workers.NS}:__acks__.{broker_id}.{_workers.QUEUE}",
-                  *[job["redis_id"] for job in jobs])
+        pipe.sadd(
+            f"{_workers.NS}:__acks__.{broker_id}.{_workers.QUEUE}",
+            *[job["redis_id"] for job in jobs],
+        )
     pipe.execute()
 
 
@@ -90,16 +121,27 @@ def measure(project: Path, env: dict[str, str], *args: str) -> dict[str, Any]:
     """Run ``python -m <package> *args``: wall seconds, peak RSS (MB), exit code, output size."""
     started = time.perf_counter()
     with tempfile.TemporaryFile() as out:
-        child = subprocess.Popen([_workers.PYTHON, "-m", _workers.package_of(project), *args],
-                                 cwd=project, env=env, stdout=out, stderr=subprocess.DEVNULL)
+        child = subprocess.Popen(
+            [_workers.PYTHON, "-m", _workers.package_of(project), *args],
+            cwd=project,
+            env=env,
+            stdout=out,
+            stderr=subprocess.DEVNULL,
+        )
         _, status, usage = os.wait4(child.pid, 0)
         wall = time.perf_counter() - started
         child.returncode = os.waitstatus_to_exitcode(status)
         size = out.tell()
         out.seek(max(0, size - 300))
         tail = out.read().decode(errors="replace").strip().splitlines()[-1:]
-    return {"args": list(args), "wall_s": round(wall, 3), "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),
-            "exit": child.returncode, "output_bytes": size, "last_line": tail[0] if tail else ""}
+    return {
+        "args": list(args),
+        "wall_s": round(wall, 3),
+        "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),
+        "exit": child.returncode,
+        "output_bytes": size,
+        "last_line": tail[0] if tail else "",
+    }
 
 
 IN_PROCESS = """
@@ -134,36 +176,55 @@ def main() -> None:
             started = time.perf_counter()
             fill(client, args.messages)
             simulate(client, args.processes)
-            print(f"filled {args.messages:,} + {args.messages:,} and {args.processes} processes "
-                  f"in {time.perf_counter() - started:.0f} s; Redis uses "
-                  f"{client.info('memory')['used_memory'] / 2**20:.0f} MiB", flush=True)
+            print(
+                f"filled {args.messages:,} + {args.messages:,} and {args.processes} processes "
+                f"in {time.perf_counter() - started:.0f} s; Redis uses "
+                f"{client.info('memory')['used_memory'] / 2**20:.0f} MiB",
+                flush=True,
+            )
             env = _workers.foreign_free_env(_workers.project_env(project, REDIS_URL=server.url))
             results: dict[str, Any] = {"messages": args.messages, "processes": args.processes}
             inner = subprocess.run(
                 [_workers.PYTHON, "-c", IN_PROCESS.format(package=_workers.PACKAGE), server.url],
-                cwd=project, env=env, capture_output=True, text=True, check=True)
+                cwd=project,
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             results["status_read"] = json.loads(inner.stdout)
             print("status read_status:", results["status_read"], flush=True)
-            for name, command in (("status", ("status",)), ("status_json", ("status", "--json")),
-                                  ("dlq_list", ("dlq", "list", "--queue", DEAD_QUEUE)),
-                                  ("dlq_list_json", ("dlq", "list", "--queue", DEAD_QUEUE,
-                                                     "--json"))):
+            for name, command in (
+                ("status", ("status",)),
+                ("status_json", ("status", "--json")),
+                ("dlq_list", ("dlq", "list", "--queue", DEAD_QUEUE)),
+                ("dlq_list_json", ("dlq", "list", "--queue", DEAD_QUEUE, "--json")),
+            ):
                 results[name] = measure(project, env, *command)
                 print(name, results[name], flush=True)
             if args.baseline_from:
-                base = Path(cookiecutter(str(args.baseline_from), no_input=True,
-                                         output_dir=str(root / "base"),
-                                         extra_context={"database": "none"}))
+                base = Path(
+                    cookiecutter(
+                        str(args.baseline_from),
+                        no_input=True,
+                        output_dir=str(root / "base"),
+                        extra_context={"database": "none"},
+                    )
+                )
                 tenth = args.messages // 10
                 zset = f"{_workers.NS}:{DEAD_QUEUE}.XQ"
                 while client.zcard(zset) > tenth:  # in steps: one big removal outlasts a
                     client.zremrangebyrank(zset, tenth, tenth + 49_999)  # loaded socket timeout
-                base_env = _workers.foreign_free_env(_workers.project_env(base, REDIS_URL=server.url))
+                base_env = _workers.foreign_free_env(
+                    _workers.project_env(base, REDIS_URL=server.url)
+                )
                 results["baseline_letters"] = tenth
-                results["baseline_dlq_list"] = measure(base, base_env, "dlq", "list", "--queue",
-                                                       DEAD_QUEUE)
-                results["dlq_list_at_baseline"] = measure(project, env, "dlq", "list", "--queue",
-                                                          DEAD_QUEUE)
+                results["baseline_dlq_list"] = measure(
+                    base, base_env, "dlq", "list", "--queue", DEAD_QUEUE
+                )
+                results["dlq_list_at_baseline"] = measure(
+                    project, env, "dlq", "list", "--queue", DEAD_QUEUE
+                )
                 print("baseline", results["baseline_dlq_list"], results["dlq_list_at_baseline"])
         finally:
             server.stop()

@@ -31,8 +31,8 @@ from typing import Any
 import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _results  # noqa: E402
-import _workers  # noqa: E402
+import _results
+import _workers
 
 SHAPES = [(1, 1), (1, 20), (10, 1), (10, 20)]
 POOL = "idle"
@@ -43,7 +43,7 @@ def queues(count: int) -> list[str]:
 
 
 #: One actor per queue: a worker consumes the queues its actors declare.
-ACTORS = '''
+ACTORS = """
 import dramatiq
 
 for _index in range(20):
@@ -52,16 +52,19 @@ for _index in range(20):
 
     _job.__name__ = f"idle_job_{_index:02d}"
     dramatiq.actor(queue_name=f"idle{_index:02d}")(_job)
-'''
-BARE_MODULE = '''
+"""
+BARE_MODULE = (
+    """
 import os
 
 import dramatiq
 from dramatiq.brokers.redis import RedisBroker
 
 dramatiq.set_broker(RedisBroker(url=os.environ["REDIS_URL"]))
-''' + ACTORS
-POOL_TABLE = f'''
+"""
+    + ACTORS
+)
+POOL_TABLE = f"""
 [pools.{POOL}]
 queues = {queues(20)!r}
 processes = 1
@@ -74,7 +77,7 @@ handler_memory = "32Mi"
 min_replicas = 1
 max_replicas = 1
 backlog_age_target_s = 5
-'''
+"""
 
 
 class Monitor(threading.Thread):
@@ -108,28 +111,56 @@ def commandstats(client: redis.Redis) -> dict[str, int]:
     return {name.removeprefix("cmdstat_"): int(stat["calls"]) for name, stat in info.items()}
 
 
-def measure(root: Path, system: str, processes: int, queue_count: int, window_s: float,
-            settle_s: float, project: Path, bare_dir: Path, pools_file: Path) -> dict[str, Any]:
+def measure(
+    root: Path,
+    system: str,
+    processes: int,
+    queue_count: int,
+    window_s: float,
+    settle_s: float,
+    project: Path,
+    bare_dir: Path,
+    pools_file: Path,
+) -> dict[str, Any]:
     server = _workers.redis_server(root / f"redis-{system}-{processes}-{queue_count}")
     client = redis.Redis.from_url(server.url)
     served = queues(queue_count)
     log = root / f"{system}-{processes}-{queue_count}.log"
     if system == "service":
         env = _workers.worker_env(
-            project, server.url, root / f"state-{processes}-{queue_count}",
-            WORKER_POOL=POOL, WORKER_POOLS_FILE=str(pools_file),
-            WORKER_QUEUES=",".join(served), WORKER_PROCESSES=str(processes))
+            project,
+            server.url,
+            root / f"state-{processes}-{queue_count}",
+            WORKER_POOL=POOL,
+            WORKER_POOLS_FILE=str(pools_file),
+            WORKER_QUEUES=",".join(served),
+            WORKER_PROCESSES=str(processes),
+        )
         process = _workers.start_worker(project, env, log)
     else:
         env = _workers.foreign_free_env(_workers.project_env(bare_dir))
         env.update(PYTHONPATH=str(bare_dir), REDIS_URL=server.url)
-        command = [_workers.PYTHON, "-m", "dramatiq", "bare_idle", "--processes",
-                   str(processes), "--queues", *served]
+        command = [
+            _workers.PYTHON,
+            "-m",
+            "dramatiq",
+            "bare_idle",
+            "--processes",
+            str(processes),
+            "--queues",
+            *served,
+        ]
         process = _workers.start(command, bare_dir, env, log)
     monitor = Monitor(server.url)
     try:
-        _workers.wait_for(lambda: client.zcard(f"{_workers.NS}:__heartbeats__") >= processes
-                          or process.poll() is not None, 120, "every process's heartbeat")
+        _workers.wait_for(
+            lambda: (
+                client.zcard(f"{_workers.NS}:__heartbeats__") >= processes
+                or process.poll() is not None
+            ),
+            120,
+            "every process's heartbeat",
+        )
         if process.poll() is not None:
             raise SystemExit(f"{system} exited {process.returncode}: see {log}")
         time.sleep(settle_s)
@@ -153,10 +184,13 @@ def measure(root: Path, system: str, processes: int, queue_count: int, window_s:
     commands = sum(stats.values()) - sum(ours.values())
     round_trips = commands - monitor.lua
     per = elapsed * processes
-    top = sorted(((calls, name) for name, calls in stats.items() if name not in ours),
-                 reverse=True)[:6]
+    top = sorted(
+        ((calls, name) for name, calls in stats.items() if name not in ours), reverse=True
+    )[:6]
     return {
-        "system": system, "processes": processes, "queues": queue_count,
+        "system": system,
+        "processes": processes,
+        "queues": queue_count,
         "window_s": round(elapsed, 2),
         "commands_per_s_per_process": round(commands / per, 2),
         "round_trips_per_s_per_process": round(round_trips / per, 2),
@@ -168,11 +202,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--window", type=float, default=20.0, metavar="S")
     parser.add_argument("--settle", type=float, default=5.0, metavar="S")
-    parser.add_argument("--shape", action="append", metavar="PROCESSES:QUEUES",
-                        help="only these shapes (a partial run, not reported)")
+    parser.add_argument(
+        "--shape",
+        action="append",
+        metavar="PROCESSES:QUEUES",
+        help="only these shapes (a partial run, not reported)",
+    )
     args = parser.parse_args()
-    shapes = ([tuple(int(n) for n in s.split(":")) for s in args.shape] if args.shape
-              else SHAPES)
+    shapes = [tuple(int(n) for n in s.split(":")) for s in args.shape] if args.shape else SHAPES
     rows = []
     with tempfile.TemporaryDirectory(prefix="idle-cost-") as tmp:
         root = Path(tmp)
@@ -185,28 +222,55 @@ def main() -> int:
         for processes, queue_count in shapes:
             pair = {}
             for system in ("service", "bare"):
-                pair[system] = measure(root, system, processes, queue_count, args.window,
-                                       args.settle, project, bare_dir, pools_file)
+                pair[system] = measure(
+                    root,
+                    system,
+                    processes,
+                    queue_count,
+                    args.window,
+                    args.settle,
+                    project,
+                    bare_dir,
+                    pools_file,
+                )
                 print(pair[system], flush=True)
             service, bare = pair["service"], pair["bare"]
-            rows.append({
-                "processes": processes, "queues": queue_count, "service": service, "bare": bare,
-                "round_trips_vs_bare": round(service["round_trips_per_s_per_process"]
-                                             / bare["round_trips_per_s_per_process"], 2),
-                "commands_vs_bare": round(service["commands_per_s_per_process"]
-                                          / bare["commands_per_s_per_process"], 2),
-            })
-    print("| processes | queues | bare round trips/s | service round trips/s | ratio "
-          "| bare commands/s | service commands/s | ratio |")
+            rows.append(
+                {
+                    "processes": processes,
+                    "queues": queue_count,
+                    "service": service,
+                    "bare": bare,
+                    "round_trips_vs_bare": round(
+                        service["round_trips_per_s_per_process"]
+                        / bare["round_trips_per_s_per_process"],
+                        2,
+                    ),
+                    "commands_vs_bare": round(
+                        service["commands_per_s_per_process"] / bare["commands_per_s_per_process"],
+                        2,
+                    ),
+                }
+            )
+    print(
+        "| processes | queues | bare round trips/s | service round trips/s | ratio "
+        "| bare commands/s | service commands/s | ratio |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         b, s = r["bare"], r["service"]
-        print(f"| {r['processes']} | {r['queues']} | {b['round_trips_per_s_per_process']} "
-              f"| {s['round_trips_per_s_per_process']} | {r['round_trips_vs_bare']} "
-              f"| {b['commands_per_s_per_process']} | {s['commands_per_s_per_process']} "
-              f"| {r['commands_vs_bare']} |")
-    _results.write("idle_cost", {"rows": rows}, window_s=args.window,
-                   **({"partial": True} if args.shape else {}))
+        print(
+            f"| {r['processes']} | {r['queues']} | {b['round_trips_per_s_per_process']} "
+            f"| {s['round_trips_per_s_per_process']} | {r['round_trips_vs_bare']} "
+            f"| {b['commands_per_s_per_process']} | {s['commands_per_s_per_process']} "
+            f"| {r['commands_vs_bare']} |"
+        )
+    _results.write(
+        "idle_cost",
+        {"rows": rows},
+        window_s=args.window,
+        **({"partial": True} if args.shape else {}),
+    )
     return 0
 
 

@@ -31,12 +31,12 @@ from pathlib import Path
 import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _results  # noqa: E402
-import _workers  # noqa: E402
+import _results
+import _workers
 
 THREADS = 4
 
-ACTORS = '''
+ACTORS = """
 import os
 import time
 
@@ -53,7 +53,7 @@ def bench_sleep(job_id, seconds):
     while (left := deadline - time.monotonic()) > 0:
         time.sleep(min(0.05, left))
     _client.rpush("bench:done", job_id)
-'''
+"""
 
 
 class Bench:
@@ -63,8 +63,13 @@ class Bench:
         self.redis = _workers.redis_server(root / "redis")
         self.client = redis.Redis.from_url(self.redis.url)
         self.env = _workers.worker_env(
-            self.project, self.redis.url, root / "state", WORKER_CONCURRENCY=str(THREADS),
-            WORKER_JOB_TIMEOUT_MS="20000", WORKER_SHUTDOWN_TIMEOUT_MS="25000")
+            self.project,
+            self.redis.url,
+            root / "state",
+            WORKER_CONCURRENCY=str(THREADS),
+            WORKER_JOB_TIMEOUT_MS="20000",
+            WORKER_SHUTDOWN_TIMEOUT_MS="25000",
+        )
         self.metrics_port = int(self.env["METRICS_PORT"])
 
     def close(self) -> None:
@@ -94,8 +99,11 @@ class Bench:
         if code != 0:
             raise SystemExit(f"worker exited {code}")
         done = {raw.decode() for raw in self.client.lrange("bench:done", 0, -1)}
-        remaining = [stamp + seconds - sent_wall for job_id, stamp, seconds in self.starts()
-                     if job_id in done and stamp < sent_wall]
+        remaining = [
+            stamp + seconds - sent_wall
+            for job_id, stamp, seconds in self.starts()
+            if job_id in done and stamp < sent_wall
+        ]
         return drain, max([0.0, *remaining])
 
     def drain_idle(self) -> tuple[float, float]:
@@ -135,9 +143,13 @@ class Bench:
             execs = []
             for _ in range(count):
                 started = time.perf_counter()
-                subprocess.run([_workers.PYTHON, "-m", _workers.PACKAGE, "healthcheck", "live"],
-                               cwd=self.project, env=self.env, check=True,
-                               stdout=subprocess.DEVNULL)
+                subprocess.run(
+                    [_workers.PYTHON, "-m", _workers.PACKAGE, "healthcheck", "live"],
+                    cwd=self.project,
+                    env=self.env,
+                    check=True,
+                    stdout=subprocess.DEVNULL,
+                )
                 execs.append(time.perf_counter() - started)
             url = f"http://127.0.0.1:{self.metrics_port}/livez"
             https = []
@@ -159,12 +171,16 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="lifecycle-bench-"))
     bench = Bench(root)
     try:
-        print(f"drain latency after SIGTERM, median of {args.rounds} (supervisor + 1 process, "
-              f"{THREADS} threads)")
+        print(
+            f"drain latency after SIGTERM, median of {args.rounds} (supervisor + 1 process, "
+            f"{THREADS} threads)"
+        )
         print(f"  {'shape':<34}{'drain s':>9}{'ideal s':>9}{'over ms':>9}{'ratio':>7}")
-        shapes = [("idle", bench.drain_idle),
-                  ("4 jobs, 0.5-2.0 s left", bench.drain_staggered),
-                  ("40 x 1 s jobs, TERM after 1.5 s", bench.drain_loaded)]
+        shapes = [
+            ("idle", bench.drain_idle),
+            ("4 jobs, 0.5-2.0 s left", bench.drain_staggered),
+            ("40 x 1 s jobs, TERM after 1.5 s", bench.drain_loaded),
+        ]
         drains = []
         for name, measure in shapes:
             rounds = [measure() for _ in range(args.rounds)]
@@ -176,11 +192,20 @@ def main() -> None:
         ratio = bench.throughput()
         print(f"throughput of 1 s jobs on {THREADS} threads: {ratio:.2f} x the ideal time")
         exec_ms, http_ms = bench.probes(args.probes)
-        print(f"liveness probe, median: exec healthcheck live {exec_ms:.1f} ms, "
-              f"GET /livez {http_ms:.2f} ms (exec / http = {exec_ms / http_ms:.0f}x)")
-        _results.write("lifecycle_bench", {"drain": drains, "throughput_vs_ideal": ratio,
-                                           "probe_exec_ms": exec_ms, "probe_http_ms": http_ms},
-                       rounds=args.rounds)
+        print(
+            f"liveness probe, median: exec healthcheck live {exec_ms:.1f} ms, "
+            f"GET /livez {http_ms:.2f} ms (exec / http = {exec_ms / http_ms:.0f}x)"
+        )
+        _results.write(
+            "lifecycle_bench",
+            {
+                "drain": drains,
+                "throughput_vs_ideal": ratio,
+                "probe_exec_ms": exec_ms,
+                "probe_http_ms": http_ms,
+            },
+            rounds=args.rounds,
+        )
     finally:
         bench.close()
         shutil.rmtree(root, ignore_errors=True)

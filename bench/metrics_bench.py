@@ -30,22 +30,22 @@ from typing import Any
 import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _results  # noqa: E402
-import _workers  # noqa: E402
-from _workers import PACKAGE, QUEUE  # noqa: E402
+import _results
+import _workers
+from _workers import PACKAGE, QUEUE
 
 THREADS = 8
 
-NOOP_ACTOR = '''
+NOOP_ACTOR = """
 import dramatiq
 
 
 @dramatiq.actor(queue_name="notifications", max_retries=0)
 def bench_noop(n):
     pass
-'''
+"""
 
-BARE_WORKER = '''
+BARE_WORKER = """
 import sys, time
 import dramatiq
 from dramatiq.brokers.redis import RedisBroker
@@ -65,7 +65,7 @@ if sys.argv[3] != "default":
 worker.start()
 while True:
     time.sleep(1)
-'''
+"""
 
 
 STACK_WORKER = '''
@@ -95,8 +95,9 @@ def fill(client: redis.Redis, count: int, actor: str = "bench_noop") -> None:
 
 
 def env_for(project: Path, redis_url: str, state: Path) -> dict[str, str]:
-    return _workers.worker_env(project, redis_url, state, WORKER_CONCURRENCY=str(THREADS),
-                               LOG_LEVEL="INFO")
+    return _workers.worker_env(
+        project, redis_url, state, WORKER_CONCURRENCY=str(THREADS), LOG_LEVEL="INFO"
+    )
 
 
 # -- 1. scrape cost ---------------------------------------------------------------------------
@@ -120,10 +121,13 @@ def bench_scrape(project: Path, redis_url: str, work: Path, big: int) -> dict[st
     env = env_for(project, redis_url, state)
     port = env["METRICS_PORT"]
     env["PROMETHEUS_MULTIPROC_DIR"] = str(state / "metrics")
-    code = (f"import time; from {PACKAGE} import exporter; from {PACKAGE}.settings import "
-            "load_settings; exporter.start_exporter(load_settings()); time.sleep(3600)")
-    exporter = subprocess.Popen([sys.executable, "-c", code], cwd=project, env=env,
-                                stderr=subprocess.DEVNULL)
+    code = (
+        f"import time; from {PACKAGE} import exporter; from {PACKAGE}.settings import "
+        "load_settings; exporter.start_exporter(load_settings()); time.sleep(3600)"
+    )
+    exporter = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=project, env=env, stderr=subprocess.DEVNULL
+    )
     url = f"http://127.0.0.1:{port}/metrics"
     try:
         for _ in range(200):
@@ -146,9 +150,11 @@ def bench_scrape(project: Path, redis_url: str, work: Path, big: int) -> dict[st
         print("\n== scrape GET /metrics (median of 40), messages waiting in one queue")
         base, base_us = results[0], eval_us[0]
         for target, ms in results.items():
-            print(f"  {target:>9,} waiting: {ms:7.2f} ms  ratio to empty {ms / base:5.2f}   "
-                  f"Redis time of the backlog call {eval_us[target]:6.1f} us  "
-                  f"ratio {eval_us[target] / base_us:5.2f}")
+            print(
+                f"  {target:>9,} waiting: {ms:7.2f} ms  ratio to empty {ms / base:5.2f}   "
+                f"Redis time of the backlog call {eval_us[target]:6.1f} us  "
+                f"ratio {eval_us[target] / base_us:5.2f}"
+            )
         return {"scrape_ms": results, "eval_us": eval_us}
     finally:
         exporter.terminate()
@@ -159,8 +165,9 @@ def bench_scrape(project: Path, redis_url: str, work: Path, big: int) -> dict[st
 # -- 2. throughput ----------------------------------------------------------------------------
 
 
-def drain_rate(client: redis.Redis, count: int, start_worker: list[str], cwd: Path,
-               env: dict[str, str]) -> float:
+def drain_rate(
+    client: redis.Redis, count: int, start_worker: list[str], cwd: Path, env: dict[str, str]
+) -> float:
     """Messages/s from the first message taken to the last one acked."""
     client.flushall()
     fill(client, count)
@@ -193,37 +200,72 @@ def bench_throughput(
     bare, bare_default, ours, stack = [], [], [], []
     bare_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     for index in range(rounds):
-        bare.append(drain_rate(client, count, [sys.executable, str(bare_script), redis_url,
-                                               str(THREADS), str(THREADS)], work, bare_env))
-        bare_default.append(drain_rate(
-            client, count, [sys.executable, str(bare_script), redis_url, str(THREADS),
-                            "default"], work, bare_env))
+        bare.append(
+            drain_rate(
+                client,
+                count,
+                [sys.executable, str(bare_script), redis_url, str(THREADS), str(THREADS)],
+                work,
+                bare_env,
+            )
+        )
+        bare_default.append(
+            drain_rate(
+                client,
+                count,
+                [sys.executable, str(bare_script), redis_url, str(THREADS), "default"],
+                work,
+                bare_env,
+            )
+        )
         state = work / f"state-{index}"
-        ours.append(drain_rate(client, count, [sys.executable, "-m", PACKAGE, "worker"],
-                               project, env_for(project, redis_url, state)))
+        ours.append(
+            drain_rate(
+                client,
+                count,
+                [sys.executable, "-m", PACKAGE, "worker"],
+                project,
+                env_for(project, redis_url, state),
+            )
+        )
         env = env_for(project, redis_url, work / f"stack-{index}")
         (work / f"stack-{index}" / "metrics").mkdir(parents=True)
         env["PROMETHEUS_MULTIPROC_DIR"] = str(work / f"stack-{index}" / "metrics")
-        stack.append(drain_rate(client, count, [sys.executable, str(stack_script),
-                                                str(THREADS)], project, env))
-        print(f"  round {index + 1}: bare {bare[-1]:6.0f}   ours {ours[-1]:6.0f}   "
-              f"bare, default prefetch {bare_default[-1]:6.0f}   our stack, default prefetch "
-              f"{stack[-1]:6.0f} msg/s")
+        stack.append(
+            drain_rate(
+                client, count, [sys.executable, str(stack_script), str(THREADS)], project, env
+            )
+        )
+        print(
+            f"  round {index + 1}: bare {bare[-1]:6.0f}   ours {ours[-1]:6.0f}   "
+            f"bare, default prefetch {bare_default[-1]:6.0f}   our stack, default prefetch "
+            f"{stack[-1]:6.0f} msg/s"
+        )
     b, o = statistics.median(bare), statistics.median(ours)
     d = statistics.median(bare_default)
-    print(f"\n== throughput, no-op actor, 1 process x {THREADS} threads, {count:,} messages, "
-          f"median of {rounds}")
+    print(
+        f"\n== throughput, no-op actor, 1 process x {THREADS} threads, {count:,} messages, "
+        f"median of {rounds}"
+    )
     print(f"  bare Dramatiq, prefetch = threads (as ours):   {b:8.0f} msg/s")
     print(f"  full stack (ours):                             {o:8.0f} msg/s")
     print(f"  ratio ours / bare:                             {o / b:8.3f}   (target >= 0.95)")
     print(f"  bare Dramatiq, default prefetch (2 x threads): {d:8.0f} msg/s")
-    print(f"  ratio ours / bare with default prefetch:       {o / d:8.3f}   (our default "
-          "WORKER_PREFETCH = concurrency; raise it per pool for very short jobs)")
+    print(
+        f"  ratio ours / bare with default prefetch:       {o / d:8.3f}   (our default "
+        "WORKER_PREFETCH = concurrency; raise it per pool for very short jobs)"
+    )
     m = statistics.median(stack)
     print(f"  our middleware stack, default prefetch:        {m:8.0f} msg/s")
     print(f"  ratio stack / bare, both default prefetch:     {m / d:8.3f}   (middleware cost)")
-    return {"bare": b, "ours": o, "bare_default_prefetch": d, "stack_default_prefetch": m,
-            "messages": count, "rounds": rounds}
+    return {
+        "bare": b,
+        "ours": o,
+        "bare_default_prefetch": d,
+        "stack_default_prefetch": m,
+        "messages": count,
+        "rounds": rounds,
+    }
 
 
 def main() -> None:
@@ -236,8 +278,9 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="metrics-bench-") as tmp:
         work = Path(tmp)
-        project = _workers.bake(work / "bake", {"bench_noop": NOOP_ACTOR}, database="none",
-                                sandbox_pool="no")
+        project = _workers.bake(
+            work / "bake", {"bench_noop": NOOP_ACTOR}, database="none", sandbox_pool="no"
+        )
         server = _workers.redis_server(work / "redis")
         redis_url = server.url
         try:

@@ -34,11 +34,11 @@ from pathlib import Path
 import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _workers  # noqa: E402
+import _workers
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
-DRIVER = r'''
+DRIVER = r"""
 import json, statistics, sys, threading, time
 from collections import defaultdict
 
@@ -145,7 +145,7 @@ print(json.dumps({
     "gap_ms_mean": round(statistics.mean(gaps) * 1000, 3) if threads == 1 else None,
     "gap_ms_median": round(statistics.median(gaps) * 1000, 3) if threads == 1 else None,
 }))
-'''
+"""
 
 
 def main() -> int:
@@ -154,18 +154,29 @@ def main() -> int:
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="noop-profile-"))
     project, driver, server, env = _workers.in_process(
-        root, DRIVER, WORKER_JOB_TIMEOUT_MS="20000", WORKER_SHUTDOWN_TIMEOUT_MS="25000")
+        root, DRIVER, WORKER_JOB_TIMEOUT_MS="20000", WORKER_SHUTDOWN_TIMEOUT_MS="25000"
+    )
     client = redis.Redis.from_url(server.url)
-    runs = [(args.jobs, 0.0, 1, "1"), (args.jobs, 0.0, 8, "1"), (30, 100.0, 1, "1"),
-            (30, 100.0, 1, "0")]
+    runs = [
+        (args.jobs, 0.0, 1, "1"),
+        (args.jobs, 0.0, 8, "1"),
+        (30, 100.0, 1, "1"),
+        (30, 100.0, 1, "0"),
+    ]
     results = []
     try:
         for jobs, ms, threads, wake in runs:
             client.flushall()
             env["WORKER_CONCURRENCY"] = str(threads)
-            out = subprocess.run([sys.executable, str(driver), str(jobs), str(ms),
-                                  str(threads), wake], env=env, cwd=project, check=True,
-                                 stdout=subprocess.PIPE, text=True, timeout=600)
+            out = subprocess.run(
+                [sys.executable, str(driver), str(jobs), str(ms), str(threads), wake],
+                env=env,
+                cwd=project,
+                check=True,
+                stdout=subprocess.PIPE,
+                text=True,
+                timeout=600,
+            )
             row = json.loads(out.stdout.strip().splitlines()[-1])
             print(json.dumps(row), flush=True)
             results.append(row)
@@ -175,8 +186,12 @@ def main() -> int:
     RESULTS.mkdir(exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out_path = RESULTS / f"noop_profile-{stamp}.json"
-    out_path.write_text(json.dumps({"cores": os.cpu_count(), "loadavg": os.getloadavg(),
-                                    "results": {"runs": results}}, indent=2))
+    out_path.write_text(
+        json.dumps(
+            {"cores": os.cpu_count(), "loadavg": os.getloadavg(), "results": {"runs": results}},
+            indent=2,
+        )
+    )
     print(f"wrote {out_path}")
     return 0
 

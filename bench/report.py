@@ -54,8 +54,9 @@ def throughput(results: dict[str, Any]) -> Iterator[Row]:
             if all(tool in r for r in law):
                 yield (
                     f"scaling law, {_label(tool)}: the same at {threads} threads (prefork: "
-                    "children)" if "prefork" in tool else
-                    f"scaling law, {_label(tool)}: the same at {threads} threads",
+                    "children)"
+                    if "prefork" in tool
+                    else f"scaling law, {_label(tool)}: the same at {threads} threads",
                     "/".join(_f(r[tool]["slices"], 1) for r in law),
                     "ideal " + "/".join(f"{r['ideal_slices']:g}" for r in law),
                     "/".join(_f(r[tool]["slices"] / r["ideal_slices"]) for r in law),
@@ -75,8 +76,10 @@ def throughput(results: dict[str, Any]) -> Iterator[Row]:
                     for tool in LABELS:
                         if tool in r and tool != "bare":
                             yield (
-                                f"{label}: {r['jobs']} at {r['threads']} threads, each "
-                                f"tool's defaults, vs {_label(tool)}",
+                                (
+                                    f"{label}: {r['jobs']} at {r['threads']} threads, each "
+                                    f"tool's defaults, vs {_label(tool)}"
+                                ),
                                 f"{_f(r['service']['span_s'])} s",
                                 f"{_label(tool)} {_f(r[tool]['span_s'])} s",
                                 f"{_f(r['throughput_vs'][tool])} x its throughput",
@@ -89,130 +92,214 @@ def compare(results: dict[str, Any]) -> Iterator[Row]:
         for tool in TOOLS:
             if tool in scale:
                 one, two = scale[tool]["1p"], scale[tool]["2p"]
-                yield (f"no-op throughput, 2 processes vs 1 ({scale['jobs']} jobs, "
-                       f"{scale['threads']} threads; Celery: nodes): {_label(tool)}",
-                       f"{two['jobs_per_s']:.0f} jobs/s", f"1 process {one['jobs_per_s']:.0f} jobs/s",
-                       f"{_f(scale[tool]['two_vs_one'])} x")
+                yield (
+                    (
+                        f"no-op throughput, 2 processes vs 1 ({scale['jobs']} jobs, "
+                        f"{scale['threads']} threads; Celery: nodes): {_label(tool)}"
+                    ),
+                    f"{two['jobs_per_s']:.0f} jobs/s",
+                    f"1 process {one['jobs_per_s']:.0f} jobs/s",
+                    f"{_f(scale[tool]['two_vs_one'])} x",
+                )
     if "ceiling" in results:
         top = results["ceiling"]
         bench = top["redis_benchmark"]
-        yield ("Redis ceiling: the service's settle-and-fetch script, redis-benchmark "
-               f"({bench['connections']} connections, pipeline {bench['pipeline']})",
-               f"{bench['jobs_per_s']:.0f} calls/s",
-               f"Python loop {top['python_loop_jobs_per_s']:.0f}/s, with the job body's "
-               f"writes {top['python_loop_with_body_jobs_per_s']:.0f}/s",
-               f"redis-server CPU {_f(bench['redis_cpu_us_per_job'], 1)} us per call")
+        yield (
+            (
+                "Redis ceiling: the service's settle-and-fetch script, redis-benchmark "
+                f"({bench['connections']} connections, pipeline {bench['pipeline']})"
+            ),
+            f"{bench['jobs_per_s']:.0f} calls/s",
+            (
+                f"Python loop {top['python_loop_jobs_per_s']:.0f}/s, with the job body's "
+                f"writes {top['python_loop_with_body_jobs_per_s']:.0f}/s"
+            ),
+            f"redis-server CPU {_f(bench['redis_cpu_us_per_job'], 1)} us per call",
+        )
     if "ceiling_fraction" in results and "scaling" in results:
         part, service = results["ceiling_fraction"], results["scaling"]["service"]
-        yield ("service no-op throughput as a fraction of the Redis ceiling: 1 / 2 processes",
-               f"{service['1p']['jobs_per_s']:.0f} / {service['2p']['jobs_per_s']:.0f} jobs/s",
-               "of the Python loop with the body: "
-               f"{_f(part['1p']['of_python_loop_with_body'])} / "
-               f"{_f(part['2p']['of_python_loop_with_body'])}",
-               f"{_f(part['1p']['of_ceiling'], 3)} / {_f(part['2p']['of_ceiling'], 3)}")
+        yield (
+            "service no-op throughput as a fraction of the Redis ceiling: 1 / 2 processes",
+            f"{service['1p']['jobs_per_s']:.0f} / {service['2p']['jobs_per_s']:.0f} jobs/s",
+            (
+                "of the Python loop with the body: "
+                f"{_f(part['1p']['of_python_loop_with_body'])} / "
+                f"{_f(part['2p']['of_python_loop_with_body'])}"
+            ),
+            f"{_f(part['1p']['of_ceiling'], 3)} / {_f(part['2p']['of_ceiling'], 3)}",
+        )
     if "profile" in results and "self_share" in results["profile"]:
         prof = results["profile"]
-        top3 = ", ".join(f"{name} {share:.0%}" for name, share in
-                         list(prof["self_share"].items())[:4])
-        yield (f"profile: one service process, {prof['jobs']:,} no-op jobs (py-spy --gil, "
-               "self time)", f"{prof['worker_cpu_us_per_job']:.0f} us CPU per job",
-               f"wall {prof['wall_us_per_job']:.0f} us, redis-server "
-               f"{prof['redis_cpu_us_per_job']:.0f} us per job", top3)
+        top3 = ", ".join(
+            f"{name} {share:.0%}" for name, share in list(prof["self_share"].items())[:4]
+        )
+        yield (
+            (
+                f"profile: one service process, {prof['jobs']:,} no-op jobs (py-spy --gil, "
+                "self time)"
+            ),
+            f"{prof['worker_cpu_us_per_job']:.0f} us CPU per job",
+            (
+                f"wall {prof['wall_us_per_job']:.0f} us, redis-server "
+                f"{prof['redis_cpu_us_per_job']:.0f} us per job"
+            ),
+            top3,
+        )
         if "phase_share" in prof:
-            yield ("profile: the same samples by phase (a stack in it)",
-                   ", ".join(f"{k} {v:.0%}" for k, v in prof["phase_share"].items()), "", "")
+            yield (
+                "profile: the same samples by phase (a stack in it)",
+                ", ".join(f"{k} {v:.0%}" for k, v in prof["phase_share"].items()),
+                "",
+                "",
+            )
     if "head_of_line" in results:
         hol = results["head_of_line"]
         for tool in TOOLS:
             if tool in hol:
                 r = hol[tool]
-                yield (f"head-of-line: {hol['short_jobs']} no-op jobs behind one "
-                       f"{hol['long_ms'] / 1000:g} s job, 2 processes x 1 thread: {_label(tool)}",
-                       f"max wait {_f(r['max_wait_s'])} s",
-                       f"{r['behind_long']} of {hol['short_jobs']} waited behind the long job",
-                       f"{_f(r['max_wait_s'] / (hol['long_ms'] / 1000))} of the long job")
+                yield (
+                    (
+                        f"head-of-line: {hol['short_jobs']} no-op jobs behind one "
+                        f"{hol['long_ms'] / 1000:g} s job, 2 processes x 1 thread: {_label(tool)}"
+                    ),
+                    f"max wait {_f(r['max_wait_s'])} s",
+                    f"{r['behind_long']} of {hol['short_jobs']} waited behind the long job",
+                    f"{_f(r['max_wait_s'] / (hol['long_ms'] / 1000))} of the long job",
+                )
     if "redelivery" in results:
         red = results["redelivery"]
         for tool in TOOLS:
             if tool in red:
                 r = red[tool]
                 after = r["all_done_after_s"]
-                yield (f"redelivery after SIGKILL, {r['held']} of {red['jobs']} jobs of "
-                       f"{red['job_ms'] / 1000:g} s held: {_label(tool)}",
-                       f"all done {after:.1f} s after the kill" if after is not None else
-                       f"not redelivered within {red['bound_s']:g} s",
-                       f"{r['done']} of {red['jobs']} done",
-                       f"{r['in_unacked']} in Celery's unacked hash (visibility timeout 1 h), "
-                       f"{r['lost']} lost (acked before they ran)" if "lost" in r else "")
+                yield (
+                    (
+                        f"redelivery after SIGKILL, {r['held']} of {red['jobs']} jobs of "
+                        f"{red['job_ms'] / 1000:g} s held: {_label(tool)}"
+                    ),
+                    f"all done {after:.1f} s after the kill"
+                    if after is not None
+                    else f"not redelivered within {red['bound_s']:g} s",
+                    f"{r['done']} of {red['jobs']} done",
+                    f"{r['in_unacked']} in Celery's unacked hash (visibility timeout 1 h), "
+                    f"{r['lost']} lost (acked before they ran)"
+                    if "lost" in r
+                    else "",
+                )
     if "footprint" in results:
         foot = results["footprint"]
         for tool in TOOLS:
             if tool in foot:
                 r = foot[tool]
-                yield (f"footprint, {foot['threads']} threads, {r['processes']} process(es): "
-                       f"{_label(tool)} (RSS idle / after {foot['jobs']:,} jobs (PSS); Redis "
-                       "round trips (commands))",
-                       f"{r['idle_rss_mb']:.0f} / {r['rss_after_jobs_mb']:.0f} MB "
-                       f"({r.get('pss_after_jobs_mb', 0):.0f} MB)",
-                       f"{_f(r['round_trips_per_job'])} ({_f(r['commands_per_job'])}) per job",
-                       f"{_f(r['idle_round_trips_per_s'], 1)} ({_f(r['idle_commands_per_s'], 1)})"
-                       " per idle s")
+                yield (
+                    (
+                        f"footprint, {foot['threads']} threads, {r['processes']} process(es): "
+                        f"{_label(tool)} (RSS idle / after {foot['jobs']:,} jobs (PSS); Redis "
+                        "round trips (commands))"
+                    ),
+                    (
+                        f"{r['idle_rss_mb']:.0f} / {r['rss_after_jobs_mb']:.0f} MB "
+                        f"({r.get('pss_after_jobs_mb', 0):.0f} MB)"
+                    ),
+                    f"{_f(r['round_trips_per_job'])} ({_f(r['commands_per_job'])}) per job",
+                    (
+                        f"{_f(r['idle_round_trips_per_s'], 1)} ({_f(r['idle_commands_per_s'], 1)})"
+                        " per idle s"
+                    ),
+                )
 
 
 def lifecycle(results: dict[str, Any]) -> Iterator[Row]:
     for shape in results["drain"]:
         over_ms = (shape["drain_s"] - shape["ideal_s"]) * 1000
-        yield (f"drain after SIGTERM: {shape['shape']}", f"{_f(shape['drain_s'], 3)} s",
-               f"ideal {_f(shape['ideal_s'], 3)} s", f"+{over_ms:.0f} ms")
-    yield ("liveness probe: exec `healthcheck live` vs GET /livez",
-           f"{_f(results['probe_exec_ms'], 1)} ms", f"{_f(results['probe_http_ms'])} ms",
-           f"{results['probe_exec_ms'] / results['probe_http_ms']:.0f} x")
+        yield (
+            f"drain after SIGTERM: {shape['shape']}",
+            f"{_f(shape['drain_s'], 3)} s",
+            f"ideal {_f(shape['ideal_s'], 3)} s",
+            f"+{over_ms:.0f} ms",
+        )
+    yield (
+        "liveness probe: exec `healthcheck live` vs GET /livez",
+        f"{_f(results['probe_exec_ms'], 1)} ms",
+        f"{_f(results['probe_http_ms'])} ms",
+        f"{results['probe_exec_ms'] / results['probe_http_ms']:.0f} x",
+    )
 
 
 def metrics(results: dict[str, Any]) -> Iterator[Row]:
     scrape = {int(k): v for k, v in results.get("scrape_ms", {}).items()}
     if scrape:
         empty, big = scrape[min(scrape)], max(scrape)
-        yield (f"scrape GET /metrics with {big:,} messages waiting", f"{_f(scrape[big])} ms",
-               f"empty {_f(empty)} ms", f"{_f(scrape[big] / empty)} x")
+        yield (
+            f"scrape GET /metrics with {big:,} messages waiting",
+            f"{_f(scrape[big])} ms",
+            f"empty {_f(empty)} ms",
+            f"{_f(scrape[big] / empty)} x",
+        )
     if "throughput" in results:
         t = results["throughput"]
-        yield ("no-op throughput, full stack vs bare Dramatiq (prefetch = threads)",
-               f"{t['ours']:.0f} msg/s", f"{t['bare']:.0f} msg/s", f"{_f(t['ours'] / t['bare'])} x")
+        yield (
+            "no-op throughput, full stack vs bare Dramatiq (prefetch = threads)",
+            f"{t['ours']:.0f} msg/s",
+            f"{t['bare']:.0f} msg/s",
+            f"{_f(t['ours'] / t['bare'])} x",
+        )
 
 
 def sandbox(results: dict[str, Any]) -> Iterator[Row]:
-    yield ("sandbox: trivial run_untrusted vs a plain child process (python -I -c pass)",
-           f"{_f(results['sandbox_ms'], 1)} ms", f"{_f(results['plain_ms'], 1)} ms",
-           f"{_f(results['ratio'])} x")
+    yield (
+        "sandbox: trivial run_untrusted vs a plain child process (python -I -c pass)",
+        f"{_f(results['sandbox_ms'], 1)} ms",
+        f"{_f(results['plain_ms'], 1)} ms",
+        f"{_f(results['ratio'])} x",
+    )
     if "bare_ms" in results:
-        yield ("sandbox: trivial run_untrusted vs python -I -S -c pass (no site)",
-               f"{_f(results['sandbox_ms'], 1)} ms", f"{_f(results['bare_ms'], 1)} ms",
-               f"{_f(results['ratio_to_bare'])} x")
+        yield (
+            "sandbox: trivial run_untrusted vs python -I -S -c pass (no site)",
+            f"{_f(results['sandbox_ms'], 1)} ms",
+            f"{_f(results['bare_ms'], 1)} ms",
+            f"{_f(results['ratio_to_bare'])} x",
+        )
 
 
 def calls(results: dict[str, Any]) -> Iterator[Row]:
     per_job = results["calls_per_job"]
-    yield ("Python and C calls per no-op job (1 thread, setprofile)", f"{per_job['service']:.0f}",
-           f"bare Dramatiq {per_job['bare']:.0f}", f"{_f(per_job['service'] / per_job['bare'])} x")
+    yield (
+        "Python and C calls per no-op job (1 thread, setprofile)",
+        f"{per_job['service']:.0f}",
+        f"bare Dramatiq {per_job['bare']:.0f}",
+        f"{_f(per_job['service'] / per_job['bare'])} x",
+    )
 
 
 def idle(results: dict[str, Any]) -> Iterator[Row]:
     for r in results["rows"]:
         service, bare = r["service"], r["bare"]
-        yield (f"idle Redis round trips/s per process: {r['processes']} process(es), "
-               f"{r['queues']} queue(s) (commands/s)",
-               f"{_f(service['round_trips_per_s_per_process'], 1)} "
-               f"({_f(service['commands_per_s_per_process'], 1)})",
-               f"bare Dramatiq {_f(bare['round_trips_per_s_per_process'], 1)} "
-               f"({_f(bare['commands_per_s_per_process'], 1)})",
-               f"{_f(r['round_trips_vs_bare'])} x ({_f(r['commands_vs_bare'])} x)")
+        yield (
+            (
+                f"idle Redis round trips/s per process: {r['processes']} process(es), "
+                f"{r['queues']} queue(s) (commands/s)"
+            ),
+            (
+                f"{_f(service['round_trips_per_s_per_process'], 1)} "
+                f"({_f(service['commands_per_s_per_process'], 1)})"
+            ),
+            (
+                f"bare Dramatiq {_f(bare['round_trips_per_s_per_process'], 1)} "
+                f"({_f(bare['commands_per_s_per_process'], 1)})"
+            ),
+            f"{_f(r['round_trips_vs_bare'])} x ({_f(r['commands_vs_bare'])} x)",
+        )
 
 
 def bake(results: dict[str, Any]) -> Iterator[Row]:
     yield ("bake the defaults (cookiecutter, median)", f"{_f(results['bake_s'])} s", "", "")
-    yield ("the baked suite (`pytest` as `make test` runs it)", f"{results['suite_s']:.0f} s",
-           results["suite_summary"], "")
+    yield (
+        "the baked suite (`pytest` as `make test` runs it)",
+        f"{results['suite_s']:.0f} s",
+        results["suite_summary"],
+        "",
+    )
 
 
 def capacity(results: dict[str, Any]) -> Iterator[Row]:
@@ -221,28 +308,38 @@ def capacity(results: dict[str, Any]) -> Iterator[Row]:
         return float(levels[-1]["jobs_per_s"] / levels[0]["jobs_per_s"])
 
     cpu, io = results["cpu_bound"], results["io_bound"]
-    yield ("`capacity` verdict: CPU-bound handler stops rising at (I/O-bound beside it)",
-           f"{cpu['stops_rising_at']}", f"I/O-bound: {io['stops_rising_at'] or 'still rising'}",
-           f"4 vs 1 thread: {_f(gain(cpu))} x / {_f(gain(io))} x")
+    yield (
+        "`capacity` verdict: CPU-bound handler stops rising at (I/O-bound beside it)",
+        f"{cpu['stops_rising_at']}",
+        f"I/O-bound: {io['stops_rising_at'] or 'still rising'}",
+        f"4 vs 1 thread: {_f(gain(cpu))} x / {_f(gain(io))} x",
+    )
 
 
 def console(results: dict[str, Any]) -> Iterator[Row]:
     scale = f"{results['messages']:,} waiting + dead, {results['processes']} processes"
     read = results["status_read"]
     status = results["status"]
-    yield (f"`status` with {scale}: read (command, interpreter start included)",
-           f"{read['median_s'] * 1000:.0f} ms", f"command {_f(status['wall_s'])} s, "
-           f"{status['peak_rss_mb']:.0f} MB peak", "")
+    yield (
+        f"`status` with {scale}: read (command, interpreter start included)",
+        f"{read['median_s'] * 1000:.0f} ms",
+        (f"command {_f(status['wall_s'])} s, {status['peak_rss_mb']:.0f} MB peak"),
+        "",
+    )
     listing = results["dlq_list"]
-    row = (f"`dlq list` of {results['messages']:,} dead letters (oldest 100, summary)",
-           f"{listing['wall_s']:.1f} s, {listing['peak_rss_mb']:.0f} MB peak")
+    row = (
+        f"`dlq list` of {results['messages']:,} dead letters (oldest 100, summary)",
+        f"{listing['wall_s']:.1f} s, {listing['peak_rss_mb']:.0f} MB peak",
+    )
     base = results.get("baseline_dlq_list")
     if base:
         now = results["dlq_list_at_baseline"]
         letters = f"{results['baseline_letters']:,}"
-        yield (*row, f"before #27 at {letters}: {base['wall_s']:.1f} s, "
-               f"{base['peak_rss_mb']:.0f} MB", f"at {letters}: {now['wall_s']:.1f} s, "
-               f"{now['peak_rss_mb']:.0f} MB")
+        yield (
+            *row,
+            (f"before #27 at {letters}: {base['wall_s']:.1f} s, {base['peak_rss_mb']:.0f} MB"),
+            (f"at {letters}: {now['wall_s']:.1f} s, {now['peak_rss_mb']:.0f} MB"),
+        )
     else:
         yield (*row, "", "")
 

@@ -86,9 +86,7 @@ def measure(sandbox: ModuleType, runs: int) -> dict[str, Any]:
         result = sandbox.run_untrusted(TRIVIAL, 1)
         sandboxed.append((time.perf_counter() - started) * 1000)
         if result.status != "ok":
-            raise SystemExit(
-                f"trivial snippet did not run: {result.status} {result.error}"
-            )
+            raise SystemExit(f"trivial snippet did not run: {result.status} {result.error}")
         layers = result.layers
     plain_ms = statistics.median(plain)
     bare_ms = statistics.median(bare)
@@ -118,9 +116,7 @@ def measure(sandbox: ModuleType, runs: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "project", nargs="?", type=Path, help="a baked project directory"
-    )
+    parser.add_argument("project", nargs="?", type=Path, help="a baked project directory")
     parser.add_argument("--runs", type=int, default=30)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as scratch:
@@ -133,9 +129,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"  overhead                   {numbers['overhead_ms']:8.1f} ms")
     print(f"  ratio sandbox/plain        {numbers['ratio']:8.2f}x (target {TARGET_RATIO})")
     print(f"  ratio sandbox/bare         {numbers['ratio_to_bare']:8.2f}x")
-    print(
-        f"  seccomp filter build       {numbers['seccomp_build_ms']:8.1f} ms (during start-up)"
-    )
+    print(f"  seccomp filter build       {numbers['seccomp_build_ms']:8.1f} ms (during start-up)")
     print(f"  layers: {', '.join(numbers['layers'])}")
     write("sandbox_overhead", numbers)
 

@@ -46,8 +46,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _results  # noqa: E402
-import _tools  # noqa: E402
+import _results
+import _tools
 
 TOOLS = _tools.TOOLS
 #: The tools of the equal-prefetch rows (Celery has no such setting: its rows are its defaults).
@@ -64,8 +64,14 @@ SHAPES = [
 ]
 
 
-def measure(bench: _tools.Bench, shape: tuple[str, int, float, int], equal_prefetch: bool,
-            rounds: int, tools: list[str], scale: float = 1.0) -> dict[str, Any]:
+def measure(
+    bench: _tools.Bench,
+    shape: tuple[str, int, float, int],
+    equal_prefetch: bool,
+    rounds: int,
+    tools: list[str],
+    scale: float = 1.0,
+) -> dict[str, Any]:
     name, jobs, ms, threads = shape
     jobs = max(1, round(jobs * scale))
     workers = []
@@ -80,14 +86,22 @@ def measure(bench: _tools.Bench, shape: tuple[str, int, float, int], equal_prefe
     finally:
         for worker in workers:
             bench.stop(worker)
-    result: dict[str, Any] = {"shape": name, "jobs": jobs, "ms": ms, "threads": threads,
-                              "prefetch": "equal" if equal_prefetch else "defaults"}
+    result: dict[str, Any] = {
+        "shape": name,
+        "jobs": jobs,
+        "ms": ms,
+        "threads": threads,
+        "prefetch": "equal" if equal_prefetch else "defaults",
+    }
     for tool, rows in samples.items():
         span = statistics.median(row["span_s"] for row in rows)
         total = statistics.median(row["total_s"] for row in rows)
-        result[tool] = {"span_s": round(span, 4), "total_s": round(total, 4),
-                        "spans_s": [round(row["span_s"], 4) for row in rows],
-                        "jobs_per_s": round(jobs / span, 1) if span else None}
+        result[tool] = {
+            "span_s": round(span, 4),
+            "total_s": round(total, 4),
+            "spans_s": [round(row["span_s"], 4) for row in rows],
+            "jobs_per_s": round(jobs / span, 1) if span else None,
+        }
         if ms >= 100:
             result[tool]["slices"] = round(span / (ms / 1000), 2)
             result[f"{tool}_vs_ideal"] = round(result[tool]["slices"] / (jobs / threads), 3)
@@ -96,7 +110,9 @@ def measure(bench: _tools.Bench, shape: tuple[str, int, float, int], equal_prefe
     # Throughput ratios: > 1 means the service finished the batch faster than the other.
     result["throughput_vs"] = {
         tool: round(result[tool]["span_s"] / result["service"]["span_s"], 3)
-        for tool in samples if tool != "service"}
+        for tool in samples
+        if tool != "service"
+    }
     if "bare" in samples:
         result["throughput_vs_bare"] = result["throughput_vs"]["bare"]
     return result
@@ -104,9 +120,12 @@ def measure(bench: _tools.Bench, shape: tuple[str, int, float, int], equal_prefe
 
 def table(results: list[dict[str, Any]]) -> str:
     tools = [t for t in TOOLS if any(t in row for row in results)]
-    lines = ["| work | threads | prefetch | " + " | ".join(_tools.LABELS[t] for t in tools)
-             + " | ideal | service/bare thr. | service/Celery threads thr. |",
-             "|---|---|---|" + "---|" * len(tools) + "---|---|---|"]
+    lines = [
+        "| work | threads | prefetch | "
+        + " | ".join(_tools.LABELS[t] for t in tools)
+        + " | ideal | service/bare thr. | service/Celery threads thr. |",
+        "|---|---|---|" + "---|" * len(tools) + "---|---|---|",
+    ]
     for row in results:
         cells = []
         for tool in tools:
@@ -118,9 +137,12 @@ def table(results: list[dict[str, Any]]) -> str:
                 cells.append(f"{row[tool]['span_s']:.2f} s")
         ideal = f"{row['ideal_slices']:g}" if "ideal_slices" in row else ""
         vs = row["throughput_vs"]
-        lines.append(f"| {row['shape']} | {row['threads']} | {row['prefetch']} | "
-                     + " | ".join(cells) + f" | {ideal} | {vs.get('bare', '')} "
-                     f"| {vs.get('celery_threads', '')} |")
+        lines.append(
+            f"| {row['shape']} | {row['threads']} | {row['prefetch']} | "
+            + " | ".join(cells)
+            + f" | {ideal} | {vs.get('bare', '')} "
+            f"| {vs.get('celery_threads', '')} |"
+        )
     return "\n".join(lines)
 
 
@@ -128,12 +150,24 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="defaults only, 1 round")
-    parser.add_argument("--shape", action="append", choices=sorted({s[0] for s in SHAPES}),
-                        help="only this work shape (repeatable; default: all)")
-    parser.add_argument("--tool", action="append", choices=[t for t in TOOLS if t != "service"],
-                        help="only the service and this tool (repeatable; default: all)")
-    parser.add_argument("--scale", type=float, default=1.0,
-                        help="multiply each shape's job count (a smoke run: 0.02)")
+    parser.add_argument(
+        "--shape",
+        action="append",
+        choices=sorted({s[0] for s in SHAPES}),
+        help="only this work shape (repeatable; default: all)",
+    )
+    parser.add_argument(
+        "--tool",
+        action="append",
+        choices=[t for t in TOOLS if t != "service"],
+        help="only the service and this tool (repeatable; default: all)",
+    )
+    parser.add_argument(
+        "--scale",
+        type=float,
+        default=1.0,
+        help="multiply each shape's job count (a smoke run: 0.02)",
+    )
     args = parser.parse_args()
     rounds = 1 if args.quick else args.rounds
     modes = [False] if args.quick else [False, True]
@@ -156,9 +190,14 @@ def main() -> int:
         shutil.rmtree(root, ignore_errors=True)
     print(table(results))
     partial = bool(args.quick or args.shape or args.tool or args.scale != 1.0)
-    _results.write("throughput_bench", {"rows": results, "table": table(results)},
-                   rounds=rounds, partial=partial, loadavg_before=list(load_before),
-                   versions=_tools.versions())
+    _results.write(
+        "throughput_bench",
+        {"rows": results, "table": table(results)},
+        rounds=rounds,
+        partial=partial,
+        loadavg_before=list(load_before),
+        versions=_tools.versions(),
+    )
     return 0
 
 

@@ -41,19 +41,19 @@ from typing import Any
 import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _workers  # noqa: E402
-from _workers import PACKAGE, QUEUE  # noqa: E402
+import _workers
+from _workers import PACKAGE, QUEUE
 
 RESULTS = Path(__file__).resolve().parent / "results"
-ACTORS = '''
+ACTORS = """
 import dramatiq
 
 
 @dramatiq.actor(queue_name="notifications", max_retries=0)
 def bench_noop() -> None:
     pass
-'''
-HOOKS = '''
+"""
+HOOKS = """
 import json, sys, time
 import dramatiq
 from dramatiq.broker import MessageProxy
@@ -90,7 +90,7 @@ provider.add_span_processor(SimpleSpanProcessor(Drop()))
 print(json.dumps({{"absent": per_message_us(dramatiq.Middleware(), calls),
                   "off": per_message_us(Tracing(), calls),
                   "on": per_message_us(Tracing(provider), calls)}}))
-'''
+"""
 
 
 class Sink:
@@ -101,7 +101,7 @@ class Sink:
         sink = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 sink.requests += 1
                 self.send_response(200)
@@ -137,11 +137,18 @@ class Bench:
         self.client = redis.Redis.from_url(self.url)
 
     def env(self, variant: str) -> dict[str, str]:
-        env = _workers.worker_env(self.projects[variant], self.url,
-                                  Path(tempfile.mkdtemp(dir=self.root)), WORKER_CONCURRENCY="8")
+        env = _workers.worker_env(
+            self.projects[variant],
+            self.url,
+            Path(tempfile.mkdtemp(dir=self.root)),
+            WORKER_CONCURRENCY="8",
+        )
         if variant == "on":
-            env.update(OTEL_EXPORTER_OTLP_ENDPOINT=self.sink.endpoint,
-                       OTEL_SERVICE_NAME="bench", OTEL_TRACES_SAMPLER="always_on")
+            env.update(
+                OTEL_EXPORTER_OTLP_ENDPOINT=self.sink.endpoint,
+                OTEL_SERVICE_NAME="bench",
+                OTEL_TRACES_SAMPLER="always_on",
+            )
         return env
 
     def throughput(self, variant: str, jobs: int) -> float:
@@ -160,8 +167,13 @@ class Bench:
 
     def hooks(self, calls: int) -> dict[str, float]:
         env = self.env("off")
-        done = subprocess.run([_workers.PYTHON, "-c", HOOKS.format(package=PACKAGE), str(calls)],
-                              env=env, capture_output=True, text=True, check=True)
+        done = subprocess.run(
+            [_workers.PYTHON, "-c", HOOKS.format(package=PACKAGE), str(calls)],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         result: dict[str, float] = json.loads(done.stdout)
         return result
 
@@ -189,8 +201,10 @@ def main() -> int:
                 rates[variant].append(bench.throughput(variant, args.jobs))
             for variant, value in bench.hooks(args.calls).items():
                 hooks[variant].append(value)
-            print(f"round {round_index + 1}: "
-                  + ", ".join(f"{v} {r[-1]:.0f} jobs/s" for v, r in rates.items()))
+            print(
+                f"round {round_index + 1}: "
+                + ", ".join(f"{v} {r[-1]:.0f} jobs/s" for v, r in rates.items())
+            )
         exported = bench.sink.requests
     finally:
         bench.close()
