@@ -125,6 +125,15 @@ def wait_for(condition: Callable[[], object], timeout: float, what: str,
 
 
 
+def started(project: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+    """``project``'s worker with ``env``, in a session of its own (:func:`stopped` ends it
+    all), its output piped."""
+    return subprocess.Popen(
+        [sys.executable, "-m", package_of(project), "worker"], env=env, cwd=project,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+
+
 def stopped(worker: subprocess.Popen[str]) -> str:
     """SIGTERM the worker's process group (SIGKILL after 60 s); its whole output."""
     os.killpg(worker.pid, signal.SIGTERM)
@@ -181,10 +190,7 @@ def test_sandbox_worker_runs_its_own_jobs_as_the_acl_user(
         WORKER_PROCESSES="1",
         WORKER_HEARTBEAT_TIMEOUT_MS="2000",  # a recovery pass every 0.4 s
     )
-    worker = subprocess.Popen(
-        [sys.executable, "-m", package, "worker"], env=env, cwd=default_project,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )  # fmt: skip
+    worker = started(default_project, env)
     try:
         wait_for(lambda: admin.zcard(f"{SNS}:{QUEUE}.XQ") == 1, 120, "the dead letter", worker)
         wait_for(
@@ -258,10 +264,7 @@ def test_sandbox_jobs_are_cancelled_queued_or_running_as_the_acl_user(
         default_project, WORKER_POOL="sandbox", REDIS_URL=as_user(redis_url),
         METRICS_PORT=str(port), WORKER_STATE_DIR=str(tmp_path / "state"), WORKER_PROCESSES="1",
     )  # fmt: skip
-    worker = subprocess.Popen(
-        [sys.executable, "-m", package, "worker"], env=env, cwd=default_project,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )  # fmt: skip
+    worker = started(default_project, env)
 
     def metrics() -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as page:
@@ -302,7 +305,6 @@ def test_a_sandbox_group_member_sent_past_the_refusal_runs_once(
     """A group member on the sandbox's queue (pushed raw: producers refuse it) cannot record
     the group's completion as the ACL user: it runs once and is acked, not requeued."""
     admin = sandbox_user
-    package = package_of(default_project)
     member = str(uuid.uuid4())
     raw = json.loads(body(QUEUE, "run_customer_code", ("def main(p):\n    return 1\n",), member))
     raw["options"].update(group_completion_uuid=str(uuid.uuid4()), group_completion_callbacks=[])
@@ -313,10 +315,7 @@ def test_a_sandbox_group_member_sent_past_the_refusal_runs_once(
         METRICS_PORT=str(BAKED_FIXTURES.free_port()), WORKER_STATE_DIR=str(tmp_path / "state"),
         WORKER_PROCESSES="1",
     )  # fmt: skip
-    worker = subprocess.Popen(
-        [sys.executable, "-m", package, "worker"], env=env, cwd=default_project,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )  # fmt: skip
+    worker = started(default_project, env)
     try:
         wait_for(lambda: admin.hlen(f"{SNS}:{QUEUE}.msgs") == 0, 60, "the member acked", worker)
         time.sleep(2)  # a requeued member would run again now
