@@ -82,34 +82,33 @@ def _run(run, ms):
 """
 #: Redis calls (and commands) :data:`BODY` makes per untraced job.
 BODY_CALLS = 3
-SERVICE_ACTORS = (
-    BODY
-    + f"""
+
+
+def _actors(queues: tuple[str, ...]) -> str:
+    """Source declaring one actor ``bench_<queue>`` running :data:`BODY`'s job per queue of
+    ``queues``, on the broker set when it runs."""
+    return f"""
 import dramatiq
 
-for _queue in {SERVICE_QUEUES!r}:
+for _queue in {queues!r}:
     def _job(run, ms):
         _run(run, ms)
 
     _job.__name__ = "bench_" + _queue
     dramatiq.actor(queue_name=_queue, max_retries=0)(_job)
 """
-)
+
+
+SERVICE_ACTORS = BODY + _actors(SERVICE_QUEUES)
 BARE_MODULE = (
     BODY
-    + f"""
+    + """
 import dramatiq
 from dramatiq.brokers.redis import RedisBroker
 
 dramatiq.set_broker(RedisBroker(url=os.environ["REDIS_URL"]))
-
-for _queue in {BARE_QUEUES!r}:
-    def _job(run, ms):
-        _run(run, ms)
-
-    _job.__name__ = "bench_" + _queue
-    dramatiq.actor(queue_name=_queue, max_retries=0)(_job)
 """
+    + _actors(BARE_QUEUES)
 )
 CELERY_MODULE = (
     BODY
