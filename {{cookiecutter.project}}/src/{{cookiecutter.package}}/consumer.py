@@ -284,17 +284,13 @@ class SettlingConsumer(_RedisConsumer):
             return message
         reason = f"malformed message: {problem}"
         stored = dead_letter_body(body, self.queue_name, reason, message, fields)
-        self.broker.settle(
-            self.queue_name,
-            redis_id,
-            Settlement("dead_letter", stored),
-            indexed_id(fields),
-        )
+        message_id = indexed_id(fields)
+        self.broker.settle(self.queue_name, redis_id, Settlement("dead_letter", stored), message_id)
         known = fields if isinstance(fields, dict) else {}
         self.broker.rejected(
             self.queue_name,
             redis_id,
-            _str_or_none(known.get("message_id")),
+            message_id or None,
             _str_or_none(known.get("actor_name")),
             reason,
         )
