@@ -60,8 +60,14 @@ class RedisClock:
         return float(seconds) + micros / 1e6
 
     def set(self, instant: float) -> None:
-        """From now on the processes read ``instant`` (epoch s) from ``TIME``, and on."""
-        self.file.write_text(repr(instant - self.real()))
+        """From now on the processes read ``instant`` (epoch s) from ``TIME``, and on. The
+        shift file is replaced, never rewritten in place: the shim reads it at every
+        ``TIME``, and a read between a truncation and the write saw an empty file, shift 0,
+        the real clock (a loaded CI run: the scheduler ticked in December and counted 248
+        nights missed)."""
+        staged = self.file.with_suffix(".new")
+        staged.write_text(repr(instant - self.real()))
+        staged.replace(self.file)
 
     def now(self) -> float:
         """What the processes read from ``TIME`` now."""
