@@ -4,12 +4,15 @@ A real redis-server per case. ``maxmemory-policy allkeys-lru`` (one eviction dro
 queue's bodies hash): the worker exits 78 with one line naming the policy and the fix,
 before any process starts; ``REDIS_ALLOW_EVICTION=true`` accepts it (one warning) and the
 worker runs. Where ``CONFIG GET`` is refused, by an ACL or a renamed command as managed
-Redis services do, the worker says so once and runs its jobs.
+Redis services do, the worker reads ``INFO`` instead: a renamed CONFIG on an ``allkeys-lru``
+Redis still refuses to boot; only where INFO is refused too does it say so once and run.
 
 Persistence, where the operator asks for it: with ``REDIS_REQUIRE_PERSISTENCE=true`` a Redis
 started with ``--save '' --appendonly no`` refuses to boot (78, one line naming what Redis
 reports and the fix); ``--appendonly yes`` or RDB save points boot; unset, the bare Redis
-boots; where ``CONFIG GET`` is refused the one warning names both checks and jobs run.
+boots; with CONFIG renamed away (``rename-command CONFIG ""``) the bare Redis still refuses
+to boot (read from ``INFO persistence``) and an AOF Redis boots; where CONFIG and INFO are
+both refused the one warning names both checks and jobs run.
 """
 
 from __future__ import annotations
@@ -70,6 +73,14 @@ def test_redis_allow_eviction_accepts_it_with_one_warning(
         jobs.client.close()
 
 
+def acl_url(url: str, *denied: str) -> str:
+    """``url`` for a new ACL user ``worker`` allowed every command but ``denied``."""
+    with redis.Redis.from_url(url) as admin:
+        admin.acl_setuser("worker", enabled=True, passwords=["+secret"], keys=["*"],
+                          channels=["*"], commands=["+@all", *(f"-{name}" for name in denied)])
+    return url.replace("redis://", "redis://worker:secret@")
+
+
 @pytest.fixture(params=["acl", "renamed"])
 def config_refused(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A Redis whose CONFIG GET the worker may not run: an ACL user without ``config``, or
@@ -79,13 +90,10 @@ def config_refused(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[s
             yield found.url
         return
     for found in server(tmp_path, "acl"):
-        with redis.Redis.from_url(found.url) as admin:
-            admin.acl_setuser("worker", enabled=True, passwords=["+secret"], keys=["*"],
-                              channels=["*"], commands=["+@all", "-config"])
-        yield found.url.replace("redis://", "redis://worker:secret@")
+        yield acl_url(found.url, "config")
 
 
-def test_a_refused_config_get_is_said_once_and_the_worker_runs(
+def test_a_refused_config_get_is_read_from_info_and_the_worker_runs(
         lc_project: Path, config_refused: str, tmp_path: Path) -> None:
     with redis.Redis.from_url(config_refused) as client, pytest.raises(redis.ResponseError):
         client.config_get("maxmemory-policy")  # the premise: CONFIG GET is refused
@@ -95,13 +103,73 @@ def test_a_refused_config_get_is_said_once_and_the_worker_runs(
         for index in range(4):
             jobs.enqueue("lc_quick", f"c{index}")
         wait_for(lambda: all(jobs.dones(f"c{index}") for index in range(4)), 30, "the jobs")
-        unchecked = worker.records("redis_config_unchecked")
-        assert len(unchecked) == 1, worker.log()[-3000:]
-        assert "CONFIG GET is refused" in unchecked[0]["msg"]
+        assert not worker.records("redis_config_unchecked"), worker.log()[-3000:]
+        from_info = worker.records("redis_config_from_info")
+        assert len(from_info) == 1 and from_info[0]["policy"] == "noeviction", from_info
         assert worker.stop(timeout=30) == 0
     finally:
         worker.kill()
         jobs.client.close()
+
+
+def test_config_and_info_both_refused_is_said_once_and_the_worker_runs(
+        lc_project: Path, tmp_path: Path) -> None:
+    for found in server(tmp_path, "acl", "--save", "", "--appendonly", "no"):
+        url = acl_url(found.url, "config", "info")
+        jobs = Jobs(url)
+        worker = Worker(lc_project, url, tmp_path / "w", WORKER_PROCESSES="2",
+                        REDIS_REQUIRE_PERSISTENCE="true").start()
+        try:
+            jobs.enqueue("lc_quick", "i1")
+            wait_for(lambda j=jobs: j.dones("i1"), 30, "the job to run")
+            unchecked = worker.records("redis_config_unchecked")
+            assert len(unchecked) == 1, worker.log()[-3000:]
+            assert "CONFIG GET and INFO are refused" in unchecked[0]["msg"], unchecked
+            assert "maxmemory-policy and persistence" in unchecked[0]["msg"], unchecked
+            assert worker.stop(timeout=30) == 0
+        finally:
+            worker.kill()
+            jobs.client.close()
+
+
+def refused_in_one_line(project: Path, url: str, tmp_path: Path, **env: str) -> str:
+    """Run the worker on ``url``: it must exit 78 with one line on stderr (returned)."""
+    worker = Worker(project, url, tmp_path / "w", **env)
+    done = run_cli(project, "worker", env=worker.env, timeout=60)
+    assert done.returncode == 78, done.stdout[-2000:] + done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+    assert not (worker.state_dir / "progress").exists(), "no worker process was started"
+    return str(lines[0])
+
+
+RENAMED = ("--rename-command", "CONFIG", "")
+
+
+def test_an_evicting_redis_without_config_refuses_to_boot(
+        lc_project: Path, tmp_path: Path) -> None:
+    for lru in server(tmp_path, "lru", "--maxmemory", "20mb", "--maxmemory-policy",
+                      "allkeys-lru", *RENAMED):
+        line = refused_in_one_line(lc_project, lru.url, tmp_path)
+        assert "maxmemory-policy is allkeys-lru" in line and "REDIS_ALLOW_EVICTION=true" in line
+
+
+def test_an_evicting_redis_without_config_is_accepted_with_allow_eviction(
+        lc_project: Path, tmp_path: Path) -> None:
+    for lru in server(tmp_path, "lru", "--maxmemory", "20mb", "--maxmemory-policy",
+                      "allkeys-lru", *RENAMED):
+        jobs = Jobs(lru.url)
+        worker = Worker(lc_project, lru.url, tmp_path / "w", REDIS_ALLOW_EVICTION="true").start()
+        try:
+            jobs.enqueue("lc_quick", "e1")
+            wait_for(lambda j=jobs: j.dones("e1"), 30, "the job to run")
+            warnings = worker.records("redis_eviction_allowed")
+            assert len(warnings) == 1 and warnings[0]["policy"] == "allkeys-lru", warnings
+            assert worker.stop(timeout=30) == 0
+        finally:
+            worker.kill()
+            jobs.client.close()
 
 
 @pytest.fixture
@@ -158,19 +226,27 @@ def test_persistence_is_not_required_by_default(
         jobs.client.close()
 
 
-def test_required_persistence_where_config_get_is_refused_is_said_once(
+def test_required_persistence_without_config_refuses_a_redis_that_persists_nothing(
         lc_project: Path, tmp_path: Path) -> None:
-    for refused in server(tmp_path, "renamed", "--save", "", "--appendonly", "no",
-                          "--rename-command", "CONFIG", ""):
-        jobs = Jobs(refused.url)
-        worker = Worker(lc_project, refused.url, tmp_path / "w", WORKER_PROCESSES="2",
+    for bare in server(tmp_path, "renamed", "--save", "", "--appendonly", "no", *RENAMED):
+        with redis.Redis.from_url(bare.url) as client, pytest.raises(redis.ResponseError):
+            client.config_get("save")  # the premise: CONFIG is renamed away
+        line = refused_in_one_line(lc_project, bare.url, tmp_path,
+                                   REDIS_REQUIRE_PERSISTENCE="true")
+        assert "Redis persists nothing (INFO persistence: aof_enabled 0" in line, line
+        assert "appendonly yes" in line and "REDIS_REQUIRE_PERSISTENCE=false" in line, line
+
+
+def test_required_persistence_without_config_boots_on_an_aof_redis(
+        lc_project: Path, tmp_path: Path) -> None:
+    for aof in server(tmp_path, "aof", "--save", "", "--appendonly", "yes", *RENAMED):
+        jobs = Jobs(aof.url)
+        worker = Worker(lc_project, aof.url, tmp_path / "w",
                         REDIS_REQUIRE_PERSISTENCE="true").start()
         try:
-            jobs.enqueue("lc_quick", "r1")
-            wait_for(lambda j=jobs: j.dones("r1"), 30, "the job to run")
-            unchecked = worker.records("redis_config_unchecked")
-            assert len(unchecked) == 1, worker.log()[-3000:]
-            assert "maxmemory-policy and persistence" in unchecked[0]["msg"], unchecked
+            jobs.enqueue("lc_quick", "a1")
+            wait_for(lambda j=jobs: j.dones("a1"), 30, "the job to run")
+            assert len(worker.records("redis_config_from_info")) == 1, worker.log()[-2000:]
             assert worker.stop(timeout=30) == 0
         finally:
             worker.kill()

@@ -6,7 +6,8 @@ Faults around the worker lose work silently unless someone looks:
   when it is full, a queue's whole bodies hash among them. :func:`check_config` refuses
   to boot on it (exit 78, one line naming the policy and the fix) unless
   ``REDIS_ALLOW_EVICTION=true`` accepts the risk. Where ``CONFIG GET`` is refused (a
-  renamed command, an ACL, as managed Redis services do) it says so once and goes on.
+  renamed command, an ACL, as managed Redis services do) it reads ``INFO`` instead; where
+  that is refused too it says so once and goes on.
 * **Persistence**, where the operator asks for it (``REDIS_REQUIRE_PERSISTENCE=true``):
   a Redis with neither AOF nor RDB save points loses every queued message when it
   restarts; :func:`check_config` refuses to boot on it the same way.
@@ -98,8 +99,12 @@ def check_config(
       (``appendonly yes``) nor RDB save points (``save ""``) loses every queued message
       when it restarts; refused.
 
-    Logs one warning when the configuration cannot be read (``CONFIG GET`` refused by an
-    ACL or a renamed command, or Redis not answering): the worker goes on unchecked.
+    Where ``CONFIG GET`` is refused (a renamed command, as managed Redis services do, or
+    an ACL), the same facts are read from ``INFO memory`` (``maxmemory_policy``) and
+    ``INFO persistence`` (``aof_enabled``; RDB save points are not shown there, so RDB
+    counts as persisting once Redis made a snapshot since it started: ``rdb_saves``,
+    ``rdb_last_bgsave_time_sec``). Logs one warning when neither can be read (an ACL
+    refusing both, or Redis not answering): the worker goes on unchecked.
 
     Parameters:
       client: a client of the broker.
@@ -107,14 +112,16 @@ def check_config(
       require_persistence: ``REDIS_REQUIRE_PERSISTENCE`` (default False: not checked).
     """
     checked = "maxmemory-policy" + (" and persistence" if require_persistence else "")
+    refused: redis.ResponseError | None = None
     try:
-        config = dict(client.config_get("maxmemory-policy"))
-        if require_persistence:  # one name per CONFIG GET: Redis 6 takes no more
-            config.update(client.config_get("appendonly"))
-            config.update(client.config_get("save"))
-    except redis.ResponseError as error:  # renamed or disabled CONFIG, an ACL (NOPERM)
+        try:
+            policy, persistence = _config_facts(client, require_persistence)
+        except redis.ResponseError as error:  # renamed or disabled CONFIG, an ACL (NOPERM)
+            refused = error
+            policy, persistence = _info_facts(client, require_persistence)
+    except redis.ResponseError as error:  # INFO refused too
         logger.warning(
-            "cannot check Redis's %s, CONFIG GET is refused (%s); make sure it is "
+            "cannot check Redis's %s, CONFIG GET and INFO are refused (%s); make sure it is "
             "noeviction%s, or queued messages are lost",
             checked,
             error,
@@ -130,16 +137,56 @@ def check_config(
             extra={"event": "redis_config_unchecked"},
         )
         return []
+    refusals = [
+        refusal
+        for refusal in (_eviction_refusal(policy, allow_eviction), persistence)
+        if refusal is not None
+    ]
+    if refused is not None and not refusals:  # a refusal is the one line: nothing before it
+        logger.info(
+            "Redis's CONFIG GET is refused (%s); its %s read from INFO",
+            refused,
+            checked,
+            extra={"event": "redis_config_from_info", "policy": policy},
+        )
+    return refusals
+
+
+def _config_facts(client: redis.Redis, require_persistence: bool) -> tuple[str, str | None]:
+    """Redis's ``maxmemory-policy`` and the persistence refusal (None: none), from CONFIG."""
+    config = dict(client.config_get("maxmemory-policy"))
+    if require_persistence:  # one name per CONFIG GET: Redis 6 takes no more
+        config.update(client.config_get("appendonly"))
+        config.update(client.config_get("save"))
     found = {layout.text(name): layout.text(value) for name, value in config.items()}
-    refusals = []
-    policy = _eviction_refusal(found.get("maxmemory-policy", NO_EVICTION), allow_eviction)
-    if policy is not None:
-        refusals.append(policy)
+    persistence = None
     if require_persistence:
         persistence = _persistence_refusal(found.get("appendonly"), found.get("save"))
-        if persistence is not None:
-            refusals.append(persistence)
-    return refusals
+    return found.get("maxmemory-policy", NO_EVICTION), persistence
+
+
+def _info_facts(client: redis.Redis, require_persistence: bool) -> tuple[str, str | None]:
+    """The same facts as :func:`_config_facts`, from ``INFO`` (where CONFIG is refused)."""
+    policy = str(client.info("memory").get("maxmemory_policy", NO_EVICTION))
+    persistence = None
+    if require_persistence:
+        persistence = _info_persistence_refusal(client.info("persistence"))
+    return policy, persistence
+
+
+def _info_persistence_refusal(info: dict[str, Any]) -> str | None:
+    """The refusal when ``INFO persistence`` shows neither AOF nor any RDB snapshot since
+    Redis started (its save points are not shown there)."""
+    if int(info.get("aof_enabled", 0)) or int(info.get("rdb_bgsave_in_progress", 0)):
+        return None
+    if int(info.get("rdb_saves", 0)) > 0 or int(info.get("rdb_last_bgsave_time_sec", -1)) >= 0:
+        return None
+    return (
+        "REDIS_URL: Redis persists nothing (INFO persistence: aof_enabled 0 and no RDB "
+        "snapshot since it started; CONFIG is refused, so save points cannot be read): a "
+        "restart loses every queued message; set appendonly yes on that Redis, or "
+        "REDIS_REQUIRE_PERSISTENCE=false to accept the loss"
+    )
 
 
 def _eviction_refusal(policy: str, allow_eviction: bool) -> str | None:
