@@ -28,6 +28,24 @@ from bakery import RedisServer, run_cli
 pytestmark = pytest.mark.slow
 
 
+def ran_jobs(project: Path, url: str, tmp_path: Path, count: int = 1,
+             **env: str) -> Worker:
+    """Start a worker on ``url``, run ``count`` quick jobs, stop it (exit 0): the worker, for
+    its log records."""
+    jobs = Jobs(url)
+    worker = Worker(project, url, tmp_path / "w", **env).start()
+    try:
+        ids = [f"r{index}" for index in range(count)]
+        for job_id in ids:
+            jobs.enqueue("lc_quick", job_id)
+        wait_for(lambda: all(jobs.dones(job_id) for job_id in ids), 30, "the jobs to run")
+        assert worker.stop(timeout=30) == 0, worker.log()[-3000:]
+    finally:
+        worker.kill()
+        jobs.client.close()
+    return worker
+
+
 def server(tmp_path: Path, name: str, *options: str) -> Iterator[RedisServer]:
     directory = tmp_path / name
     directory.mkdir()
@@ -59,18 +77,9 @@ def test_an_evicting_redis_refuses_to_boot_in_one_line_naming_policy_and_fix(
 
 def test_redis_allow_eviction_accepts_it_with_one_warning(
         lc_project: Path, evicting_redis: RedisServer, tmp_path: Path) -> None:
-    jobs = Jobs(evicting_redis.url)
-    worker = Worker(lc_project, evicting_redis.url, tmp_path / "w",
-                    REDIS_ALLOW_EVICTION="true").start()
-    try:
-        jobs.enqueue("lc_quick", "e1")
-        wait_for(lambda: jobs.dones("e1"), 30, "the job to run")
-        warnings = worker.records("redis_eviction_allowed")
-        assert len(warnings) == 1 and warnings[0]["policy"] == "allkeys-lru", worker.log()[-2000:]
-        assert worker.stop(timeout=30) == 0
-    finally:
-        worker.kill()
-        jobs.client.close()
+    worker = ran_jobs(lc_project, evicting_redis.url, tmp_path, REDIS_ALLOW_EVICTION="true")
+    warnings = worker.records("redis_eviction_allowed")
+    assert len(warnings) == 1 and warnings[0]["policy"] == "allkeys-lru", worker.log()[-2000:]
 
 
 def acl_url(url: str, *denied: str) -> str:
@@ -97,39 +106,22 @@ def test_a_refused_config_get_is_read_from_info_and_the_worker_runs(
         lc_project: Path, config_refused: str, tmp_path: Path) -> None:
     with redis.Redis.from_url(config_refused) as client, pytest.raises(redis.ResponseError):
         client.config_get("maxmemory-policy")  # the premise: CONFIG GET is refused
-    jobs = Jobs(config_refused)
-    worker = Worker(lc_project, config_refused, tmp_path / "w", WORKER_PROCESSES="2").start()
-    try:
-        for index in range(4):
-            jobs.enqueue("lc_quick", f"c{index}")
-        wait_for(lambda: all(jobs.dones(f"c{index}") for index in range(4)), 30, "the jobs")
-        assert not worker.records("redis_config_unchecked"), worker.log()[-3000:]
-        from_info = worker.records("redis_config_from_info")
-        assert len(from_info) == 1 and from_info[0]["policy"] == "noeviction", from_info
-        assert worker.stop(timeout=30) == 0
-    finally:
-        worker.kill()
-        jobs.client.close()
+    worker = ran_jobs(lc_project, config_refused, tmp_path, 4, WORKER_PROCESSES="2")
+    assert not worker.records("redis_config_unchecked"), worker.log()[-3000:]
+    from_info = worker.records("redis_config_from_info")
+    assert len(from_info) == 1 and from_info[0]["policy"] == "noeviction", from_info
 
 
 def test_config_and_info_both_refused_is_said_once_and_the_worker_runs(
         lc_project: Path, tmp_path: Path) -> None:
     for found in server(tmp_path, "acl", "--save", "", "--appendonly", "no"):
         url = acl_url(found.url, "config", "info")
-        jobs = Jobs(url)
-        worker = Worker(lc_project, url, tmp_path / "w", WORKER_PROCESSES="2",
-                        REDIS_REQUIRE_PERSISTENCE="true").start()
-        try:
-            jobs.enqueue("lc_quick", "i1")
-            wait_for(lambda j=jobs: j.dones("i1"), 30, "the job to run")
-            unchecked = worker.records("redis_config_unchecked")
-            assert len(unchecked) == 1, worker.log()[-3000:]
-            assert "CONFIG GET and INFO are refused" in unchecked[0]["msg"], unchecked
-            assert "maxmemory-policy and persistence" in unchecked[0]["msg"], unchecked
-            assert worker.stop(timeout=30) == 0
-        finally:
-            worker.kill()
-            jobs.client.close()
+        worker = ran_jobs(lc_project, url, tmp_path, WORKER_PROCESSES="2",
+                          REDIS_REQUIRE_PERSISTENCE="true")
+        unchecked = worker.records("redis_config_unchecked")
+        assert len(unchecked) == 1, worker.log()[-3000:]
+        assert "CONFIG GET and INFO are refused" in unchecked[0]["msg"], unchecked
+        assert "maxmemory-policy and persistence" in unchecked[0]["msg"], unchecked
 
 
 def refused_in_one_line(project: Path, url: str, tmp_path: Path, **env: str) -> str:
@@ -159,17 +151,9 @@ def test_an_evicting_redis_without_config_is_accepted_with_allow_eviction(
         lc_project: Path, tmp_path: Path) -> None:
     for lru in server(tmp_path, "lru", "--maxmemory", "20mb", "--maxmemory-policy",
                       "allkeys-lru", *RENAMED):
-        jobs = Jobs(lru.url)
-        worker = Worker(lc_project, lru.url, tmp_path / "w", REDIS_ALLOW_EVICTION="true").start()
-        try:
-            jobs.enqueue("lc_quick", "e1")
-            wait_for(lambda j=jobs: j.dones("e1"), 30, "the job to run")
-            warnings = worker.records("redis_eviction_allowed")
-            assert len(warnings) == 1 and warnings[0]["policy"] == "allkeys-lru", warnings
-            assert worker.stop(timeout=30) == 0
-        finally:
-            worker.kill()
-            jobs.client.close()
+        worker = ran_jobs(lc_project, lru.url, tmp_path, REDIS_ALLOW_EVICTION="true")
+        warnings = worker.records("redis_eviction_allowed")
+        assert len(warnings) == 1 and warnings[0]["policy"] == "allkeys-lru", warnings
 
 
 @pytest.fixture
@@ -200,30 +184,13 @@ def test_required_persistence_refuses_a_redis_that_persists_nothing(
 def test_required_persistence_boots_on_a_redis_that_persists(
         lc_project: Path, tmp_path: Path, options: tuple[str, ...]) -> None:
     for persisting in server(tmp_path, "persisting", *options):
-        jobs = Jobs(persisting.url)
-        worker = Worker(lc_project, persisting.url, tmp_path / "w",
-                        REDIS_REQUIRE_PERSISTENCE="true").start()
-        try:
-            jobs.enqueue("lc_quick", "p1")
-            wait_for(lambda j=jobs: j.dones("p1"), 30, "the job to run")
-            assert not worker.records("redis_config_unchecked"), worker.log()[-2000:]
-            assert worker.stop(timeout=30) == 0
-        finally:
-            worker.kill()
-            jobs.client.close()
+        worker = ran_jobs(lc_project, persisting.url, tmp_path, REDIS_REQUIRE_PERSISTENCE="true")
+        assert not worker.records("redis_config_unchecked"), worker.log()[-2000:]
 
 
 def test_persistence_is_not_required_by_default(
         lc_project: Path, bare_redis: RedisServer, tmp_path: Path) -> None:
-    jobs = Jobs(bare_redis.url)
-    worker = Worker(lc_project, bare_redis.url, tmp_path / "w").start()
-    try:
-        jobs.enqueue("lc_quick", "d1")
-        wait_for(lambda: jobs.dones("d1"), 30, "the job to run")
-        assert worker.stop(timeout=30) == 0
-    finally:
-        worker.kill()
-        jobs.client.close()
+    ran_jobs(lc_project, bare_redis.url, tmp_path)
 
 
 def test_required_persistence_without_config_refuses_a_redis_that_persists_nothing(
@@ -240,14 +207,5 @@ def test_required_persistence_without_config_refuses_a_redis_that_persists_nothi
 def test_required_persistence_without_config_boots_on_an_aof_redis(
         lc_project: Path, tmp_path: Path) -> None:
     for aof in server(tmp_path, "aof", "--save", "", "--appendonly", "yes", *RENAMED):
-        jobs = Jobs(aof.url)
-        worker = Worker(lc_project, aof.url, tmp_path / "w",
-                        REDIS_REQUIRE_PERSISTENCE="true").start()
-        try:
-            jobs.enqueue("lc_quick", "a1")
-            wait_for(lambda j=jobs: j.dones("a1"), 30, "the job to run")
-            assert len(worker.records("redis_config_from_info")) == 1, worker.log()[-2000:]
-            assert worker.stop(timeout=30) == 0
-        finally:
-            worker.kill()
-            jobs.client.close()
+        worker = ran_jobs(lc_project, aof.url, tmp_path, REDIS_REQUIRE_PERSISTENCE="true")
+        assert len(worker.records("redis_config_from_info")) == 1, worker.log()[-2000:]
