@@ -171,9 +171,15 @@ def test_dockerfile_is_hadolint_clean_non_root_and_exec_form(
     froms = [rest for keyword, rest in instructions if keyword == "FROM"]
     # Both stages on the same base image, pinned by digest (the tag names it; Dependabot's
     # docker entry proposes the newer digest): two builds a week apart start from one image.
+    # The pinned image has a FROM line of its own (Dependabot reads FROM lines, not ARG
+    # defaults), the stages' base is BASE_IMAGE, by default that stage (a mirror or an
+    # air-gapped base is a build argument; scripts/e2e/images.py builds on one).
     pinned = rf"python:{re.escape(options['python_version'])}-slim@sha256:[0-9a-f]{{64}}"
-    assert len(froms) == 2 and re.fullmatch(pinned + " AS build", froms[0]), froms
-    assert froms[1] == froms[0].removesuffix(" AS build"), froms
+    assert len(froms) == 3 and re.fullmatch(pinned + " AS pinned", froms[0]), froms
+    assert froms[1:] == ["${BASE_IMAGE} AS build", "${BASE_IMAGE}"], froms
+    args = [rest for keyword, rest in instructions if keyword == "ARG"]
+    assert args == ["BASE_IMAGE=pinned"], args
+    assert instructions.index(("ARG", args[0])) < instructions.index(("FROM", froms[0]))
     user = [rest for keyword, rest in instructions if keyword == "USER"]
     assert user == [f"{POD_UID}:{POD_UID}"], user
     for keyword in ("ENTRYPOINT", "CMD"):
