@@ -17,7 +17,18 @@ from pathlib import Path
 import pytest
 import redis
 import yaml
-from bakery import PYTHON, TEMPLATE, add_actors, bake_project, free_port
+from _lifecycle import Jobs, Worker, lc_project  # noqa: F401  (fixture)
+from bakery import (
+    PYTHON,
+    TEMPLATE,
+    RedisServer,
+    add_actors,
+    bake_project,
+    free_port,
+    project_env,
+    run_cli,
+    wait_for,
+)
 
 
 def make(project: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -285,3 +296,87 @@ def test_make_lock_pins_what_make_install_the_image_and_ci_install(tmp_path: Pat
     assert "!requirements.lock" in (project / ".dockerignore").read_text().splitlines()
     ci = (project / ".github" / "workflows" / "ci.yml").read_text()
     assert "pip install -e" not in ci and ci.count("make install PYTHON=python") == 2
+
+
+# -- Redis not running, a mistyped variable, a bad value: each one clear line ---------------
+
+
+@pytest.mark.slow
+def test_redis_not_running_is_one_line_naming_redis_url_then_quiet(
+        lc_project: Path, tmp_path: Path) -> None:
+    """Redis not running at boot: one line naming REDIS_URL and how to start Redis, no
+    CRITICAL line while the supervisor retries quietly; liveness holds; once a
+    redis-server listens there, the worker starts and runs a job, and SIGTERM exits 0."""
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    worker = Worker(lc_project, url, tmp_path / "w").start()
+    server = None
+    try:
+        wait_for(lambda: worker.records("redis_unreachable"), 30, "the unreachable line")
+        time.sleep(10)  # 10 s of retries: Dramatiq's consumers logged 6 CRITICAL lines
+        (said,) = worker.records("redis_unreachable")
+        assert f"REDIS_URL={url}" in said["msg"], said
+        assert "redis-server" in said["msg"] and "docker compose up -d redis" in said["msg"]
+        loud = [record for record in worker.records() if record["level"] in ("critical", "error")]
+        assert loud == [said], worker.log()[-3000:]
+        assert len(worker.log().splitlines()) <= 2, worker.log()[-3000:]
+        assert worker.healthcheck("live").returncode == 0  # waiting for Redis is alive
+        (tmp_path / "redis").mkdir()
+        server = RedisServer(tmp_path / "redis")
+        server.port, server.url = port, url
+        server.start()
+        wait_for(lambda: worker.records("redis_reachable"), 30, "Redis to be seen answering")
+        jobs = Jobs(url)
+        jobs.enqueue("lc_quick", "first")
+        wait_for(lambda: jobs.dones("first"), 30, "the first job")
+        jobs.client.close()
+        assert worker.stop(timeout=60) == 0, worker.log()[-3000:]
+    finally:
+        worker.kill()
+        if server is not None:
+            server.stop()
+
+
+def test_sigterm_while_waiting_for_redis_exits_0(lc_project: Path, tmp_path: Path) -> None:
+    worker = Worker(lc_project, f"redis://127.0.0.1:{free_port()}/0", tmp_path / "w").start()
+    try:
+        wait_for(lambda: worker.records("redis_unreachable"), 30, "the unreachable line")
+        assert worker.stop(timeout=10) == 0, worker.log()[-3000:]
+        assert not worker.children()
+    finally:
+        worker.kill()
+
+
+def test_a_mistyped_variable_is_warned_at_boot_with_the_closest_name(
+        lc_project: Path, tmp_path: Path) -> None:
+    worker = Worker(lc_project, f"redis://127.0.0.1:{free_port()}/0", tmp_path / "w",
+                    WORKER_CONCURENCY="4", HEALTH_STALED_AFTER_S="30",
+                    REDIS_ALOW_EVICTION="true").start()
+    try:
+        wait_for(lambda: worker.records("redis_unreachable"), 30, "the boot")
+        warned = sorted(record["msg"] for record in worker.records("unknown_variable"))
+        assert warned == [
+            f"{name} is not a setting of this service (did you mean {known}?); it is ignored"
+            for name, known in [("HEALTH_STALED_AFTER_S", "HEALTH_STALLED_AFTER_S"),
+                                ("REDIS_ALOW_EVICTION", "REDIS_ALLOW_EVICTION"),
+                                ("WORKER_CONCURENCY", "WORKER_CONCURRENCY")]
+        ], worker.log()[-3000:]
+        assert worker.stop(timeout=10) == 0
+    finally:
+        worker.kill()
+
+
+@pytest.mark.parametrize("value", ["abc", "0"])
+def test_a_bad_concurrency_reports_only_the_variable_the_user_set(
+        project: Path, tmp_path: Path, value: str) -> None:
+    env = project_env(project, WORKER_POOL="interactive", WORKER_CONCURRENCY=value,
+                      WORKER_STATE_DIR=str(tmp_path / "state"))
+    done = run_cli(project, "worker", env=env)
+    assert done.returncode == 78, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"config error: WORKER_CONCURRENCY='{value}'"), lines
+    env["WORKER_PREFETCH"] = value  # set by the user, a bad derived variable is reported
+    done = run_cli(project, "worker", env=env)
+    assert [line.split("=")[0] for line in done.stderr.strip().splitlines()] == [
+        "config error: WORKER_CONCURRENCY", "config error: WORKER_PREFETCH"], done.stderr

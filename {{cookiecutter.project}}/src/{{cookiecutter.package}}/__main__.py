@@ -74,12 +74,14 @@ def _worker_process(settings: Settings) -> int:
 
 def _worker(args: argparse.Namespace) -> int:
     from . import logs
-    from .settings import load_settings, report_refusals_to
+    from .settings import load_settings, report_refusals_to, warn_unknown_variables
 
     if args.boot_report:  # a worker process tells its supervisor why it cannot boot
         report_refusals_to(Path(args.boot_report))
     settings = load_settings()
     logs.configure(settings.otel_service_name, settings.log_level, settings.log_format)
+    if not (args.process or args.watch):  # said once: by the supervisor (a watcher's too)
+        warn_unknown_variables(os.environ)
     if args.watch:
         from .pools import default_pools_path
         from .watch import Watcher

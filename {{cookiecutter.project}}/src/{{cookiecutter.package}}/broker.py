@@ -49,6 +49,7 @@ from .middleware.database import DatabasePool
 {%- endif %}
 from .middleware.groups import GroupCompletion
 from .middleware.schedule_lock import ScheduleLock
+from .outage import Outage
 from .pools import redis_connections
 from .results import CappedResults
 from .settings import RedisSettings, Settings, load_redis_settings, load_settings
@@ -135,6 +136,7 @@ def _redis_broker(
         middleware=middleware(client),
         maintenance_chance=0,
         state_dir=state_dir,
+        outage=Outage(redis_url),
         **options,
     )
 

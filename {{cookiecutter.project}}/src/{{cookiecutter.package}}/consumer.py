@@ -76,6 +76,7 @@ from dramatiq.middleware import Middleware, MiddlewareError
 
 from . import brokerstate, layout
 from .messages import dead_letter_body, indexed_id, inspect
+from .outage import Outage
 from .settlement import (
     ACK,
     REJECT_SIGNAL,
@@ -503,8 +504,9 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
     """A :class:`~dramatiq.brokers.redis.RedisBroker` whose consumers settle deliveries
     atomically and never strand a malformed message (see the module docstring).
 
-    Takes RedisBroker's parameters, and ``max_message_bytes`` (``MAX_MESSAGE_BYTES``: a
-    bigger body is dead-lettered without being parsed; None: no limit). ``consume``
+    Takes RedisBroker's parameters, ``max_message_bytes`` (``MAX_MESSAGE_BYTES``: a
+    bigger body is dead-lettered without being parsed; None: no limit) and ``outage`` (the
+    :class:`.outage.Outage` of ``REDIS_URL``). ``consume``
     returns one consumer per queue for the life of the broker, so a consumer thread that
     restarts keeps its count of held messages.
     """
@@ -513,9 +515,13 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
         self,
         max_message_bytes: int | None = None,
         state_dir: Path | None = None,
+        outage: Outage | None = None,
         **parameters: Any,
     ) -> None:
         super().__init__(**parameters)  # type: ignore[no-untyped-call]
+        #: Says when Redis stops and starts answering (:mod:`.outage`; the recovery pass and
+        #: the consumer threads report to it).
+        self.outage = outage or Outage("")
         #: A fetched body bigger than this is dead-lettered unread (None: no limit).
         self.max_message_bytes = max_message_bytes
         #: Notices that Redis lost its data (``state_dir``: where readiness reads it).

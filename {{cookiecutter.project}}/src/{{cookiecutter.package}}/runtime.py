@@ -27,6 +27,7 @@ from .consumer import SettlingRedisBroker
 from .exitcodes import EX_OK
 from .lifecycle import LIFECYCLE, Lifecycle
 from .middleware import GracefulShutdown
+from .outage import ConsumerNoise
 from .parentdeath import die_with_parent
 from .settings import Settings, refuse
 from .stopsignals import StopSignals
@@ -132,6 +133,9 @@ class WorkerProcess:
             worker_timeout=FETCH_TIMEOUT_MS,
         )
         worker.queue_prefetch = self.settings.prefetch
+        noise = ConsumerNoise(broker.outage)  # Redis unreachable: one line, not one per 3 s
+        for queue in layout.with_delay_queues(self.settings.worker_queues):
+            logging.getLogger(ConsumerNoise.logger_name(queue)).addFilter(noise)
         worker.start()
         while not self.signals.wait(TICK_INTERVAL_S):
             board.tick()

@@ -8,8 +8,11 @@ value's problem and the rule) and exits with ``EX_CONFIG`` (78), no traceback.
 
 from __future__ import annotations
 
+import difflib
+import logging
 import os
 import sys
+from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal, NoReturn
@@ -28,6 +31,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from .boards import DEFAULT_STALLED_AFTER_S, DEFAULT_STATE_DIR
 from .exitcodes import EX_CONFIG
 from .pools import (
+    POOLS_FILE_ENV,
     Concurrency,
 {%- if cookiecutter.database == "postgres" %}
     DbPoolSize,
@@ -49,6 +53,8 @@ from .pools import (
     timing_problems,
 )
 from .redisclient import url_problem
+
+logger = logging.getLogger(__name__)
 
 PROJECT = "{{ cookiecutter.project }}"
 VERSION = "0.1.0"
@@ -359,17 +365,65 @@ def config_errors(error: ValidationError | PoolsFileError) -> list[str]:
     """One line per bad variable, or per problem of pools.toml.
 
     When WORKER_POOL itself is bad, the variables it would have supplied are not
-    reported as missing: the one line about WORKER_POOL says it all.
+    reported as missing: the one line about WORKER_POOL says it all. A variable left unset
+    that took its value from a bad one (``WORKER_PREFETCH`` and ``DB_POOL_SIZE`` from
+    ``WORKER_CONCURRENCY``) is not reported either: only what the user set is.
     """
     if isinstance(error, PoolsFileError):
         return str(error).splitlines()
-    problems = [dict(problem) for problem in error.errors()]
-    bad_pool = any(problem["loc"] == ("worker_pool",) for problem in problems)
+    problems: list[dict[str, Any]] = [dict(problem) for problem in error.errors()]
+    bad = {str(problem["loc"][0]).upper() for problem in problems if problem["loc"]}
+    bad_pool = "WORKER_POOL" in bad
+    environment = {key.upper() for key in os.environ}
+    derived = derived_env_defaults()
+
+    def inherited(variable: str) -> bool:
+        return variable not in environment and derived.get(variable) in bad
+
     return [
         _describe(problem)
         for problem in problems
         if not (bad_pool and problem["type"] == "missing" and problem["loc"] != ("worker_pool",))
+        and not (problem["loc"] and inherited(str(problem["loc"][0]).upper()))
     ]
+
+
+#: Prefixes of the variables this service reads: a variable with one of them that nothing
+#: reads is most likely a typo, warned at boot (:func:`unknown_variables`).
+OWNED_PREFIXES = ("WORKER_", "HEALTH_", "REDIS_")
+#: Variables with those prefixes read outside the settings: the pools file's path, and the
+#: baked Makefile's (passed through by ``make``).
+OTHER_VARIABLES = (POOLS_FILE_ENV, "WORKER_STATE_ROOT", "WORKER_TEMPLATE")
+
+
+def unknown_variables(
+    environ: Mapping[str, str], settings: type[BaseSettings] | None = None
+) -> list[str]:
+    """One line per variable of ``environ`` with an owned prefix (:data:`OWNED_PREFIXES`)
+    that no setting reads, naming the closest known name (``difflib``) when one is close.
+
+    Parameters:
+      environ: the environment (``os.environ``).
+      settings: the settings class whose fields are the known names (default: Settings).
+    """
+    fields = (settings or Settings).model_fields
+    known = sorted({name.upper() for name in fields} | set(OTHER_VARIABLES))
+    lines = []
+    for name in sorted(environ):
+        variable = name.upper()
+        if not variable.startswith(OWNED_PREFIXES) or variable in known:
+            continue
+        close = difflib.get_close_matches(variable, known, n=1, cutoff=0.75)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        lines.append(f"{name} is not a setting of this service{hint}; it is ignored")
+    return lines
+
+
+def warn_unknown_variables(environ: Mapping[str, str]) -> None:
+    """Log each line of :func:`unknown_variables` once (a warning, event
+    ``unknown_variable``): the worker and the scheduler call it at boot."""
+    for line in unknown_variables(environ):
+        logger.warning(line, extra={"event": "unknown_variable"})
 
 
 class RedisSettings(BaseSettings):

@@ -16,7 +16,9 @@ Each worker process slot is in one :class:`ChildState`:
   reason, drains the other processes and exits 78 itself;
 * during a shutdown nothing is replaced.
 
-Before anything starts, the supervisor checks that Redis (and, through Sentinel, the
+Before anything starts, the supervisor waits for Redis to answer (:mod:`.outage`: one line
+naming ``REDIS_URL`` and how to start Redis, then a quiet retry with a backoff and a line a
+minute; SIGTERM ends the wait, exit 0), then checks that Redis (and, through Sentinel, the
 Sentinels) take ``REDIS_URL``'s credentials (:func:`.redisclient.credentials_problem`:
 refused, exit 78 and one line; not answering, it goes on and waits), then Redis's configuration
 (:func:`.brokerstate.check_config`): a Redis that evicts keys refuses to boot, exit 78,
@@ -55,7 +57,7 @@ from typing import TYPE_CHECKING
 
 import redis
 
-from . import brokerstate, probe, recovery, redisclient
+from . import brokerstate, outage, probe, recovery, redisclient
 from .boards import PROCESS_BYTES, progress_dir, read_board, space_problem, unwritable
 from .exitcodes import EX_CONFIG, EX_FAILURE, EX_OK
 from .pools import KILL_AFTER_DRAIN_S
@@ -151,6 +153,11 @@ class Supervisor:
         )
 
     def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        url = self.settings.redis_url.get_secret_value()
+        if not outage.wait_until_answering(self.redis, outage.Outage(url), lambda: self.stopping):
+            return self._stopped_before_start("before Redis answered")
         refused = redisclient.credentials_problem(
             self.settings.redis_url.get_secret_value(), self.redis
         )
@@ -168,8 +175,8 @@ class Supervisor:
         from . import exporter
 
         exporter.start_exporter(self.settings, mounts=self._mounts())
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
+        if self.stopping:  # a signal during the checks: nothing to drain
+            return self._stopped_before_start("during the boot's checks")
         self.children = [self._start(index) for index in range(self.settings.worker_processes)]
         logger.info(
             "worker started",
@@ -202,6 +209,14 @@ class Supervisor:
             },
         )
         return code
+
+    def _stopped_before_start(self, when: str) -> int:
+        """A stop signal came before any worker process started: exit 0, said once."""
+        logger.info(
+            f"worker stopped {when}; no worker process was started",
+            extra={"event": "stop", "version": VERSION, "pool": self.settings.worker_pool},
+        )
+        return EX_OK
 
     def _mounts(self) -> Mounts:
         """What the exporter serves besides its own paths: the console under /console/ with

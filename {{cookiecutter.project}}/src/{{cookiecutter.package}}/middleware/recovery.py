@@ -18,6 +18,7 @@ from dramatiq.worker import Worker
 
 from .. import recovery
 from ..layout import REDIS_MESSAGE_ID
+from ..outage import Outage, unreachable
 from ..settlement import SettlingBroker
 
 logger = logging.getLogger(__name__)
@@ -150,11 +151,18 @@ class Recovery(Middleware):
         settling.reclaim_orphans(now)
 
     def _loop(self, broker: Broker) -> None:
+        outage: Outage | None = getattr(broker, "outage", None)  # says Redis unreachable
         while not self._stopped.is_set():
             try:
                 self.run_once(broker)
             except redis.RedisError as error:
-                logger.warning("recovery pass failed: %s", error)
+                if outage is not None and unreachable(error):
+                    outage.failed(error)  # once, then a line a minute
+                else:
+                    logger.warning("recovery pass failed: %s", error)
             except Exception:  # a background thread never dies: one JSON line, then go on
                 logger.exception("recovery pass failed unexpectedly")
+            else:
+                if outage is not None:
+                    outage.answered()
             self._stopped.wait(self.interval_s)
