@@ -221,11 +221,17 @@ class Cluster:
     binaries: Binaries = field(default_factory=Binaries)
     workdir: Path | None = None
     keep: bool = False
+    #: ``"kwok"`` (a fake node, ``make e2e``) or ``"real"`` (:mod:`node`: containerd and the
+    #: kubelet, ``make e2e-full``), with the OCI archives it imports and its sandbox image.
+    node: str = "kwok"
+    images: tuple[Path, ...] = ()
+    sandbox_image: str = ""
     say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)
     processes: list[Process] = field(default_factory=list)
     server: str = ""
     token: str = ""
     _tmp: tempfile.TemporaryDirectory[str] | None = None
+    real_node: Any = None
 
     # ---- lifecycle --------------------------------------------------------------------
 
@@ -265,11 +271,21 @@ class Cluster:
         self._etcd()
         self._apiserver()
         self._controllers()
-        self._kwok()
+        if self.node == "real":
+            import node
+
+            self.real_node = node.Node(self, self.images, self.sandbox_image)
+            self.real_node.start()
+        else:
+            self._kwok()
 
     def stop(self) -> None:
         """Stop every process this cluster started, newest first: SIGTERM to its process
-        group, SIGKILL after :data:`STOP_GRACE_S`."""
+        group, SIGKILL after :data:`STOP_GRACE_S`. A real node first: all of it ends with its
+        namespaces, then the host's cgroups and sysctls are as they were (:mod:`node`)."""
+        if self.real_node is not None:
+            self.real_node.stop()
+            self.real_node = None
         for proc in reversed(self.processes):
             if proc.popen.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -331,7 +347,7 @@ class Cluster:
                        check=True, capture_output=True)
         self.tokens = {
             user: os.urandom(16).hex()
-            for user in ("admin", "kube-controller-manager", "kube-scheduler", "kwok")
+            for user in ("admin", "kube-controller-manager", "kube-scheduler", "kwok", "kubelet")
         }
         self.token = self.tokens["admin"]
         lines = [
@@ -586,11 +602,37 @@ def running(**kwargs: Any) -> Iterator[Cluster]:
         yield cluster
 
 
+def real_node_options() -> dict[str, Any]:
+    """``Cluster`` options of a real node that runs only the sandbox image (images.py)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import build
+    import images
+
+    cache = build.cache_dir()
+    pause = images.pause_image(cache)
+    return {"node": "real", "images": (images.image_archive(cache, pause),),
+            "sandbox_image": pause}
+
+
 def main() -> int:
-    """Start the cluster, print its kubeconfig's path, stop it on Ctrl-C (or SIGTERM)."""
+    """Start the cluster, print its kubeconfig's path, stop it on Ctrl-C (or SIGTERM).
+    ``--node real``: a real node (:mod:`node`) instead of kwok's; ``--sweep``: only restore
+    what a killed harness's real node left (its cgroups and sysctls), then exit."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--node", choices=("kwok", "real"), default="kwok")
+    parser.add_argument("--sweep", action="store_true")
+    args = parser.parse_args()
+    if args.sweep:
+        import node
+
+        node.sweep_dead_runs(node.state_dir(), lambda line: print(line, file=sys.stderr))
+        return 0
+    options = real_node_options() if args.node == "real" else {}
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        with running(keep=False) as cluster:
+        with running(keep=False, **options) as cluster:
             cluster.install_crds()
             print(cluster.kubeconfig, flush=True)
             while True:

@@ -91,9 +91,9 @@ def store(cache: Path) -> list[str]:
 
 def buildah(cache: Path, *args: str, capture: bool = False) -> str:
     cmd = ["nice", "-n", "15", "buildah", *store(cache), *args]
-    print(f"[image] buildah {' '.join(args)}", flush=True)
+    print(f"[image] buildah {' '.join(args)}", file=sys.stderr, flush=True)
     done = subprocess.run(
-        cmd, check=True, text=True, stdout=subprocess.PIPE if capture else None
+        cmd, check=True, text=True, stdout=subprocess.PIPE if capture else sys.stderr
     )
     return (done.stdout or "").strip()
 
@@ -111,7 +111,7 @@ def base_image(cache: Path) -> str:
     """The local base (built once: debootstrap, then imported); its reference."""
     ref = base_ref()
     if has_image(cache, ref):
-        print(f"[image] {ref}: cached", flush=True)
+        print(f"[image] {ref}: cached", file=sys.stderr, flush=True)
         return ref
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="e2e-base-", dir=cache) as tmp:
@@ -167,6 +167,18 @@ def base_image(cache: Path) -> str:
     return ref
 
 
+def pause_image(cache: Path) -> str:
+    """The pods' sandbox image (no registry: no ``registry.k8s.io/pause``): the base whose
+    command sleeps; containerd stops a sandbox with SIGKILL."""
+    ref = f"localhost/e2e-pause:{SUITE}-{recipe_key()}"
+    if has_image(cache, ref):
+        return ref
+    container = buildah(cache, "from", base_image(cache), capture=True)
+    buildah(cache, "config", "--cmd", "sleep infinity", "--entrypoint", "[]", container)
+    buildah(cache, "commit", "--rm", container, ref)
+    return ref
+
+
 def bake_image(cache: Path, project: Path, ref: str) -> str:
     """The bake's Dockerfile built on the local base as ``ref``."""
     base = base_image(cache)
@@ -186,13 +198,32 @@ def bake_image(cache: Path, project: Path, ref: str) -> str:
         ref,
         str(project),
     )
-    print(f"[image] {ref}: built in {time.monotonic() - started:.0f} s", flush=True)
+    print(
+        f"[image] {ref}: built in {time.monotonic() - started:.0f} s",
+        file=sys.stderr,
+        flush=True,
+    )
     return ref
 
 
-def image_archive(cache: Path, ref: str, dest: Path) -> Path:
-    """``ref`` saved as an OCI archive (what ``ctr images import`` reads)."""
-    buildah(cache, "push", ref, f"oci-archive:{dest}:{ref}")
+def image_archive(cache: Path, ref: str) -> Path:
+    """``ref`` saved as an OCI archive (what ``ctr images import`` reads), once per image
+    id, in the cache's ``images/``."""
+    image_id = buildah(
+        cache, "images", "--format", "{{.ID}}", "--noheading", ref, capture=True
+    ).split()[0]
+    dest = (
+        cache / "images" / f"{ref.rsplit('/', 1)[-1].replace(':', '-')}-{image_id}.tar"
+    )
+    if dest.exists():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    for old in dest.parent.glob(f"{ref.rsplit('/', 1)[-1].replace(':', '-')}-*.tar"):
+        old.unlink()
+    partial = dest.with_suffix(".partial")
+    partial.unlink(missing_ok=True)
+    buildah(cache, "push", ref, f"oci-archive:{partial}:{ref}")
+    partial.rename(dest)
     return dest
 
 
@@ -200,6 +231,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--base-only", action="store_true")
     args = parser.parse_args()
+    missing = [t for t in ("buildah", "debootstrap") if shutil.which(t) is None]
+    missing += ["root"] if os.geteuid() != 0 else []
+    if missing:
+        print(
+            f"[image] the real node's images need {', '.join(missing)} (.ci/run installs "
+            "them): not built",
+            file=sys.stderr,
+        )
+        return 1 if os.environ.get("CI") else 0
     cache = build.cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
     base_image(cache)
