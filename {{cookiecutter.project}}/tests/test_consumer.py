@@ -369,3 +369,46 @@ def _bodies(redis_url: str, queue: str) -> list[bytes]:
     client = redis.Redis.from_url(redis_url)
     ids = client.lrange(layout.queue_key(queue), 0, -1)
     return [body for body in client.hmget(layout.bodies_key(queue), ids) if isinstance(body, bytes)]
+
+
+def test_a_nack_of_a_message_this_worker_does_not_hold_stores_nothing_and_says_so(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Dramatiq's own ``test_redis_consumer_nack_does_not_raise_on_missing_id`` (2.2.1,
+    issue 320), on this broker: a running worker's consumer nacks a message it never
+    fetched (a bare, frozen ``Message``, a bogus redis id): nothing raises, nothing is
+    stored, and the log says what happened (not that another worker recovered it)."""
+    broker = SettlingRedisBroker(url=redis_url, middleware=[])
+
+    @dramatiq.actor(broker=broker, actor_name="do_work", queue_name="bogus")
+    def do_work() -> None:
+        raise RuntimeError
+
+    worker = dramatiq.Worker(broker, worker_timeout=100)
+    worker.start()
+    try:
+        deadline = time.monotonic() + 10
+        while worker.consumers["bogus"].consumer is None and time.monotonic() < deadline:
+            time.sleep(0.01)  # the consumer thread makes its consumer as it starts
+        consumer = worker.consumers["bogus"].consumer
+        assert consumer is not None
+        message: Message[Any] = Message(
+            queue_name="bogus",
+            actor_name="do_work",
+            args=(),
+            kwargs={},
+            options={"redis_message_id": "XXXXXXXXX"},
+        )
+        with caplog.at_level("WARNING"):
+            consumer.nack(message)  # type: ignore[arg-type]  # Dramatiq's test passes a Message
+    finally:
+        worker.stop()
+        broker.close()
+    (said,) = [r for r in caplog.records if "XXXXXXXXX" in str(r.__dict__.get("redis_id"))]
+    assert said.getMessage() == (
+        "settled a message this worker does not hold: it never fetched it here, or settled "
+        "it already; nothing was stored"
+    )
+    client = redis.Redis.from_url(redis_url)
+    assert client.zcard(layout.dead_letter_keys("bogus")[0]) == 0
+    assert held_and_queued(redis_url, broker, "bogus") == (0, 0)

@@ -363,6 +363,7 @@ class SettlingConsumer(_RedisConsumer):
     def _settle(self, message: MessageProxy, settlement: Settlement) -> None:
         """Store ``settlement`` and refill the slot it frees in the same call."""
         redis_id = message.options[layout.REDIS_MESSAGE_ID]
+        fetched_here = redis_id in self.held
         refill = self._claim(1, releasing=redis_id)
         try:
             settled, fetched = self.broker.settle_and_take(
@@ -381,16 +382,29 @@ class SettlingConsumer(_RedisConsumer):
         resent = self.broker.lanes.resent() or getattr(message, _SETTLE_TRIED, False)
         self.broker.epoch.ended(self.queue_name, redis_id)
         if not settled and not self.delayed:
-            self._not_held(message, resent)
+            self._not_held(message, resent, fetched_here)
         self._hand_on(refill, fetched)
         if settlement.sent is not None:
             self.broker.emit_after("enqueue", settlement.sent, settlement.delay)
 
-    def _not_held(self, message: MessageProxy, resent: bool) -> None:
+    def _not_held(self, message: MessageProxy, resent: bool, fetched_here: bool) -> None:
         """The settlement found ``message`` no longer held: mark it lost (the Metrics
         middleware counts ``jobs_lost_total`` and logs it, never as its outcome), unless an
         earlier attempt whose reply was lost stored it (``resent``, and no reset since).
-        A delay queue's message is not marked: Dramatiq enqueued it again before its ack."""
+        A delay queue's message is not marked: Dramatiq enqueued it again before its ack.
+        One this consumer never fetched (or settled already; ``fetched_here`` false: a
+        caller's mistake, e.g. a bare ``Message`` nacked) is not a lost job: logged, as is."""
+        if not fetched_here:
+            logger.warning(
+                "settled a message this worker does not hold: it never fetched it here, or "
+                "settled it already; nothing was stored",
+                extra={
+                    "job_id": message.message_id,
+                    "queue": layout.canonical(self.queue_name),
+                    "redis_id": message.options[layout.REDIS_MESSAGE_ID],
+                },
+            )
+            return
         epoch = self.broker.epoch
         try:  # a reset not seen yet is seen now, before the message is judged
             epoch.check([layout.namespace_of(self.queue_name)])
