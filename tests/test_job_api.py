@@ -118,6 +118,12 @@ def api_big(size: int) -> str:
     return "x" * size
 
 
+@dramatiq.actor(queue_name="notifications", store_results=True)
+def api_unstorable(kind: str) -> object:
+    _client.rpush("test:unstorable", kind)
+    return {"set": {1, 2}, "bytes": b"raw", "object": Stage(label="x")}[kind]
+
+
 @dramatiq.actor(queue_name="notifications", store_results=True, max_retries=0)
 def api_fail() -> None:
     raise RuntimeError("boom")
@@ -309,6 +315,41 @@ group = dramatiq.group(members)
 group.add_completion_callback(api_group_done.message("g1"))
 group.run()
 """
+
+
+UNSTORABLE = """\
+from dramatiq.results import ResultFailure, ResultTimeout
+from {package}.actors.job_api import api_unstorable
+
+for kind in ("set", "bytes", "object"):
+    try:
+        api_unstorable.send(kind).get_result(block=True, timeout=15_000)
+    except ResultFailure as error:
+        print(kind, error.orig_exc_type, error.orig_exc_msg)
+    except ResultTimeout:
+        print(kind, "timed out")
+"""
+
+
+def test_a_result_that_is_not_json_fails_the_job_and_reaches_the_caller_at_once(
+        workers: Callable[..., Worker], jobs: Jobs, api_project: Path, redis_url: str) -> None:
+    worker = workers()
+    done = produce(api_project, redis_url, UNSTORABLE)
+    assert done.returncode == 0, done.stderr
+    types = {"set": "set", "bytes": "bytes", "object": "Stage"}
+    assert done.stdout.splitlines() == [
+        f"{kind} ResultNotStorableError result not stored: actor 'api_unstorable' returned a "
+        f"value that is not JSON (Object of type {name} is not JSON serializable); return a "
+        "dict, list, str, number, bool or None" for kind, name in types.items()]
+    assert jobs.client.lrange("test:unstorable", 0, -1) == [b"set", b"bytes", b"object"]
+    ends = [r for r in worker.records("job_end") if r["actor"] == "api_unstorable"]
+    assert [(r["outcome"], r["reason"].split("(")[1].split(")")[0]) for r in ends] == [
+        ("failure", f"Object of type {name} is not JSON serializable") for name in types.values()]
+    assert not [r for r in worker.records() if r.get("level") == "critical"]
+    wait_for(lambda: counted(worker.metrics(), "failure", "api_unstorable") == 3, 10, "counted")
+    assert counted(worker.metrics(), "success", "api_unstorable") == 0
+    assert len(dead_reasons(worker)) == 3 and jobs.delayed() == 0  # not retried
+    assert worker.stop() == 0
 
 
 def test_a_group_callback_fires_once_after_every_member_even_one_delivered_twice(

@@ -14,6 +14,12 @@ A result whose JSON is bigger than ``RESULT_MAX_BYTES`` (default 1 MiB) is not s
 :class:`ResultTooLargeError` is stored in its place (``get_result`` raises it as a
 ``ResultFailure`` naming the size), so one huge return value cannot fill the broker's Redis.
 Store big outputs elsewhere (a bucket, a table) and return their key.
+
+A result that is not JSON (a set, bytes, an object) cannot be stored: the job fails (outcome
+``failure``, dead-lettered with the reason, in one ``job_end`` line) and
+:class:`ResultNotStorableError` is stored in its place, so the caller's ``get_result`` raises
+it at once as a ``ResultFailure`` naming the type, instead of waiting for a result that never
+comes (:class:`.middleware.StoredResults`).
 """
 
 from __future__ import annotations
@@ -39,6 +45,10 @@ WAIT_SLICE_S = 5.0
 
 class ResultTooLargeError(Exception):
     """Stored in place of a result over ``RESULT_MAX_BYTES``."""
+
+
+class ResultNotStorableError(TypeError):
+    """A result that is not JSON; ``str()`` names the type (json's own words)."""
 
 
 class CappedResults(RedisBackend):
@@ -71,7 +81,12 @@ class CappedResults(RedisBackend):
         raise ResultTimeout(message)
 
     def _store(self, message_key: str, result: Any, ttl: int) -> None:
-        data = self.encoder.encode(result)
+        """Store ``result`` (Dramatiq's ``Result`` wrapping); :class:`ResultNotStorableError`
+        when it is not JSON (nothing stored)."""
+        try:
+            data = self.encoder.encode(result)
+        except (TypeError, ValueError) as error:  # json: a type it cannot encode, a cycle
+            raise ResultNotStorableError(str(error)) from None
         if self.max_bytes is not None and len(data) > self.max_bytes:
             problem = f"result of {len(data)} bytes is over RESULT_MAX_BYTES ({self.max_bytes})"
             logger.warning("result not stored: %s", problem, extra={"result_key": message_key})

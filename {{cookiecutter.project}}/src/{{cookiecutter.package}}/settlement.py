@@ -38,7 +38,8 @@ from .lifecycle import Cancelled, Requeue
 #:
 #: ``success``      the handler returned.
 #: ``retry``        the handler raised; a delayed copy will run again.
-#: ``failure``      the handler raised an exception listed in the actor's ``throws``.
+#: ``failure``      the handler raised an exception listed in the actor's ``throws``, or
+#:                  returned a result that cannot be stored (not JSON); dead-lettered.
 #: ``dead_letter``  its retries are used up, or it was refused before running.
 #: ``requeued``     stopped by a shutdown (``lifecycle.Requeue``); back in its queue.
 #: ``skipped``      a scheduled run not started (the previous run holds the run lock).
@@ -179,9 +180,10 @@ class SettlingBroker:
 
 
 def job_outcome(broker: Broker, message: MessageProxy, exception: BaseException | None) -> str:
-    """The outcome of a delivery that ran, as CrashAwareRetries and GracefulShutdown decided."""
+    """The outcome of a delivery that ran, as CrashAwareRetries and GracefulShutdown decided
+    (and StoredResults, which fails a job whose result is not JSON)."""
     if exception is None:
-        return "success"
+        return "failure" if message.failed else "success"
     if isinstance(exception, Requeue):
         return "requeued"
     if isinstance(exception, Cancelled):

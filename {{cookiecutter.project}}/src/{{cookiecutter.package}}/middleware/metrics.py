@@ -72,7 +72,7 @@ from prometheus_client import Counter, Gauge, Histogram, values
 from prometheus_client.mmap_dict import MmapedDict
 
 from .. import logs
-from ..layout import RETRIES, canonical
+from ..layout import DEAD_LETTER_REASON, RETRIES, canonical
 from ..settings import DATABASE_ENABLED
 from ..settlement import job_outcome, lost_reason, skip_outcome
 
@@ -427,20 +427,23 @@ class Metrics(Middleware):
             self._lose(message, queue, outcome, duration, lost)
             return
         self.count(queue, actor, outcome)
+        record = {
+            "event": "job_end",
+            "job_id": message.message_id,
+            "queue": queue,
+            "actor": actor,
+            "outcome": outcome,
+            "duration_s": round(duration, 6),
+            "retries": message.options.get(RETRIES, 0),
+        }
+        if reason := message.options.get(DEAD_LETTER_REASON):  # dead-lettered: why, said once
+            record["reason"] = reason
         logs.event(
             logger,
             logging.INFO if outcome in _ROUTINE else logging.WARNING,
             "job %s",
             (outcome,),
-            {
-                "event": "job_end",
-                "job_id": message.message_id,
-                "queue": queue,
-                "actor": actor,
-                "outcome": outcome,
-                "duration_s": round(duration, 6),
-                "retries": message.options.get(RETRIES, 0),
-            },
+            record,
         )
 
     after_nack = after_ack

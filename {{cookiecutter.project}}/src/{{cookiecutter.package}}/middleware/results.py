@@ -8,12 +8,20 @@ from dramatiq import Broker
 from dramatiq.broker import MessageProxy
 from dramatiq.results import Results
 
+from ..results import ResultNotStorableError
+from ..settlement import dead_letter_delivery
+
 
 class StoredResults(Results):
     """Dramatiq's :class:`~dramatiq.results.Results` (``store_results=True``; the backend is
     :class:`..results.CappedResults`), whose per-job hook returns at once for a job that
     returned None and does not store results: most jobs. Dramatiq's looks its options up for
     every job.
+
+    A result that is not JSON fails the job instead of vanishing (Dramatiq logs a CRITICAL
+    from its hook and counts a success, and the caller waits its whole timeout): the
+    delivery is dead-lettered with the reason (outcome ``failure``), and the error is stored
+    as its result when Dramatiq's ``after_nack`` stores a failed job's exception.
 
     Parameters:
       backend: the result backend.
@@ -43,4 +51,12 @@ class StoredResults(Results):
                 )
             if not stores and "store_results" not in message.options:
                 return
-        super().after_process_message(broker, message, result=result, exception=exception)  # type: ignore[no-untyped-call]
+        try:
+            super().after_process_message(broker, message, result=result, exception=exception)  # type: ignore[no-untyped-call]
+        except ResultNotStorableError as error:
+            reason = (
+                f"result not stored: actor {message.actor_name!r} returned a value that is not "
+                f"JSON ({error}); return a dict, list, str, number, bool or None"
+            )
+            message.stuff_exception(ResultNotStorableError(reason))
+            dead_letter_delivery(broker, message, reason)
