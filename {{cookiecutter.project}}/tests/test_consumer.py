@@ -185,9 +185,9 @@ def test_an_idle_consumer_is_woken_by_an_enqueue_and_by_the_drain(
     worker.start()
     try:
         deadline = time.monotonic() + 10
-        while len(fetches) < 2 and time.monotonic() < deadline:  # both queues found empty
+        while not fetches and time.monotonic() < deadline:  # the queue found empty
             time.sleep(0.01)
-        assert len(fetches) >= 2
+        assert fetches
         time.sleep(0.2)  # they pause now (a minute, unless woken)
         enqueue(producer, "woken", 1)
         assert ran.wait(10), "the enqueue did not wake the idle consumer"

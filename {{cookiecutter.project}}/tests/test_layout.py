@@ -52,7 +52,7 @@ def test_queue_keys_name_every_key_of_a_queue() -> None:
     keys = layout.QueueKeys.of("q.DQ")
     assert keys == layout.QueueKeys(
         "dramatiq:q", "dramatiq:q.msgs", "dramatiq:q.DQ", "dramatiq:q.DQ.msgs",
-        "dramatiq:q.XQ", "dramatiq:q.XQ.msgs",
+        "dramatiq:q.XQ", "dramatiq:q.XQ.msgs", "dramatiq:q.DQ.due",
     )  # fmt: skip
 
 
@@ -108,6 +108,7 @@ def test_backlog_records_have_the_stated_width(client: redis.Redis) -> None:
     assert records[0] == dict.fromkeys(layout.BACKLOG_FIELDS, 0) | {
         "head": None,
         "delayed_head": None,
+        "next_due": None,
     }
     assert records[1]["depth"] == 2 and records[1]["head"] == b"{}"
     assert records[2]["delayed"] == 1 and records[2]["delayed_head"] == b"[]"

@@ -75,17 +75,25 @@ def read_backlog(
     records = layout.read_backlog_records(client, queues, HEAD_PROBE)
     for queue, record in zip(queues, records, strict=True):
         head = layout.message_fields(record["head"]) or {}
-        options = (layout.message_fields(record["delayed_head"]) or {}).get("options")
         found.append(
             Backlog(
                 queue=queue,
                 depth=int(record["depth"]),
                 oldest_s=_age_s(now_ms, due_ms(head)),
                 delayed=int(record["delayed"]),
-                delayed_overdue_s=_age_s(now_ms, options.get("eta"))
-                if isinstance(options, dict)
-                else 0.0,
+                delayed_overdue_s=_overdue_s(now_ms, record),
                 dead_letters=int(record["dead_letters"]),
             )
         )
     return found
+
+
+def _overdue_s(now_ms: float, record: dict[str, Any]) -> float:
+    """How long the next due delayed message has been due: the earliest of the due set
+    (:func:`.layout.due_key`, ordered by due time), or the head of the delay list when no
+    worker has moved it into the due set yet (0: none due)."""
+    options = (layout.message_fields(record["delayed_head"]) or {}).get("options")
+    listed = _age_s(now_ms, options.get("eta")) if isinstance(options, dict) else 0.0
+    next_due = record["next_due"]
+    ordered = _age_s(now_ms, float(next_due)) if next_due is not None else 0.0
+    return max(listed, ordered)

@@ -37,16 +37,20 @@ down at that moment. :class:`SettlingRedisBroker` and :class:`SettlingConsumer` 
   process listens (:class:`WakeUps`, one connection, no polling). The sandbox pool's
   queue has no wake-ups (its Redis user has no pub/sub rights): it is only polled.
 * A consumer outlives the restarts of its consumer thread (one per queue), so its
-  count of held messages stays right after an outage; the delay queue's consumer
-  hands back what its thread dropped from memory on a connection error.
-* One clock: a delayed message's ``eta`` (``send_with_options(delay=...)``, a retry's
-  backoff) and a new message's ``message_timestamp`` are written on Redis's clock
-  (:meth:`SettlingRedisBroker.redis_millis`: this host's clock plus the offset the last
-  heartbeat's ``TIME`` measured), and the delay queue's consumer turns each ``eta`` back
-  into this host's clock as it hands the message to Dramatiq's consumer thread, which
-  compares it with ``time.time()``. A worker (or producer) whose clock is minutes off
-  neither runs a retry early nor holds it back, and the backlog's age (:mod:`.exporter`,
-  also on Redis's clock) is right.
+  count of held messages stays right after an outage.
+* Delayed messages (``send_with_options(delay=...)``, a retry's backoff) are never held
+  by a process: the delay queue's consumer moves each due one to its queue in one Lua
+  step (:data:`.layout.MOVE_DUE`), ordered by due time in Redis (a due message never
+  waits behind a later one), then sleeps until the next is due. Dramatiq's delay
+  consumer instead fetched up to a thousand per thread in list order, held their bodies
+  in memory until due, and enqueued a copy before acking the original: a process that
+  froze past its heartbeat ran them twice, one that was killed between the two did too.
+* One clock: a delayed message's ``eta`` and a new message's ``message_timestamp`` are
+  written on Redis's clock (:meth:`SettlingRedisBroker.redis_millis`: this host's clock
+  plus the offset the last heartbeat's ``TIME`` measured), and due messages are moved by
+  Redis's clock. A worker (or producer) whose clock is minutes off neither runs a retry
+  early nor holds it back, and the backlog's age (:mod:`.exporter`, also on Redis's
+  clock) is right.
 * A fetch or settlement whose reply is lost after Redis ran it (a socket timeout, a
   dropped connection) took messages this process never saw, and its retry takes
   others. The Recovery pass requeues them once they have stayed unknown for
@@ -140,7 +144,6 @@ class SettlingConsumer(_RedisConsumer):
         #: consumed from elsewhere. Handler threads pass their refills on through it.
         self.dispatch: Callable[[MessageProxy], None] | None = None
         self.delayed = queue_name.endswith(layout.DELAY_SUFFIX)
-        self._orphaned = False
         self._fetch_keys = layout.fetch_keys(broker.broker_id, queue_name)
         #: Ids held in Redis and not in memory: when each was first seen so.
         self._unknown_since: dict[str, float] = {}
@@ -175,10 +178,10 @@ class SettlingConsumer(_RedisConsumer):
         """Pass a refill on from the handler thread that settled (see :attr:`dispatch`): its
         next job is on the work queue without waking the consumer thread, whose wake-up
         would wait for the interpreter lock while the other handlers run. The consumer
-        thread takes the refill of a delay queue (it releases due messages on its loop),
-        or when there is no dispatch, and is woken when the refill left a slot free."""
+        thread takes the refill when there is no dispatch, and is woken when the refill
+        left a slot free."""
         dispatch = self.dispatch
-        if dispatch is None or self.delayed or not fetched:
+        if dispatch is None or not fetched:
             self._fill(claimed, fetched)
             return
         with self._slots:
@@ -208,8 +211,9 @@ class SettlingConsumer(_RedisConsumer):
 
     def __next__(self) -> MessageProxy | None:
         try:
-            if self._orphaned:
-                self._hand_back_orphans()
+            if self.delayed:
+                self._move_due()
+                return None
             while True:
                 cached = self._next_cached()
                 if cached is not None:
@@ -242,6 +246,24 @@ class SettlingConsumer(_RedisConsumer):
         except redis.RedisError as error:
             raise ConnectionClosed(error) from None
 
+    def _move_due(self) -> None:
+        """The delay queue's turn: move what is due to its queue (:data:`.layout.MOVE_DUE`,
+        one atomic step: nothing delayed is ever held by this process, so a process that
+        freezes or dies holds no delayed message, and a due one never waits behind a later
+        one), wake the queue's consumers when it moved some, then wait until the next one
+        is due (:data:`IDLE_POLL_MS` at most; an enqueue on the delay queue, a retry, or the
+        drain ends the wait). Hands nothing on."""
+        wait_s = self.timeout / 1000
+        if self.broker.fetching:
+            self._woken.clear()
+            step = layout.move_due(self.broker.due_script, self.queue_name)
+            if step.moved:
+                self.broker.wake(layout.canonical(self.queue_name))
+                self.broker.publish_wake(layout.canonical(self.queue_name))
+            wait_s = step.wait_s(IDLE_POLL_MS / 1000)
+        if wait_s > 0:
+            self._woken.wait(wait_s)
+
     def _fetch(self, count: int) -> list[tuple[str, bytes | None]]:
         raw = self.broker.fetch_script(keys=self._fetch_keys, args=[count, self.broker.broker_id])
         return _pairs(raw)
@@ -253,11 +275,10 @@ class SettlingConsumer(_RedisConsumer):
         if message is None:
             self._release(redis_id)
             return None
-        if self.delayed:
-            eta = message.options.get("eta")
-            if isinstance(eta, int | float) and not isinstance(eta, bool):
-                # Dramatiq's consumer thread compares it with this host's clock.
-                message.options["eta"] = self.broker.host_millis(eta)
+        # A message moved from the delay queue keeps its eta (the backlog's age counts from
+        # it); on its queue it runs now: Dramatiq's consumer thread would hold a message with
+        # an eta and enqueue a copy of it.
+        message.options.pop("eta", None)
         proxy = MessageProxy(message)
         setattr(proxy, _RESETS_AT_FETCH, self.broker.epoch.resets)
         return proxy
@@ -296,23 +317,6 @@ class SettlingConsumer(_RedisConsumer):
             reason,
         )
         return None
-
-    def _hand_back_orphans(self) -> None:
-        """After a restart of the delay queue's thread, requeue what it dropped from memory.
-
-        Dramatiq's consumer thread forgets its in-memory delay queue on a connection
-        error; every delayed message this consumer still holds is then held by nobody.
-        """
-        self._orphaned = False
-        if self.delayed and self.held:
-            orphans = list(self.held)
-            for redis_id in orphans:
-                self.broker.settle(self.queue_name, redis_id, REQUEUE)
-                self._release(redis_id)
-            logger.warning(
-                "handed back delayed messages after a consumer restart",
-                extra={"queue": self.queue_name, "requeued": len(orphans)},
-            )
 
     @property
     def acks_key(self) -> str:
@@ -381,7 +385,7 @@ class SettlingConsumer(_RedisConsumer):
             raise
         resent = self.broker.lanes.resent() or getattr(message, _SETTLE_TRIED, False)
         self.broker.epoch.ended(self.queue_name, redis_id)
-        if not settled and not self.delayed:
+        if not settled:
             self._not_held(message, resent, fetched_here)
         self._hand_on(refill, fetched)
         if settlement.sent is not None:
@@ -391,7 +395,6 @@ class SettlingConsumer(_RedisConsumer):
         """The settlement found ``message`` no longer held: mark it lost (the Metrics
         middleware counts ``jobs_lost_total`` and logs it, never as its outcome), unless an
         earlier attempt whose reply was lost stored it (``resent``, and no reset since).
-        A delay queue's message is not marked: Dramatiq enqueued it again before its ack.
         One this consumer never fetched (or settled already; ``fetched_here`` false: a
         caller's mistake, e.g. a bare ``Message`` nacked) is not a lost job: logged, as is."""
         if not fetched_here:
@@ -438,10 +441,6 @@ class SettlingConsumer(_RedisConsumer):
         with self._slots:
             self.held.discard(redis_id)
         self._slot_freed.set()
-
-    def close(self) -> None:
-        """Called when the consumer thread restarts or stops; it may have lost its delay queue."""
-        self._orphaned = True
 
 
 class SettleLanes:
@@ -544,6 +543,7 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
         )
         self.fetch_script = self.client.register_script(layout.FETCH)
         self.settle_script = self.client.register_script(layout.SETTLE)
+        self.due_script = self.client.register_script(layout.MOVE_DUE)
         self.members_script = self.client.register_script(layout.MEMBERS)
         self.lanes = SettleLanes(self.client)
         #: False once :meth:`stop_fetching` was called: consumers and refills take nothing.
@@ -622,6 +622,12 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
             ]
         return found
 
+    def flush(self, queue_name: str) -> None:
+        """Dramatiq's flush (the queue, its delay queue and their dead letters), and the
+        delay queue's due set (:func:`.layout.due_key`)."""
+        super().flush(queue_name)
+        self.client.delete(layout.due_key(queue_name))
+
     def stop_fetching(self) -> None:
         """Take no more messages (the drain): consumers and refills fetch nothing from now on."""
         self.fetching = False
@@ -672,8 +678,6 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
             consumers = list(self._consumers.values())
         held: set[tuple[str, str]] = set()
         for consumer in consumers:
-            if consumer.delayed:
-                continue  # Dramatiq enqueues a delayed message again before its ack
             with consumer._slots:
                 ids = consumer.held.union(redis_id for redis_id, _ in consumer.message_cache)
             held.update((consumer.queue_name, redis_id) for redis_id in ids)

@@ -32,8 +32,9 @@ this host's:
   Dramatiq requeues to the tail (shutdown, recovery), so an older message may wait
   behind it: this is the wait of the next message in line, not a scan for the
   oldest. 0 when the list is empty.
-  For ``q.DQ``: how overdue the head of the delay list is (now - its eta, at
-  least 0); above 0 means no worker is fetching delayed messages.
+  For ``q.DQ``: how long the next due delayed message has been due (now - its eta,
+  at least 0; the earliest of the due set, :func:`.backlog.read_backlog`); above 0 for
+  more than a moment means no worker moves due messages to their queue.
 * ``queue_dead_letters{queue="q"}``: ``ZCARD dramatiq:q.XQ``.
 * ``broker_full``: 1 while Redis refuses writes for being full (``maxmemory`` reached
   under ``noeviction``; :func:`.brokerstate.full_problem`, one write probe per scrape),
@@ -114,13 +115,13 @@ class BacklogCollector(Collector):
         depth = GaugeMetricFamily(
             "queue_depth",
             "Messages waiting in the queue (q: ready to "
-            "run, LLEN dramatiq:q; q.DQ: delayed, not fetched yet).",
+            "run, LLEN dramatiq:q; q.DQ: delayed, not yet due or not yet moved).",
             labels=names,
         )
         oldest = GaugeMetricFamily(
             "queue_oldest_message_seconds",
             "How long the next message in line (head of dramatiq:q) has waited since it "
-            "became due; q.DQ: how overdue the head of the delay list is.",
+            "became due; q.DQ: how long the next due delayed message has been due.",
             labels=names,
         )
         dead = GaugeMetricFamily(

@@ -39,7 +39,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class QueueStatus:
-    """One queue: waiting, delayed, the oldest due message's age (s), in flight, dead."""
+    """One queue: waiting, delayed, the oldest due message's age (s: the next message in
+    line, or a delayed one due and not yet moved to the queue), in flight, dead."""
 
     queue: str
     waiting: int
@@ -141,7 +142,7 @@ def read_status(client: redis.Redis, queues: Sequence[str]) -> Status:
                 queue=each.queue,
                 waiting=each.depth,
                 delayed=each.delayed,
-                oldest_due_s=round(each.oldest_s, 3),
+                oldest_due_s=round(max(each.oldest_s, each.delayed_overdue_s), 3),
                 inflight=inflight.get(each.queue, 0),
                 dead_letters=each.dead_letters,
             )
@@ -193,7 +194,7 @@ def render(status: Status) -> str:
             q.queue,
             str(q.waiting),
             str(q.delayed),
-            duration(q.oldest_due_s) if q.waiting else "-",
+            duration(q.oldest_due_s) if q.waiting or q.oldest_due_s else "-",
             str(q.inflight),
             str(q.dead_letters),
         )

@@ -183,6 +183,8 @@ def remove(client: redis.Redis, queue: str, message_ids: set[str]) -> int:
             if listing == keys.dead:
                 client.zrem(listing, redis_id)
             else:
+                if listing == keys.delayed:
+                    client.zrem(keys.due, redis_id)
                 client.lrem(listing, 0, redis_id)
             removed += int(client.hdel(bodies, redis_id))
     return removed

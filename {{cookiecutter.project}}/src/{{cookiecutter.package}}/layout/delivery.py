@@ -21,7 +21,10 @@ from .keys import (
     QueueKeys,
     acks_key,
     bodies_key,
+    canonical,
     dead_letter_keys,
+    delay_queue,
+    due_key,
     epoch_key,
     heartbeats_key,
     message_index_key,
@@ -230,6 +233,131 @@ return take(KEYS[8], KEYS[2], KEYS[1], tonumber(ARGV[6]), {settled})
 )
 
 
+#: The delay queue's one step: no worker ever holds a delayed message.
+#:
+#: First it takes up to ARGV[1] ids off the delay list (where producers, ours and bare
+#: Dramatiq's, and retries append) into the due set (:func:`.keys.due_key`), each scored by
+#: its ``options.eta`` (a body that does not decode, or without a numeric eta, is due now:
+#: its queue's consumer dead-letters what is not a message); it stops early once ARGV[2]
+#: bytes of bodies were read (one call never decodes more), and drops an id whose body is
+#: gone. Then it moves up to ARGV[3] due ids (score <= Redis's now), earliest first, to the
+#: queue: the removal from the due set and the push are this one step, so a message is
+#: moved once whoever runs it, and nothing is held by a process that may stop or freeze.
+#: A moved body names the queue (``queue_name`` rewritten; its ``eta`` stays, the age of the
+#: backlog counts from it, the consumer ignores a past one) and keeps its redis id; the
+#: message index (:func:`.keys.message_index_key`) follows it.
+#: Pops and removals come before the writes (a full Redis still takes the step).
+#: KEYS: delay list, delay bodies, due set, the queue, its bodies, the message index.
+#: ARGV: most ids to stage, most bytes to stage, most to move, the delay queue's name, the
+#: queue's name.  Returns [moved, more (1: call again now), next due ms or -1, now ms].
+MOVE_DUE: Final = (
+    CLOCK
+    + INDEX
+    + """
+local now = now_ms()
+local function due_of(body)
+  local ok, fields = pcall(cjson.decode, body)
+  if ok and type(fields) == 'table' and type(fields['options']) == 'table' then
+    local eta = fields['options']['eta']
+    if type(eta) == 'number' then return eta end
+  end
+  return now
+end
+local tail = '"message_id":"([^"]+)","message_timestamp":[-%d.eE+]+}$'
+local function message_id_of(body)
+  return string.match(string.sub(body, -160), tail) or ''
+end
+local more, bytes, staged = 0, 0, 0
+local most, budget = tonumber(ARGV[1]), tonumber(ARGV[2])
+while staged < most do
+  if bytes >= budget then more = 1 break end
+  local id = redis.call('lpop', KEYS[1])
+  if not id then break end
+  staged = staged + 1
+  local body = redis.call('hget', KEYS[2], id)
+  if body then
+    bytes = bytes + #body
+    redis.call('zadd', KEYS[3], due_of(body), id)
+  end
+end
+if staged == most and redis.call('llen', KEYS[1]) > 0 then more = 1 end
+local from = '{"queue_name":"' .. ARGV[4] .. '"'
+local to = '{"queue_name":"' .. ARGV[5] .. '"'
+local due = redis.call('zrangebyscore', KEYS[3], '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
+local moved = 0
+for _, id in ipairs(due) do
+  redis.call('zrem', KEYS[3], id)
+  local body = redis.call('hget', KEYS[2], id)
+  if body then
+    redis.call('hdel', KEYS[2], id)
+    if string.sub(body, 1, #from) == from then body = to .. string.sub(body, #from + 1) end
+    redis.call('hset', KEYS[5], id, body)
+    redis.call('rpush', KEYS[4], id)
+    keep_place(KEYS[6], message_id_of(body), KEYS[5] .. ' ' .. id)
+    moved = moved + 1
+  end
+end
+if #due == tonumber(ARGV[3]) then more = 1 end
+local first = redis.call('zrange', KEYS[3], 0, 0, 'WITHSCORES')
+local next_due = -1
+if first[2] then next_due = math.floor(tonumber(first[2])) end
+return {moved, more, next_due, now}
+"""
+)
+
+#: Bounds of one :data:`MOVE_DUE` call: ids and body bytes taken off the delay list (each
+#: body is decoded in Redis for its eta), ids moved to the queue.
+STAGE_IDS: Final = 200
+STAGE_BYTES: Final = 4 * 1024 * 1024
+MOVE_IDS: Final = 200
+
+
+@dataclass(frozen=True)
+class DueStep:
+    """What one :data:`MOVE_DUE` call did: ids moved to the queue, whether more wait for
+    another call now, when the next delayed message is due (ms, Redis's clock; None: none)
+    and Redis's now (ms)."""
+
+    moved: int
+    more: bool
+    next_due_ms: int | None
+    now_ms: int
+
+    def wait_s(self, most_s: float) -> float:
+        """How long to wait before the next step: until the next due message, ``most_s``
+        at most (a bare Dramatiq producer wakes nobody), none when more wait now."""
+        if self.more:
+            return 0.0
+        if self.next_due_ms is None:
+            return most_s
+        return max(0.0, min(most_s, (self.next_due_ms - self.now_ms) / 1000))
+
+
+def due_keys(queue: str) -> tuple[str, ...]:
+    """The KEYS of :data:`MOVE_DUE` for ``queue`` (or its delay queue)."""
+    name = canonical(queue)
+    delayed = delay_queue(name)
+    return (
+        queue_key(delayed),
+        bodies_key(delayed),
+        due_key(name),
+        queue_key(name),
+        bodies_key(name),
+        message_index_key(namespace_of(name)),
+    )
+
+
+def move_due(script: Any, queue: str) -> DueStep:
+    """One :data:`MOVE_DUE` step for ``queue``; ``script`` is it, registered on the client
+    (``client.register_script(MOVE_DUE)``)."""
+    name = canonical(queue)
+    moved, more, next_due, now = script(
+        keys=due_keys(name),
+        args=[STAGE_IDS, STAGE_BYTES, MOVE_IDS, delay_queue(name), name],
+    )
+    return DueStep(int(moved), bool(more), None if int(next_due) < 0 else int(next_due), int(now))
+
+
 def fetch_keys(broker_id: str, queue: str) -> list[str]:
     """The KEYS of :data:`FETCH` for ``broker_id`` fetching from ``queue``."""
     heartbeats = heartbeats_key(namespace_of(queue))
@@ -254,7 +382,7 @@ def settle_keys(broker_id: str, queue: str, target: str) -> tuple[str, ...]:
 
 
 #: What :data:`BACKLOG` returns per queue, in order (its record width is the length).
-BACKLOG_FIELDS: Final = ("depth", "head", "delayed", "delayed_head", "dead_letters")
+BACKLOG_FIELDS: Final = ("depth", "head", "delayed", "delayed_head", "dead_letters", "next_due")
 
 #: The members of every set of KEYS (this worker's acks sets), in one call (the
 #: Recovery pass's look for orphans: one round trip, however many queues).
@@ -284,8 +412,9 @@ def members_of(raw: list[Any]) -> list[list[Any]]:
 #: The backlog of several queues in one call (constant work per queue).
 #: KEYS: :func:`backlog_keys` of each queue, :data:`BACKLOG_KEYS` keys per queue.
 #: ARGV: ids tried at a list's head when one has no body; keys per queue.
-#: Returns per queue the :data:`BACKLOG_FIELDS`: llen, head body or false, delay
-#: llen, delay head body or false, dead-letter count.
+#: Returns per queue the :data:`BACKLOG_FIELDS`: llen, head body or false, delayed (the
+#: delay list's llen plus the due set's zcard), the delay list's head body or false,
+#: dead-letter count, the due set's earliest score (ms) or false.
 BACKLOG: Final = """
 local out = {}
 local probe = tonumber(ARGV[1])
@@ -301,9 +430,10 @@ end
 for i = 1, #KEYS, width do
   table.insert(out, redis.call('llen', KEYS[i]))
   table.insert(out, head(KEYS[i], KEYS[i + 1]))
-  table.insert(out, redis.call('llen', KEYS[i + 2]))
+  table.insert(out, redis.call('llen', KEYS[i + 2]) + redis.call('zcard', KEYS[i + 5]))
   table.insert(out, head(KEYS[i + 2], KEYS[i + 3]))
   table.insert(out, redis.call('zcard', KEYS[i + 4]))
+  table.insert(out, redis.call('zrange', KEYS[i + 5], 0, 0, 'WITHSCORES')[2] or false)
 end
 return out
 """
@@ -312,7 +442,7 @@ return out
 def backlog_keys(queue: str) -> tuple[str, ...]:
     """The keys :data:`BACKLOG` reads for ``queue``, in its order."""
     keys = QueueKeys.of(queue)
-    return keys.ready, keys.ready_bodies, keys.delayed, keys.delayed_bodies, keys.dead
+    return keys.ready, keys.ready_bodies, keys.delayed, keys.delayed_bodies, keys.dead, keys.due
 
 
 #: Keys :data:`BACKLOG` takes per queue.

@@ -7,14 +7,18 @@ for a queue ``q`` and a worker (broker) id ``w``:
 * ``dramatiq:q``: list of redis message ids ready to run (the list KEDA watches);
 * ``dramatiq:q.msgs``: hash redis message id -> encoded message;
 * ``dramatiq:q.DQ`` and ``dramatiq:q.DQ.msgs``: the delay queue (retries with
-  backoff, ``delay=``), the same shape;
+  backoff, ``delay=``), the same shape; producers (ours and bare Dramatiq's) append to it;
 * ``dramatiq:q.XQ`` (zset id -> time of death, ms) and ``dramatiq:q.XQ.msgs``:
   dead letters, for ``q`` and its delay queue alike (there is no ``q.DQ.XQ``);
 * ``dramatiq:__acks__.w.q``: set of ids ``w`` fetched and has not acked yet
   (one per queue and delay queue);
 * ``dramatiq:__heartbeats__``: zset worker id -> last heartbeat, ms.
 
-Ours beside them: ``dramatiq:__epoch__``, the namespace's epoch token (a reset is seen
+Ours beside them: ``dramatiq:q.DQ.due`` (:func:`due_key`), the delay queue's messages
+ordered by when each is due (a zset id -> eta, ms): the worker moves each id off the
+delay list into it, then each due one to ``q`` (:data:`.delivery.MOVE_DUE`), so a due
+message never waits behind a later one and no worker holds a delayed one;
+``dramatiq:__epoch__``, the namespace's epoch token (a reset is seen
 when it is gone or replaced, :mod:`..brokerstate`), ``dramatiq:__probe__``, the
 short-lived key readiness writes to learn that Redis takes writes, the wake-up channel,
 the idempotency keys and leases, the scheduler's leader lock, and each schedule's state
@@ -50,6 +54,8 @@ SANDBOX_NAMESPACE: Final = "dramatiq-sandbox"
 DELAY_SUFFIX: Final = ".DQ"
 #: Suffix of a queue's dead letters (``dramatiq.common.xq_name``).
 DEAD_SUFFIX: Final = ".XQ"
+#: Suffix of a delay queue's due-ordered zset (ours, :func:`due_key`).
+DUE_SUFFIX: Final = ".due"
 #: Suffix of the hash that holds a list's message bodies.
 BODIES_SUFFIX: Final = ".msgs"
 #: Worker heartbeats of the default namespace: zset broker id -> ms since the epoch.
@@ -137,6 +143,13 @@ def bodies_key(queue: str) -> str:
     return queue_key(queue) + BODIES_SUFFIX
 
 
+def due_key(queue: str) -> str:
+    """The zset of ``queue``'s delayed messages by due time (ours: id -> eta, ms since the
+    epoch on Redis's clock); their bodies stay in the delay queue's hash until each is
+    moved to ``queue``."""
+    return queue_key(delay_queue(queue)) + DUE_SUFFIX
+
+
 def acks_key(broker_id: str, queue: str) -> str:
     """The set of ids that worker ``broker_id`` fetched from ``queue`` and has not acked."""
     return f"{namespace_of(queue)}:__acks__.{broker_id}.{queue}"
@@ -165,7 +178,8 @@ def idempotency_lease_key(key: str) -> str:
 
 @dataclass(frozen=True)
 class QueueKeys:
-    """Every key of one queue ``q``: ready list and bodies, delay list and bodies, dead letters."""
+    """Every key of one queue ``q``: ready list and bodies, delay list and bodies, dead
+    letters, the delayed messages by due time."""
 
     ready: str
     ready_bodies: str
@@ -173,6 +187,7 @@ class QueueKeys:
     delayed_bodies: str
     dead: str
     dead_bodies: str
+    due: str
 
     @classmethod
     def of(cls, queue: str) -> QueueKeys:
@@ -185,6 +200,7 @@ class QueueKeys:
             delayed_bodies=bodies_key(delayed),
             dead=dead,
             dead_bodies=dead_bodies,
+            due=due_key(name),
         )
 
 
