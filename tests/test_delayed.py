@@ -183,13 +183,15 @@ def test_a_due_message_and_a_retry_never_wait_behind_later_delayed_ones(
     assert not any(jobs.starts(f"later{index}") for index in range(0, 2_100, 100))
 
     # The age of the delay queue is the next due message's: freeze the worker process (not
-    # the supervisor, whose exporter answers) once it took a message due in a second.
+    # the supervisor, whose exporter answers) once it took a message due in 4 s.
     (child,) = worker.children()
-    send(jobs, "lc_quick", "frozen", delay_ms=1_000)
+    frozen = send(jobs, "lc_quick", "frozen", delay_ms=4_000)
     wait_for(lambda: not jobs.delayed(), 10, "the worker to take the delay list")
     os.kill(child, signal.SIGSTOP)
     try:
-        time.sleep(4)
+        frozen_id = frozen.options["redis_message_id"]
+        assert jobs.client.zscore(f"{NS}:{QUEUE}.DQ.due", frozen_id) is not None, "moved early"
+        time.sleep(max(0.0, frozen.options["eta"] / 1000 + 3.5 - time.time()))
         overdue = gauge(worker.metrics(), "queue_oldest_message_seconds", f"{QUEUE}.DQ")
         depth = gauge(worker.metrics(), "queue_depth", f"{QUEUE}.DQ")
         env = project_env(dl_project, REDIS_URL=redis_url, WORKER_STATE_DIR="/nonexistent")
