@@ -21,7 +21,8 @@ test: venv
 	$(BIN)/python -m pytest -n 2 -m "not e2e"
 
 # The real engines of `make e2e` (kube-apiserver & co, kwok, the Pulumi CLI and its
-# Kubernetes provider) and of `make e2e-full` (the kubelet), built once per machine into
+# Kubernetes provider) and of `make e2e-full` (the kubelet; KEDA's operator and metrics
+# adapter, for its autoscaling to come), built once per machine into
 # $(E2E_CACHE) (default ~/.cache/worker-template-e2e), keyed by their versions
 # (scripts/e2e/build.py); then the real node's local base image
 # (debootstrap + buildah, keyed by its recipe: scripts/e2e/images.py; skipped without them

@@ -46,7 +46,7 @@ def test_the_cache_is_keyed_by_the_versions(tmp_path: Path) -> None:
     assert out == [str(tmp_path / "bin" / e.key) for e in build.ENGINES.values()]
     assert [Path(p).name for p in out] == [
         "k8s-v1.35.4", "kubelet-v1.35.4", "kwok-v0.7.0", "pulumi-v3.274.1",
-        "provider-v4.0.0-20260115033456-f47bc2d6f199"]
+        "provider-v4.0.0-20260115033456-f47bc2d6f199", "keda-v2.21.0"]
 
 
 def test_a_built_engine_is_reused_without_go(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ Layout of the cache (``E2E_CACHE``, default ``~/.cache/worker-template-e2e``)::
 A present ``bin/<engine>-<version>/.ok`` is reused without running Go (offline once built).
 Builds run at ``nice 19`` with ``go build -p <cores>`` (``E2E_BUILD_JOBS``); nice keeps the machine usable.
 
-Usage: ``build.py [--engines k8s,kubelet,kwok,pulumi,provider] [--bin-dirs]``; ``--bin-dirs`` prints the
+Usage: ``build.py [--engines k8s,kubelet,kwok,pulumi,provider,keda] [--bin-dirs]``; ``--bin-dirs`` prints the
 bin folders (one a line, for PATH) and builds nothing.
 """
 
@@ -41,6 +41,7 @@ PULUMI_VERSION = "v3.274.1"
 # The only version of provider/v4 the proxy serves; its sdk/v4 replace points at sdk v4.24.0.
 PROVIDER_VERSION = "v4.0.0-20260115033456-f47bc2d6f199"
 PROVIDER_SDK_VERSION = "v4.24.0"
+KEDA_VERSION = "v2.21.0"
 # The version the provider reports (and writes into its schema): the SDK release it matches.
 PROVIDER_REPORTED = PROVIDER_SDK_VERSION.lstrip("v")
 
@@ -138,6 +139,16 @@ ENGINES: dict[str, Engine] = {
                 "-X github.com/pulumi/pulumi-kubernetes/provider/v4/pkg/version.Version="
                 + PROVIDER_REPORTED,
             ),
+        ),
+        # KEDA's operator and metrics adapter (the real node's autoscaling, #43: built and cached; no scenario runs them yet). v2.21.1 wants Go
+        # 1.27; v2.21.2 and v2.22.0 are refused by the module proxy.
+        Engine(
+            name="keda",
+            module="github.com/kedacore/keda/v2",
+            version=KEDA_VERSION,
+            packages=("cmd/operator", "cmd/adapter"),
+            default_local_version=KEDA_VERSION,
+            ldflags=(f"-X github.com/kedacore/keda/v2/version.Version={KEDA_VERSION}",),
         ),
     )
 }

@@ -196,6 +196,7 @@ class Node:
             self.cluster.say(
                 f"e2e: {archive.name} imported in {time.monotonic() - started:.1f} s"
             )
+        self._digest_names()
         self._kubelet()
 
     def stop(self) -> None:
@@ -373,6 +374,17 @@ class Node:
             return True
 
         self.cluster._wait(proc, "containerd", ready)
+
+    def _digest_names(self) -> None:
+        """Each imported ``repo:tag`` also named ``repo@<digest>``: a pod names its image by
+        digest (worker_infra pulls those IfNotPresent), and the CRI finds a local image by a
+        digest only under such a name (an import makes none; a pull does)."""
+        for line in self.ctr("images", "ls").splitlines()[1:]:
+            ref, _, digest, *_ = line.split()
+            repo, _, tag = ref.rpartition(":")
+            if not ref.startswith("sha256:") and "@" not in ref and "/" not in tag and repo:
+                with contextlib.suppress(RuntimeError):  # already named (a second import)
+                    self.ctr("images", "tag", ref, f"{repo}@{digest}")
 
     def _kubelet(self) -> None:
         kubeconfig = self.cluster._kubeconfig(

@@ -20,7 +20,8 @@ from collections.abc import Callable
 from typing import TypeVar
 
 CLONE_NEWNET = 0x40000000
-#: (network namespace file or None for the harness's own, host, port)
+#: (network namespace file or None for the harness's own, host, port); a host that is a path
+#: is a unix socket (connect only).
 Address = tuple[str | None, str, int]
 T = TypeVar("T")
 
@@ -83,11 +84,12 @@ class Relay:
 
     def _serve(self, client: socket.socket) -> None:
         netns, host, port = self.connect
+        family = socket.AF_UNIX if host.startswith("/") else socket.AF_INET
         try:
             upstream = in_netns(
-                netns, lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                netns, lambda: socket.socket(family, socket.SOCK_STREAM)
             )
-            upstream.connect((host, port))
+            upstream.connect(host if family == socket.AF_UNIX else (host, port))
         except OSError:
             client.close()
             return
