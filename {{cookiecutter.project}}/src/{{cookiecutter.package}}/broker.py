@@ -36,6 +36,7 @@ from .middleware import (
     ClockedAgeLimit,
     CrashAwareRetries,
     GracefulShutdown,
+    HeldCheck,
     MessageSize,
     Metrics,
     Pipelines,
@@ -66,16 +67,19 @@ def middleware_stack(settings: Settings, client: redis.Redis) -> list[Middleware
     CrashAwareRetries and GracefulShutdown decided, and CappedTimeLimit times the handler
     alone (its watchdog is disarmed first, before any ``after_*`` hook of the others runs);
     Tracing, first, holds the delivery's span around all of them (off unless ``OTEL_*``
-    names a destination); MessageSize, last, measures a message a handler sends as the
-    others left it. StoredResults, GroupCompletion and AsyncIO (Dramatiq's job API: stored
-    results, group completion callbacks, ``async def`` actors) act only for the actors and
-    messages that use them; StoredResults and GroupCompletion sit above CrashAwareRetries,
+    names a destination); HeldCheck, next, skips a message this process no longer holds
+    (it froze past its heartbeat and another worker recovered it) before any other starts;
+    MessageSize, last, measures a message a handler sends as the others left it.
+    StoredResults, GroupCompletion and AsyncIO (Dramatiq's job API: stored results, group
+    completion callbacks, ``async def`` actors) act only for the actors and messages that
+    use them; StoredResults and GroupCompletion sit above CrashAwareRetries,
     so they see a delivery's end as it decided (``client``: the broker's Redis, where results
     and group barriers live). Cancellation, last of the per-job middleware, checks a message
     right before its handler and forgets it first when the handler ends, so a cancel
     interrupts the handler, not another middleware's hook."""
     stack: list[Middleware] = [
         Tracing(),
+        HeldCheck(),
         Attempts(settings.worker_max_attempts),
         ArgumentModels(),
         ScheduleLock(),

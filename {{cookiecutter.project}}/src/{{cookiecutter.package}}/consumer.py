@@ -79,6 +79,7 @@ from dramatiq.errors import ConnectionClosed
 from dramatiq.middleware import Middleware, MiddlewareError
 
 from . import brokerstate, layout
+from .holds import HOLD_EPOCH, HoldWatch
 from .messages import dead_letter_body, indexed_id, inspect
 from .outage import Outage
 from .settlement import (
@@ -131,6 +132,9 @@ class SettlingConsumer(_RedisConsumer):
     ) -> None:
         super().__init__(broker, queue_name, prefetch, timeout)  # type: ignore[no-untyped-call]
         self.message_cache: list[tuple[str, bytes | None]] = []
+        #: The oldest heartbeat epoch (:class:`.holds.HoldWatch`) under which a message of
+        #: the cache was fetched: a start checks its hold under it.
+        self._cache_epoch = 0
         self.held: set[str] = set()
         #: Slots claimed by a fetch or refill still on its way (see :meth:`_claim`).
         self.claimed = 0
@@ -167,14 +171,18 @@ class SettlingConsumer(_RedisConsumer):
             self.claimed += count
             return count
 
-    def _fill(self, claimed: int, fetched: list[tuple[str, bytes | None]]) -> None:
-        """A fetch that claimed ``claimed`` slots is back with ``fetched``."""
+    def _fill(self, claimed: int, fetched: list[tuple[str, bytes | None]], epoch: int = 0) -> None:
+        """A fetch that claimed ``claimed`` slots, sent under the heartbeat epoch ``epoch``,
+        is back with ``fetched``."""
         with self._slots:
             self.claimed -= claimed
-            self.message_cache.extend(fetched)
+            if fetched:
+                cached = self._cache_epoch if self.message_cache else epoch
+                self._cache_epoch = min(cached, epoch)
+                self.message_cache.extend(fetched)
         self._slot_freed.set()
 
-    def _hand_on(self, claimed: int, fetched: list[tuple[str, bytes | None]]) -> None:
+    def _hand_on(self, claimed: int, fetched: list[tuple[str, bytes | None]], epoch: int) -> None:
         """Pass a refill on from the handler thread that settled (see :attr:`dispatch`): its
         next job is on the work queue without waking the consumer thread, whose wake-up
         would wait for the interpreter lock while the other handlers run. The consumer
@@ -182,7 +190,7 @@ class SettlingConsumer(_RedisConsumer):
         left a slot free."""
         dispatch = self.dispatch
         if dispatch is None or not fetched:
-            self._fill(claimed, fetched)
+            self._fill(claimed, fetched, epoch)
             return
         with self._slots:
             self.claimed -= claimed
@@ -190,7 +198,7 @@ class SettlingConsumer(_RedisConsumer):
         if len(fetched) < claimed:
             self._slot_freed.set()
         for redis_id, body in fetched:
-            message = self._admit(redis_id, body)
+            message = self._admit(redis_id, body, epoch)
             if message is not None:
                 dispatch(message)
 
@@ -198,14 +206,15 @@ class SettlingConsumer(_RedisConsumer):
         """True when a fetch could take nothing: every slot held, or fetching stopped."""
         return self.outstanding_message_count >= int(self.prefetch) or not self.broker.fetching
 
-    def _next_cached(self) -> tuple[str, bytes | None] | None:
-        """The first fetched message, now held; None when none is cached."""
+    def _next_cached(self) -> tuple[str, bytes | None, int] | None:
+        """The first fetched message, now held, and its fetch's epoch; None when none is
+        cached."""
         with self._slots:
             if not self.message_cache:
                 return None
             redis_id, body = self.message_cache.pop(0)
             self.held.add(redis_id)
-            return redis_id, body
+            return redis_id, body, self._cache_epoch
 
     # -- fetching (the consumer thread) ------------------------------------------------------
 
@@ -232,10 +241,11 @@ class SettlingConsumer(_RedisConsumer):
                 claimed = self._claim(self.prefetch)
                 fetched: list[tuple[str, bytes | None]] = []
                 self._woken.clear()  # a wake-up from now on (a message enqueued) ends the pause
+                epoch = self.broker.holds.epoch  # before the fetch is sent
                 try:
                     fetched = self._fetch(claimed) if claimed else []
                 finally:
-                    self._fill(claimed, fetched)
+                    self._fill(claimed, fetched, epoch)
                 if fetched:
                     continue
                 # The queue is empty: poll it again after a growing pause, up to IDLE_POLL_MS,
@@ -268,9 +278,10 @@ class SettlingConsumer(_RedisConsumer):
         raw = self.broker.fetch_script(keys=self._fetch_keys, args=[count, self.broker.broker_id])
         return _pairs(raw)
 
-    def _admit(self, redis_id: str, body: bytes | None) -> MessageProxy | None:
-        """The held message ``redis_id`` to hand on; None when it was not one (then settled:
-        dropped or dead-lettered, and its slot freed)."""
+    def _admit(self, redis_id: str, body: bytes | None, epoch: int) -> MessageProxy | None:
+        """The held message ``redis_id``, fetched under the heartbeat epoch ``epoch``, to hand
+        on; None when it was not one (then settled: dropped or dead-lettered, and its slot
+        freed)."""
         message = self._check(redis_id, body)
         if message is None:
             self._release(redis_id)
@@ -281,6 +292,7 @@ class SettlingConsumer(_RedisConsumer):
         message.options.pop("eta", None)
         proxy = MessageProxy(message)
         setattr(proxy, _RESETS_AT_FETCH, self.broker.epoch.resets)
+        setattr(proxy, HOLD_EPOCH, epoch)
         return proxy
 
     def _check(self, redis_id: str, body: bytes | None) -> Message[Any] | None:
@@ -369,6 +381,7 @@ class SettlingConsumer(_RedisConsumer):
         redis_id = message.options[layout.REDIS_MESSAGE_ID]
         fetched_here = redis_id in self.held
         refill = self._claim(1, releasing=redis_id)
+        epoch = self.broker.holds.epoch  # before the refill is sent
         try:
             settled, fetched = self.broker.settle_and_take(
                 self.queue_name, redis_id, settlement, refill, message.message_id
@@ -387,7 +400,7 @@ class SettlingConsumer(_RedisConsumer):
         self.broker.epoch.ended(self.queue_name, redis_id)
         if not settled:
             self._not_held(message, resent, fetched_here)
-        self._hand_on(refill, fetched)
+        self._hand_on(refill, fetched, epoch)
         if settlement.sent is not None:
             self.broker.emit_after("enqueue", settlement.sent, settlement.delay)
 
@@ -541,6 +554,8 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
         self.epoch = brokerstate.BrokerEpoch(
             self.client, self.held_deliveries, self._on_reset, state_dir
         )
+        #: The gaps of this process's heartbeats: whether a fetched message is surely held.
+        self.holds = HoldWatch(self.heartbeat_timeout)
         self.fetch_script = self.client.register_script(layout.FETCH)
         self.settle_script = self.client.register_script(layout.SETTLE)
         self.due_script = self.client.register_script(layout.MOVE_DUE)
@@ -794,6 +809,14 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
             consumer.reclaim_orphans(now, members)
             for consumer, members in zip(consumers, held, strict=True)
         )
+
+    def still_holds(self, deliveries: list[tuple[str, str]]) -> list[bool]:
+        """For each (queue, redis id) of ``deliveries``: is it in this worker's acks set?
+        One round trip."""
+        pipe = self.client.pipeline(transaction=False)
+        for queue, redis_id in deliveries:
+            pipe.sismember(layout.acks_key(self.broker_id, queue), redis_id)
+        return [bool(held) for held in pipe.execute()] if deliveries else []
 
     def settle_and_take(
         self, queue: str, redis_id: str, settlement: Settlement, take: int, message_id: str = ""

@@ -28,6 +28,12 @@ class Requeue(Interrupt):
     the drain window closes."""
 
 
+class Lost(Requeue):
+    """Stops a handler whose message this process no longer holds: the process was stopped
+    or frozen past ``WORKER_HEARTBEAT_TIMEOUT_MS`` and another worker recovered the message,
+    which runs there. Its settlement stores nothing; it is counted in ``jobs_lost_total``."""
+
+
 class Cancelled(Interrupt):
     """Stops a handler whose message was cancelled (``producer.cancel``); its message is
     acked, counted as ``cancelled``, never as a failure, and not retried."""

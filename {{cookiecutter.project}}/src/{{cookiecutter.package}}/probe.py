@@ -19,9 +19,10 @@ whose processes cannot start must not count as available during a rollout), Redi
 (and the database) answer within a short timeout, and the Redis node ``REDIS_URL``
 leads to is a primary (a replica refuses every write: a plain URL that still names a
 demoted primary; through Sentinel the probe asks for the primary again each time),
-Redis takes writes (not full: ``maxmemory`` reached under ``noeviction``), and no worker
-process has an unresolved broker reset (:mod:`.brokerstate`); each reason is one line of
-the body.
+Redis takes writes (not full: ``maxmemory`` reached under ``noeviction``), no worker
+process has an unresolved broker reset (:mod:`.brokerstate`), and none is stopped or
+frozen (:func:`frozen_processes`: it would hold its messages until another worker
+recovers them); each reason is one line of the body.
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ if TYPE_CHECKING:
     from .settings import Settings
 
 READY_TIMEOUT_S = 2.0
+#: Shortest silence of a worker process's main loop (it ticks every second) that readiness
+#: calls frozen; otherwise half of ``WORKER_HEARTBEAT_TIMEOUT_MS``.
+FROZEN_AFTER_MIN_S = 5.0
 SUPERVISOR_STATUS = "supervisor.json"
 
 
@@ -112,13 +116,38 @@ def missing_processes(state_dir: Path, now: float, grace_s: float) -> str | None
     )
 
 
-def process_alive(pid: int) -> bool:
-    """True when ``pid`` runs (a zombie, dead but not yet reaped, is not alive)."""
+def process_state(pid: int) -> str | None:
+    """The state letter of ``pid`` in ``/proc`` (``R``, ``S``, ``T`` stopped, ``Z``...), None
+    when there is no such process."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[0] not in {"Z", "X"}
+        return None
+    return stat.rpartition(")")[2].split()[0]
+
+
+def process_alive(pid: int) -> bool:
+    """True when ``pid`` runs (a zombie, dead but not yet reaped, is not alive)."""
+    return process_state(pid) not in {None, "Z", "X"}
+
+
+def frozen_processes(state_dir: Path, now: float, limit_s: float) -> list[str]:
+    """The worker processes that hold their messages and run nothing: stopped (``SIGSTOP``, a
+    debugger), or whose main loop has not ticked for ``limit_s`` (a C call holding the
+    interpreter lock freezes every thread). Another worker recovers their messages once
+    their heartbeat is older than ``WORKER_HEARTBEAT_TIMEOUT_MS``."""
+    problems = []
+    for board in read_boards(state_dir):
+        state = process_state(board.pid)
+        if state in {"T", "t"}:
+            problems.append(f"worker process {board.pid} is stopped (SIGSTOP or a debugger)")
+        elif state not in {None, "Z", "X"} and now - board.tick > limit_s:
+            problems.append(
+                f"worker process {board.pid} is frozen: main loop silent for "
+                f"{now - board.tick:.1f} s (limit {limit_s:g} s, half of "
+                "WORKER_HEARTBEAT_TIMEOUT_MS)"
+            )
+    return problems
 
 
 def liveness_problems(
@@ -162,8 +191,13 @@ def readiness_problems(settings: Settings, timeout_s: float = READY_TIMEOUT_S) -
     # The scheduler's settings serve no pool (no WORKER_QUEUES): its namespace is the default.
     queues: list[str] = getattr(settings, "worker_queues", None) or []
     namespace = layout.namespace_of(queues[0]) if queues else layout.NAMESPACE
-    if missing := missing_processes(settings.worker_state_dir, time.monotonic(), 0.0):
+    now = time.monotonic()
+    if missing := missing_processes(settings.worker_state_dir, now, 0.0):
         problems.append(missing)
+    heartbeat_timeout_ms = getattr(settings, "worker_heartbeat_timeout_ms", None)
+    if heartbeat_timeout_ms is not None:
+        limit_s = max(FROZEN_AFTER_MIN_S, heartbeat_timeout_ms / 2000)
+        problems += frozen_processes(settings.worker_state_dir, now, limit_s)
     client = connect(
         settings.redis_url.get_secret_value(),
         socket_timeout=timeout_s,

@@ -166,6 +166,11 @@ class SettlingBroker:
         held: tuple[str, ...] = ()
         return len(held)
 
+    def still_holds(self, deliveries: list[tuple[str, str]]) -> list[bool]:
+        """For each (queue, redis id) of ``deliveries``: does this worker still hold it in
+        Redis? Always here: this broker holds nothing in Redis."""
+        return [True for _ in deliveries]
+
     def keep_time(self, redis_ms: int) -> None:
         """Redis's clock (``TIME``, ms) as a heartbeat just read it; ignored here."""
 

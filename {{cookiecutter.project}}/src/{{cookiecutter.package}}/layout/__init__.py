@@ -43,6 +43,7 @@ from .delivery import (
     STAGE_BYTES,
     STAGE_IDS,
     STALE_WORKERS,
+    STILL_HELD,
     DueStep,
     FleetMember,
     backlog_keys,
@@ -59,6 +60,7 @@ from .delivery import (
     requeue_held,
     settle_keys,
     stale_workers,
+    still_held,
 )
 from .jobs import (
     CANCEL,
@@ -208,6 +210,7 @@ __all__ = [
     "STAGE_BYTES",
     "STAGE_IDS",
     "STALE_WORKERS",
+    "STILL_HELD",
     "WAKE_CHANNEL",
     "Callback",
     "DueStep",
@@ -274,6 +277,7 @@ __all__ = [
     "scheduler_leader_key",
     "settle_keys",
     "stale_workers",
+    "still_held",
     "text",
     "with_delay_queues",
 ]

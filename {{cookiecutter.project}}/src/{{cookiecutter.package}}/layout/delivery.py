@@ -172,6 +172,17 @@ return {now, redis.call('get', KEYS[2])}
 """
 )
 
+#: Whether this worker still holds a delivery, asked before it starts one it may have lost
+#: (:mod:`..holds`); the heartbeat first, so a hold found is kept a heartbeat timeout more.
+#: KEYS: the acks set, heartbeats.  ARGV: redis id, broker id.  Returns 1 held, 0 not.
+STILL_HELD: Final = (
+    CLOCK
+    + """
+beat(KEYS[2], ARGV[2], now_ms())
+return redis.call('sismember', KEYS[1], ARGV[1])
+"""
+)
+
 #: Workers whose heartbeat is older than ARGV[1] ms by Redis's clock.
 #: KEYS: heartbeats.  ARGV: timeout ms.  Returns their ids.
 STALE_WORKERS: Final = (
@@ -481,6 +492,12 @@ def heartbeat(
     keys = (heartbeats_key(namespace), epoch_key(namespace), process_key(broker_id, namespace))
     now, epoch = client.eval(HEARTBEAT, len(keys), *keys, broker_id, record, ttl_ms)
     return int(now), epoch
+
+
+def still_held(client: redis.Redis, broker_id: str, queue: str, redis_id: str) -> bool:
+    """:data:`STILL_HELD`: whether ``broker_id`` still holds ``redis_id`` on ``queue``."""
+    keys = (acks_key(broker_id, queue), heartbeats_key(namespace_of(queue)))
+    return bool(client.eval(STILL_HELD, len(keys), *keys, redis_id, broker_id))
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ from .age_limit import ClockedAgeLimit
 from .arguments import ArgumentModels
 from .attempts import Attempts
 from .cancellation import Cancellation
+from .holds import HeldCheck
 from .message_size import MessageSize, MessageTooLargeError
 from .metrics import Metrics
 from .pipelines import Pipelines
@@ -23,6 +24,7 @@ __all__ = [
     "ClockedAgeLimit",
     "CrashAwareRetries",
     "GracefulShutdown",
+    "HeldCheck",
     "MessageSize",
     "MessageTooLargeError",
     "Metrics",

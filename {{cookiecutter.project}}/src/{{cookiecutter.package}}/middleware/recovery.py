@@ -14,10 +14,13 @@ from typing import Any, cast
 import redis
 from dramatiq import Broker, Middleware
 from dramatiq.broker import MessageProxy
+from dramatiq.middleware.threading import raise_thread_exception
 from dramatiq.worker import Worker
 
 from .. import recovery
+from ..holds import HoldWatch
 from ..layout import REDIS_MESSAGE_ID
+from ..lifecycle import Lost
 from ..outage import Outage, unreachable
 from ..settlement import SettlingBroker
 
@@ -49,6 +52,11 @@ class Recovery(Middleware):
 
     Dead letters are kept for days: a pass drops the expired ones at most every
     :data:`EXPIRE_EVERY_S` (an idle worker's Redis calls grow with its queues otherwise).
+
+    Each heartbeat is timed for the broker's :class:`..holds.HoldWatch`. After a gap (the
+    process was stopped or frozen for half the heartbeat timeout), a pass asks Redis
+    whether the jobs running here are still held, and stops each one that is not with
+    :class:`..lifecycle.Lost` (another worker recovered it; it runs there).
     """
 
     #: Seconds between two passes that drop expired dead letters (the first pass does).
@@ -76,6 +84,8 @@ class Recovery(Middleware):
         self.interval_s = interval_s or min(5.0, heartbeat_timeout_ms / 5000)
         self._stopped = threading.Event()
         self._expired_at: float | None = None
+        #: The :attr:`..holds.HoldWatch.epoch` the last pass saw.
+        self._epoch = 0
         #: The thread of the passes, once the worker has booted.
         self.thread: threading.Thread | None = None
 
@@ -131,6 +141,7 @@ class Recovery(Middleware):
 
     def run_once(self, broker: Broker) -> None:
         client: redis.Redis = broker.client  # type: ignore[attr-defined]
+        sent = time.monotonic()
         beats = recovery.heartbeat(
             client,
             broker.broker_id,  # type: ignore[attr-defined]
@@ -138,8 +149,14 @@ class Recovery(Middleware):
             self.record(broker),
             self.heartbeat_timeout_ms,
         )
+        holds: HoldWatch | None = getattr(broker, "holds", None)
+        if holds is not None:
+            holds.beat(sent, time.monotonic())
         settling = cast(SettlingBroker, broker)
         settling.keep_time(min(now for now, _ in beats.values()))
+        if holds is not None and holds.epoch != self._epoch:
+            self._epoch = holds.epoch
+            self.stop_lost(settling)
         settling.observe_epochs({namespace: epoch for namespace, (_, epoch) in beats.items()})
         recovery.recover_dead_workers(
             client, self.queues, self.heartbeat_timeout_ms, self.max_attempts
@@ -149,6 +166,26 @@ class Recovery(Middleware):
             recovery.expire_dead_letters(client, self.queues, self.dead_message_ttl_ms)
             self._expired_at = now
         settling.reclaim_orphans(now)
+
+    def stop_lost(self, broker: SettlingBroker) -> int:
+        """Stop each job running here whose message this worker no longer holds (raise
+        :class:`..lifecycle.Lost` in its thread); return how many."""
+        running = list(self.running.items())
+        held = broker.still_holds([(job["queue"], job["redis_id"]) for _, job in running])
+        lost = [
+            (thread_id, job)
+            for (thread_id, job), kept in zip(running, held, strict=True)
+            if not kept and self.running.get(thread_id) is job  # still that job
+        ]
+        for thread_id, _ in lost:
+            raise_thread_exception(thread_id, Lost)
+        if lost:
+            logger.warning(
+                "stopped jobs this worker no longer holds: it was stopped or frozen past "
+                "WORKER_HEARTBEAT_TIMEOUT_MS and another worker recovered them",
+                extra={"job_ids": [job["message_id"] for _, job in lost]},
+            )
+        return len(lost)
 
     def _loop(self, broker: Broker) -> None:
         outage: Outage | None = getattr(broker, "outage", None)  # says Redis unreachable
