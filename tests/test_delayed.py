@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from typing import Any
 
@@ -71,6 +72,21 @@ def dl_flaky(job_id: str) -> None:
 @dramatiq.actor(queue_name="notifications")
 def dl_big(job_id: str, payload: str) -> None:
     _record("start", job_id)
+    _record("done", job_id)
+
+
+@dramatiq.actor(queue_name="notifications", max_retries=0, time_limit=600_000)
+def dl_hog(job_id: str, seconds: float) -> None:
+    """Holds the interpreter lock for ``seconds`` (as a long C call, a regex that
+    backtracks, does): every other thread of its process, the heartbeat's too, stops."""
+    _record("start", job_id)
+    sys.setswitchinterval(seconds + 5)
+    try:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            pass
+    finally:
+        sys.setswitchinterval(0.005)
     _record("done", job_id)
 
 
@@ -152,6 +168,26 @@ def test_a_worker_frozen_past_its_heartbeat_runs_no_delayed_message_twice(
     assert [len(jobs.starts(job_id)) for job_id in ids] == [1] * 10
     assert [len(jobs.dones(job_id)) for job_id in ids] == [1] * 10
     assert not held_delayed(jobs)
+
+
+def test_a_handler_holding_the_interpreter_lock_past_the_heartbeat_runs_no_delayed_message_twice(
+        workers: Callable[..., Worker], jobs: Jobs) -> None:
+    env = {"WORKER_HEARTBEAT_TIMEOUT_MS": str(HEARTBEAT_TIMEOUT_MS)}
+    first = workers(**env)
+    wait_ready(jobs)
+    ids = [f"g{index}" for index in range(10)]
+    for job_id in ids:
+        send(jobs, "lc_quick", job_id, delay_ms=6_000)
+    wait_for(lambda: not jobs.delayed(), 10, "the worker to take the delay list")
+    jobs.enqueue("dl_hog", "hog", 9.0)
+    wait_for(lambda: jobs.starts("hog"), 10, "the hog to start")
+    second = workers(**env)  # recovers the first one's messages while its heartbeat is frozen
+    wait_for(lambda: all(jobs.dones(job_id) for job_id in ids), 40, "every delayed job")
+    wait_for(lambda: jobs.dones("hog"), 40, "the hog to end")
+    time.sleep(3)  # a second run of a delayed job would come now
+    assert [len(jobs.dones(job_id)) for job_id in ids] == [1] * 10
+    assert "recovered the messages of a dead worker" in second.log(), "the hog froze nothing"
+    assert not held_delayed(jobs) and first.process is not None
 
 
 def test_a_worker_killed_as_a_delayed_message_reaches_its_queue_runs_it_once(

@@ -80,6 +80,24 @@ def test_requeue_and_dead_letter_move_a_held_message_once(client: redis.Redis) -
     assert client.hgetall(index) == {b"n": b"elsewhere"}
 
 
+def test_a_silent_workers_message_moves_only_while_it_is_still_silent(
+    client: redis.Redis,
+) -> None:
+    """Recovery judged ``w`` dead; ``w`` woke, beat and checked its hold (STILL_HELD) before
+    the recovery reached its message: the message stays with ``w``."""
+    client.sadd(layout.acks_key("w", "q"), "a", "b")
+    client.hset(layout.bodies_key("q"), mapping={"a": b"body", "b": b"body"})
+    now = layout.redis_now_ms(client)
+    client.zadd(layout.heartbeats_key(), {"w": now - 60_000})
+    assert layout.still_held(client, "w", "q", "a")  # it beats, then finds its hold
+    assert not layout.requeue_held(client, "w", "q", "a", silent_ms=30_000)
+    assert not layout.dead_letter_held(client, "w", "q", "b", b"dead", "", silent_ms=30_000)
+    assert client.smembers(layout.acks_key("w", "q")) == {b"a", b"b"}
+    client.zadd(layout.heartbeats_key(), {"w": now - 60_000})  # silent again
+    assert layout.requeue_held(client, "w", "q", "a", silent_ms=30_000)
+    assert not layout.still_held(client, "w", "q", "a")
+
+
 def test_replay_and_purge_take_a_dead_letter_once(client: redis.Redis) -> None:
     zset, bodies = layout.dead_letter_keys("q")
     client.zadd(zset, {"x": 1, "y": 2})

@@ -40,17 +40,23 @@ def deliveries(message: Message[Any]) -> int:
 
 
 def dead_letter(
-    client: redis.Redis, broker_id: str, queue: str, message: Message[Any], reason: str
+    client: redis.Redis,
+    broker_id: str,
+    queue: str,
+    message: Message[Any],
+    reason: str,
+    silent_ms: int = 0,
 ) -> bool:
     """Move ``message`` (held in ``broker_id``'s acks set of ``queue``) to the dead letters.
 
     The stored body gains ``options["dead_letter_reason"]``. Returns False when the
-    message was no longer held (someone else moved it).
+    message was no longer held (someone else moved it), or its holder beat within
+    ``silent_ms`` (:func:`.layout.requeue_held`).
     """
     message = message.copy(options={layout.DEAD_LETTER_REASON: reason})
     redis_id = message.options[layout.REDIS_MESSAGE_ID]
     moved = layout.dead_letter_held(
-        client, broker_id, queue, redis_id, message.encode(), message.message_id
+        client, broker_id, queue, redis_id, message.encode(), message.message_id, silent_ms
     )
     if moved:
         logger.warning(
@@ -82,6 +88,7 @@ def recover_worker(
     queues: Iterable[str],
     max_attempts: int,
     running: set[str] | None = None,
+    silent_ms: int = 0,
 ) -> tuple[int, int]:
     """Recover every message a dead worker held on ``queues`` (and their delay queues).
 
@@ -91,6 +98,9 @@ def recover_worker(
       running: redis message ids that were running when it died (counted as a
         crash); None when unknown, and then every held message counts as one,
         except those of delay queues (they wait for their time and never run there).
+
+      silent_ms: > 0 when it was judged dead for a heartbeat this old: each message moves
+        only while it still is (a worker that was frozen and woke keeps what it holds).
 
     Returns:
       (requeued, dead_lettered)
@@ -103,11 +113,13 @@ def recover_worker(
             crashed = not delayed if running is None else redis_id in running
             body = layout.raw_bytes(client.hget(layout.bodies_key(queue), redis_id))
             if body is None or not crashed:
-                requeued += layout.requeue_held(client, broker_id, queue, redis_id)
+                requeued += layout.requeue_held(
+                    client, broker_id, queue, redis_id, silent_ms=silent_ms
+                )
                 continue
             try:
                 moved, died = _recover_crashed(
-                    client, broker_id, queue, redis_id, body, max_attempts
+                    client, broker_id, queue, redis_id, body, max_attempts, silent_ms
                 )
             except redis.RedisError:
                 raise
@@ -126,7 +138,13 @@ def recover_worker(
 
 
 def _recover_crashed(
-    client: redis.Redis, broker_id: str, queue: str, redis_id: str, body: bytes, max_attempts: int
+    client: redis.Redis,
+    broker_id: str,
+    queue: str,
+    redis_id: str,
+    body: bytes,
+    max_attempts: int,
+    silent_ms: int,
 ) -> tuple[int, int]:
     """Count a crash against one held message: requeue it, or dead-letter it when its
     attempts are used up or it is not a Dramatiq message. Returns (requeued, dead)."""
@@ -136,7 +154,9 @@ def _recover_crashed(
         stored = dead_letter_body(body, queue, reason, message, fields)
         message_id = indexed_id(fields)
         return 0, int(
-            _dead_letter_raw(client, broker_id, queue, redis_id, stored, reason, message_id)
+            _dead_letter_raw(
+                client, broker_id, queue, redis_id, stored, reason, message_id, silent_ms
+            )
         )
     message = message.copy(
         options={
@@ -149,11 +169,11 @@ def _recover_crashed(
             f"its worker process died during {layout.crashes(message.options)} of "
             f"{deliveries(message)} deliveries (WORKER_MAX_ATTEMPTS={max_attempts})"
         )
-        dead = dead_letter(client, broker_id, queue, message, reason)
+        dead = dead_letter(client, broker_id, queue, message, reason, silent_ms)
         if dead:
             record_lost_delivery(message, queue, reason)
         return 0, int(dead)
-    requeued = layout.requeue_held(client, broker_id, queue, redis_id, message.encode())
+    requeued = layout.requeue_held(client, broker_id, queue, redis_id, message.encode(), silent_ms)
     if requeued:
         record_lost_delivery(message, queue, None)
     return int(requeued), 0
@@ -167,10 +187,11 @@ def _dead_letter_raw(
     body: bytes,
     reason: str,
     message_id: str,
+    silent_ms: int,
 ) -> bool:
     """Move the held ``redis_id`` to the dead letters with ``body`` (any bytes), and its
     entry of the message index (``message_id``, :func:`.messages.indexed_id`)."""
-    moved = layout.dead_letter_held(client, broker_id, queue, redis_id, body, message_id)
+    moved = layout.dead_letter_held(client, broker_id, queue, redis_id, body, message_id, silent_ms)
     if moved:
         logger.warning(
             "dead-lettered message",
@@ -189,7 +210,9 @@ def recover_dead_workers(
 ) -> tuple[int, int]:
     """Recover the messages of every worker whose heartbeat is older than the timeout, by
     Redis's clock (:data:`.layout.STALE_WORKERS`): a host whose clock is off judges no
-    live worker dead.
+    live worker dead. Each message moves only while its worker is still silent: one that
+    was frozen and beats again (it checks its holds, :data:`.layout.STILL_HELD`) keeps
+    what this pass has not moved yet, so the two never both run a message.
 
     Looks only at the heartbeats of the namespaces of ``queues``
     (:func:`.layout.namespace_of`): the sandbox pool's workers and the others never see,
@@ -200,7 +223,9 @@ def recover_dead_workers(
         heartbeats = layout.heartbeats_key(namespace)
         own = [queue for queue in queues if layout.namespace_of(queue) == namespace]
         for broker_id in layout.stale_workers(client, namespace, heartbeat_timeout_ms):
-            moved, died = recover_worker(client, broker_id, own, max_attempts)
+            moved, died = recover_worker(
+                client, broker_id, own, max_attempts, silent_ms=heartbeat_timeout_ms
+            )
             requeued, dead = requeued + moved, dead + died
             pattern = layout.acks_pattern(broker_id, namespace)
             if not any(client.scan_iter(match=pattern, count=1000)):

@@ -40,19 +40,6 @@ if TYPE_CHECKING:
     import redis
 
 
-#: Requeue a held message. Only the caller that removes the id from the acks set moves it.
-#: KEYS: acks set, bodies of the queue, the queue.  ARGV: redis id, new body or ''.
-REQUEUE: Final = """
-if redis.call('srem', KEYS[1], ARGV[1]) == 1 then
-  if redis.call('hexists', KEYS[2], ARGV[1]) == 1 then
-    if ARGV[2] ~= '' then redis.call('hset', KEYS[2], ARGV[1], ARGV[2]) end
-    redis.call('rpush', KEYS[3], ARGV[1])
-  end
-  return 1
-end
-return 0
-"""
-
 #: Lua: Redis's clock in ms (``TIME``), and a heartbeat that frees its old entry before it
 #: writes the new one (so a full Redis takes it: see the module docstring).
 CLOCK: Final = """
@@ -65,6 +52,39 @@ local function beat(heartbeats, id, now)
   redis.call('zadd', heartbeats, now, id)
 end
 """
+
+#: Lua (needs :data:`CLOCK`): whether worker ``owner`` has been silent for ``ms`` (its
+#: heartbeat older, or gone); always true for ``ms`` 0. Recovery moves a silent worker's
+#: message only while it is still silent: one that woke and beat since (and checked its
+#: hold: :data:`STILL_HELD`) keeps it, so the two never both run it.
+SILENT: Final = """
+local function silent(heartbeats, owner, ms)
+  if ms <= 0 then return true end
+  local beat = redis.call('zscore', heartbeats, owner)
+  return (not beat) or tonumber(beat) <= now_ms() - ms
+end
+"""
+
+#: Requeue a held message. Only the caller that removes the id from the acks set moves it,
+#: and only while its holder has been silent for ARGV[4] ms (0: whatever it did, see
+#: :data:`SILENT`).
+#: KEYS: acks set, bodies of the queue, the queue, heartbeats.  ARGV: redis id, new body or
+#: '', the holder's broker id, silent ms.
+REQUEUE: Final = (
+    CLOCK
+    + SILENT
+    + """
+if not silent(KEYS[4], ARGV[3], tonumber(ARGV[4])) then return 0 end
+if redis.call('srem', KEYS[1], ARGV[1]) == 1 then
+  if redis.call('hexists', KEYS[2], ARGV[1]) == 1 then
+    if ARGV[2] ~= '' then redis.call('hset', KEYS[2], ARGV[1], ARGV[2]) end
+    redis.call('rpush', KEYS[3], ARGV[1])
+  end
+  return 1
+end
+return 0
+"""
+)
 
 #: Lua: the message index (:func:`message_index_key`, message id -> the place of its latest
 #: copy, ``"<bodies key> <redis id>"``, :func:`.keys.message_place`). ``keep_place`` records
@@ -81,14 +101,16 @@ local function drop_place(index, message_id, place)
 end
 """
 
-#: Dead-letter a held message: the same guard, then the zset and bodies, as Dramatiq's nack;
-#: its index entry goes with it.
-#: KEYS: acks set, bodies of the queue, dead zset, dead bodies, the message index.
-#: ARGV: id, body, message id ('': not known).
+#: Dead-letter a held message: the same guards, then the zset and bodies, as Dramatiq's
+#: nack; its index entry goes with it.
+#: KEYS: acks set, bodies of the queue, dead zset, dead bodies, the message index,
+#: heartbeats.  ARGV: id, body, message id ('': not known), the holder's broker id, silent ms.
 DEAD_LETTER: Final = (
     CLOCK
     + INDEX
+    + SILENT
     + """
+if not silent(KEYS[6], ARGV[4], tonumber(ARGV[5])) then return 0 end
 if redis.call('srem', KEYS[1], ARGV[1]) == 1 then
   redis.call('zadd', KEYS[3], now_ms(), ARGV[1])
   redis.call('hset', KEYS[4], ARGV[1], ARGV[2])
@@ -461,27 +483,49 @@ BACKLOG_KEYS: Final = len(backlog_keys("q"))
 
 
 def requeue_held(
-    client: redis.Redis, broker_id: str, queue: str, redis_id: str, body: bytes = b""
+    client: redis.Redis,
+    broker_id: str,
+    queue: str,
+    redis_id: str,
+    body: bytes = b"",
+    silent_ms: int = 0,
 ) -> bool:
     """Put a message held by ``broker_id`` back at the tail of ``queue``, storing ``body``
-    first when given. False when it was no longer held (someone else moved it)."""
-    keys = (acks_key(broker_id, queue), bodies_key(queue), queue_key(queue))
-    return bool(client.eval(REQUEUE, len(keys), *keys, redis_id, body))
+    first when given. False when it was no longer held (someone else moved it), or when
+    ``silent_ms`` (> 0: the recovery of a silent worker) is given and ``broker_id`` has
+    beaten since (:data:`SILENT`)."""
+    keys = (
+        acks_key(broker_id, queue),
+        bodies_key(queue),
+        queue_key(queue),
+        heartbeats_key(namespace_of(queue)),
+    )
+    return bool(client.eval(REQUEUE, len(keys), *keys, redis_id, body, broker_id, silent_ms))
 
 
 def dead_letter_held(
-    client: redis.Redis, broker_id: str, queue: str, redis_id: str, body: bytes, message_id: str
+    client: redis.Redis,
+    broker_id: str,
+    queue: str,
+    redis_id: str,
+    body: bytes,
+    message_id: str,
+    silent_ms: int = 0,
 ) -> bool:
     """Move a message held by ``broker_id`` to the dead letters of ``queue``, stored as
     ``body``; its entry of the message index goes too (``message_id``; '' when not known).
-    False when it was no longer held."""
+    False when it was no longer held, or ``broker_id`` beat within ``silent_ms`` (as
+    :func:`requeue_held`)."""
     keys = (
         acks_key(broker_id, queue),
         bodies_key(queue),
         *dead_letter_keys(queue),
         message_index_key(namespace_of(queue)),
+        heartbeats_key(namespace_of(queue)),
     )
-    return bool(client.eval(DEAD_LETTER, len(keys), *keys, redis_id, body, message_id))
+    return bool(
+        client.eval(DEAD_LETTER, len(keys), *keys, redis_id, body, message_id, broker_id, silent_ms)
+    )
 
 
 def heartbeat(
