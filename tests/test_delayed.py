@@ -144,19 +144,30 @@ def gauge(text: str, name: str, queue: str) -> float:
     return float(found.group(1))
 
 
+#: The short heartbeat timeout of the freeze tests' workers.
+FREEZE_ENV = {"WORKER_HEARTBEAT_TIMEOUT_MS": str(HEARTBEAT_TIMEOUT_MS)}
+
+
+def worker_with_ten_delayed(workers: Callable[..., Worker], jobs: Jobs, prefix: str,
+                            delay_ms: int) -> tuple[Worker, list[str]]:
+    """A worker (heartbeat timeout :data:`HEARTBEAT_TIMEOUT_MS`) that has taken ten messages
+    delayed ``delay_ms`` off the delay list (Dramatiq's consumer held them in memory)."""
+    first = workers(**FREEZE_ENV)
+    wait_ready(jobs)
+    ids = [f"{prefix}{index}" for index in range(10)]
+    for job_id in ids:
+        send(jobs, "lc_quick", job_id, delay_ms=delay_ms)
+    wait_for(lambda: not jobs.delayed(), 10, "the worker to take the delay list")
+    return first, ids
+
+
 def test_a_worker_frozen_past_its_heartbeat_runs_no_delayed_message_twice(
         workers: Callable[..., Worker], jobs: Jobs) -> None:
-    env = {"WORKER_HEARTBEAT_TIMEOUT_MS": str(HEARTBEAT_TIMEOUT_MS)}
-    first = workers(**env)
-    wait_ready(jobs)
-    ids = [f"d{index}" for index in range(10)]
-    for job_id in ids:
-        send(jobs, "lc_quick", job_id, delay_ms=12_000)
-    wait_for(lambda: not jobs.delayed(), 10, "the worker to take the delay list")
+    first, ids = worker_with_ten_delayed(workers, jobs, "d", 12_000)
     beats = {raw.decode() for raw in jobs.client.zrange(f"{NS}:__heartbeats__", 0, -1)}
     first.signal(signal.SIGSTOP, group=True)
     try:
-        workers(**env)
+        workers(**FREEZE_ENV)
         # The second worker's recovery judges the frozen one dead and forgets it.
         wait_for(lambda: not beats & {raw.decode() for raw in
                                       jobs.client.zrange(f"{NS}:__heartbeats__", 0, -1)},
@@ -172,16 +183,10 @@ def test_a_worker_frozen_past_its_heartbeat_runs_no_delayed_message_twice(
 
 def test_a_handler_holding_the_interpreter_lock_past_the_heartbeat_runs_no_delayed_message_twice(
         workers: Callable[..., Worker], jobs: Jobs) -> None:
-    env = {"WORKER_HEARTBEAT_TIMEOUT_MS": str(HEARTBEAT_TIMEOUT_MS)}
-    first = workers(**env)
-    wait_ready(jobs)
-    ids = [f"g{index}" for index in range(10)]
-    for job_id in ids:
-        send(jobs, "lc_quick", job_id, delay_ms=6_000)
-    wait_for(lambda: not jobs.delayed(), 10, "the worker to take the delay list")
+    first, ids = worker_with_ten_delayed(workers, jobs, "g", 6_000)
     jobs.enqueue("dl_hog", "hog", 9.0)
     wait_for(lambda: jobs.starts("hog"), 10, "the hog to start")
-    second = workers(**env)  # recovers the first one's messages while its heartbeat is frozen
+    second = workers(**FREEZE_ENV)  # recovers the first one's messages while its heartbeat is frozen
     wait_for(lambda: all(jobs.dones(job_id) for job_id in ids), 40, "every delayed job")
     wait_for(lambda: jobs.dones("hog"), 40, "the hog to end")
     time.sleep(3)  # a second run of a delayed job would come now
@@ -192,7 +197,7 @@ def test_a_handler_holding_the_interpreter_lock_past_the_heartbeat_runs_no_delay
 
 def test_a_worker_killed_as_a_delayed_message_reaches_its_queue_runs_it_once(
         workers: Callable[..., Worker], jobs: Jobs) -> None:
-    worker = workers(TEST_KILL_ONCE="1", WORKER_HEARTBEAT_TIMEOUT_MS=str(HEARTBEAT_TIMEOUT_MS))
+    worker = workers(TEST_KILL_ONCE="1", **FREEZE_ENV)
     wait_ready(jobs)
     send(jobs, "lc_quick", "kill-me", delay_ms=2_000)
     wait_for(lambda: jobs.client.get("test:killed"), 20, "the hook to kill the worker process")
