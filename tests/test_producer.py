@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from _lifecycle import Worker, wait_for
+from _lifecycle import Jobs, Worker, lc_project, wait_for  # noqa: F401  (fixture)
 from bakery import PYTHON, package_of
 from dramatiq import Message
 
@@ -93,3 +93,88 @@ def test_producer_broker_declares_every_option_the_worker_accepts(default_projec
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+UNCERTAIN = """\
+import pathlib, sys, time
+
+import redis
+from {package}.actors.lc_test import lc_quick
+from {package}.broker import broker
+
+folder = pathlib.Path(sys.argv[1])
+broker.enqueue(lc_quick.message("warm"))  # a first send (the scripts are loaded)
+print("warm", flush=True)
+while not (folder / "cut").exists():
+    time.sleep(0.05)
+message = lc_quick.message("once")
+try:
+    broker.enqueue(message)
+    print("sent", flush=True)
+except redis.RedisError as error:
+    print("raised", type(error).__name__, isinstance(error, redis.TimeoutError), flush=True)
+    while not (folder / "go").exists():
+        time.sleep(0.05)
+    broker.enqueue(message)  # the retry: the same message
+    print("resent", flush=True)
+"""
+
+
+def test_a_send_during_a_blackhole_raises_may_be_enqueued_and_a_resend_runs_once(
+        lc_project: Path, redis_url: str, tmp_path: Path) -> None:
+    """A send through a blackholed path raises EnqueueUncertain (a TimeoutError too) after
+    the socket timeout, and its command reaches Redis when the path heals (the message is
+    enqueued after all); the caller's retry of the same message enqueues nothing: the job
+    runs exactly once."""
+    from blackhole import Blackhole
+
+    jobs = Jobs(redis_url)
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    with Blackhole(port) as hole:
+        producer = subprocess.Popen(
+            [PYTHON, "-c", UNCERTAIN.format(package=package_of(lc_project)), str(tmp_path)],
+            cwd=lc_project, env=clean_env(lc_project, REDIS_URL=hole.url),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            assert producer.stdout is not None
+            assert producer.stdout.readline().strip() == "warm"
+            hole.cut()
+            (tmp_path / "cut").touch()
+            lines = [producer.stdout.readline()]  # a warning may come first (Redis's clock)
+            while lines[-1] and not lines[-1].startswith(("raised", "sent")):
+                lines.append(producer.stdout.readline())
+            assert lines[-1].startswith("raised"), lines
+            hole.heal()
+            wait_for(lambda: "once" in jobs.queued_ids(), 30, "the uncertain send to land")
+            (tmp_path / "go").touch()
+            assert producer.wait(timeout=60) == 0
+            assert "resent" in producer.stdout.read()
+        finally:
+            producer.kill()
+    assert sorted(jobs.queued_ids()) == ["once", "warm"], "the resend enqueued nothing"
+    # one documented type: it may have been enqueued (a TimeoutError too, as before)
+    assert lines[-1] == "raised EnqueueUncertain True\n", lines
+    worker = Worker(lc_project, redis_url, tmp_path / "w").start()
+    try:
+        wait_for(lambda: jobs.dones("once") and jobs.dones("warm") and not jobs.queued_ids()
+                 and not jobs.stranded(), 30, "both jobs done")
+        assert worker.stop(timeout=30) == 0, worker.log()[-3000:]
+    finally:
+        worker.kill()
+        jobs.client.close()
+    assert len(jobs.dones("once")) == 1 and len(jobs.starts("once")) == 1
+
+
+def test_enqueue_with_a_message_id_twice_enqueues_once(default_project: Path,
+                                                       redis_url: str) -> None:
+    package = package_of(default_project)
+    code = (f"from {package}.producer import enqueue\n"
+            "for _ in range(3):\n"
+            "    enqueue('send_notification', 9, 'welcome', 'n-9', message_id='welcome-9')\n")
+    done = subprocess.run([PYTHON, "-c", code], cwd=default_project, check=False, timeout=60,
+                          env=clean_env(default_project, REDIS_URL=redis_url),
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    client = redis.Redis.from_url(redis_url)
+    sent = [m for m in queued(client, "notifications") if m.message_id == "welcome-9"]
+    assert len(sent) == 1, sent

@@ -79,6 +79,8 @@ def _worker(args: argparse.Namespace) -> int:
     if args.boot_report:  # a worker process tells its supervisor why it cannot boot
         report_refusals_to(Path(args.boot_report))
     settings = load_settings()
+    if args.process:  # a handler closing fd 1 or 2 leaves the log lines where they go
+        logs.own_standard_streams()
     logs.configure(settings.otel_service_name, settings.log_level, settings.log_format)
     if not (args.process or args.watch):  # said once: by the supervisor (a watcher's too)
         warn_unknown_variables(os.environ)

@@ -29,6 +29,9 @@ Faults around the worker lose work silently unless someone looks:
   acks set first), so fetching, settling, heartbeats and recovery go on; what cannot
   (a producer's enqueue) fails with :class:`BrokerFull`, one line. :func:`full_problem`
   is readiness's check.
+* **A send that gets no answer** (a lost connection, a timeout) may have been enqueued all
+  the same: it raises :class:`EnqueueUncertain`, and a resend of the same message id is
+  stored at most once.
 
 This module imports neither Dramatiq nor the actors; it writes only the readiness
 notices of :func:`reset_notices_dir`.
@@ -61,6 +64,32 @@ class BrokerFull(redis.ResponseError):
 
     A ``redis.ResponseError``, so callers that handle Redis errors handle it; its message
     is one line naming what was refused and the fix."""
+
+
+class EnqueueUncertain(redis.ConnectionError, redis.TimeoutError):
+    """A send whose outcome is unknown: Redis did not answer (a lost connection, a timeout),
+    and the message **may have been enqueued** (the command may have reached Redis, or may
+    still, when the path heals). A ``redis.ConnectionError`` and a ``redis.TimeoutError``,
+    so callers that handle either handle it.
+
+    A retry is safe when it resends the same message id (:attr:`message`, e.g.
+    ``broker.enqueue(message)`` again, or ``producer.enqueue(..., message_id=...)``) within
+    :data:`.layout.SENT_TTL_MS`: at most one copy is enqueued (:data:`.layout.ENQUEUE`)."""
+
+    def __init__(self, text: str, message: Any) -> None:
+        super().__init__(text)
+        #: The message as the caller gave it: resend it (same ``message_id``) to retry.
+        self.message = message
+
+
+def uncertain_error(message: Any, error: BaseException) -> EnqueueUncertain:
+    """The :class:`EnqueueUncertain` of ``message`` (a ``dramatiq.Message``) for ``error``."""
+    return EnqueueUncertain(
+        f"Redis did not answer the enqueue of message {message.message_id} for actor "
+        f"{message.actor_name!r} ({type(error).__name__}: {error}); it may have been enqueued: "
+        "resend the same message id to retry, at most one copy is enqueued",
+        message,
+    )
 
 
 def is_oom(error: BaseException) -> bool:

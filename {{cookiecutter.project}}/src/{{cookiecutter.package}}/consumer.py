@@ -78,7 +78,7 @@ from dramatiq.common import compute_backoff, current_millis, dq_name
 from dramatiq.errors import ConnectionClosed
 from dramatiq.middleware import Middleware, MiddlewareError
 
-from . import brokerstate, layout
+from . import brokerstate, layout, redisclient
 from .holds import HOLD_EPOCH, HoldWatch
 from .messages import dead_letter_body, indexed_id, inspect
 from .outage import Outage
@@ -387,11 +387,24 @@ class SettlingConsumer(_RedisConsumer):
                 self.queue_name, redis_id, settlement, refill, message.message_id
             )
         except redis.RedisError as error:
-            # Still held: Dramatiq retries the settlement until Redis answers.
+            # Still held: Dramatiq retries the settlement until Redis answers; in the drain,
+            # it is left held for recovery (the drain ends in its window).
             with self._slots:
                 self.held.add(redis_id)
             self._fill(refill, [])
             setattr(message, _SETTLE_TRIED, True)
+            if not self.broker.fetching:
+                logger.warning(
+                    "drain: could not settle a delivery, Redis does not answer; it stays held "
+                    "and is recovered after WORKER_HEARTBEAT_TIMEOUT_MS (it may run again)",
+                    extra={
+                        "event": "settle_left_for_recovery",
+                        "queue": layout.canonical(self.queue_name),
+                        "job_id": message.message_id,
+                        "error": f"{type(error).__name__}: {error}",
+                    },
+                )
+                return
             raise ConnectionClosed(error) from None
         except BaseException:
             self._fill(refill, [])
@@ -525,6 +538,11 @@ class SettleLanes:
         for connection in made:
             connection.disconnect()
 
+    def connections(self) -> list[Any]:
+        """Every thread's lane (a connection of the client's pool, not in it)."""
+        with self._made_lock:
+            return list(self._made)
+
 
 class SettlingRedisBroker(RedisBroker, SettlingBroker):
     """A :class:`~dramatiq.brokers.redis.RedisBroker` whose consumers settle deliveries
@@ -557,6 +575,7 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
         #: The gaps of this process's heartbeats: whether a fetched message is surely held.
         self.holds = HoldWatch(self.heartbeat_timeout)
         self.fetch_script = self.client.register_script(layout.FETCH)
+        self.enqueue_script = self.client.register_script(layout.ENQUEUE)
         self.settle_script = self.client.register_script(layout.SETTLE)
         self.due_script = self.client.register_script(layout.MOVE_DUE)
         self.members_script = self.client.register_script(layout.MEMBERS)
@@ -651,7 +670,9 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
 
     def enqueue(self, message: Message[Any], *, delay: int | None = None) -> Message[Any]:
         """Dramatiq's enqueue; a Redis that refuses it for being full raises
-        :class:`.brokerstate.BrokerFull`, one line naming the actor and the fix."""
+        :class:`.brokerstate.BrokerFull`, one line naming the actor and the fix; one that
+        does not answer, :class:`.brokerstate.EnqueueUncertain` (it may have been enqueued:
+        a resend of the same message stores it at most once)."""
         try:
             sent = self._enqueue(message, delay)
         except redis.ResponseError as error:
@@ -659,16 +680,20 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
                 what = f"message for actor {message.actor_name!r}"
                 raise brokerstate.full_error(what, error) from None
             raise
+        except (redis.ConnectionError, redis.TimeoutError) as error:
+            raise brokerstate.uncertain_error(message, error) from None
         return sent
 
     def _enqueue(self, message: Message[Any], delay: int | None) -> Message[Any]:
         """Dramatiq 2's ``RedisBroker.enqueue``, on Redis's clock (:meth:`redis_millis`): the
         ``eta`` of a delayed message, and the ``message_timestamp`` of a new one (not yet
         enqueued: no redis id; one moved from the delay queue keeps its own), from which
-        the backlog's age is counted."""
+        the backlog's age is counted. A new one is stored once per message id
+        (:data:`.layout.ENQUEUE`): a resend after an uncertain send stores nothing."""
+        new = layout.REDIS_MESSAGE_ID not in message.options
         message = self.prepare_enqueue(message, delay)
-        self._store(message)
-        self.emit_after("enqueue", message, delay)
+        if self._store(message, once=new):
+            self.emit_after("enqueue", message, delay)
         return message
 
     def prepare_enqueue(self, message: Message[Any], delay: int | None = None) -> Message[Any]:
@@ -762,27 +787,20 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
             *args,
         ]
 
-    def _store(self, message: Message[Any]) -> None:
-        """Store ``message`` (prepared by :meth:`prepare_enqueue`) with Dramatiq's dispatch
-        script, and in the same round trip note its place in the message index
-        (:func:`.layout.message_index_key`) and wake the idle consumers of its queue (not
-        the sandbox's: its Redis user may not use pub/sub, its consumers poll). Only the
-        dispatch's failure raises: the index and the wake-up are for ``cancel`` and speed."""
-        queue_name, redis_id = message.queue_name, message.options[layout.REDIS_MESSAGE_ID]
-        namespace = layout.namespace_of(queue_name)
-        arguments = self._dispatch_arguments("enqueue", queue_name, (redis_id, message.encode()))
-        pipe = self.client.pipeline(transaction=False)
-        self.scripts["dispatch"](args=arguments, keys=[namespace], client=pipe)
-        pipe.hset(
-            layout.message_index_key(namespace),
+    def _store(self, message: Message[Any], once: bool = False) -> bool:
+        """Store ``message`` (prepared by :meth:`prepare_enqueue`), note its place in the
+        message index (:func:`.layout.message_index_key`) and wake the idle consumers of its
+        queue (not the sandbox's: its Redis user may not use pub/sub, its consumers poll), in
+        one step (:data:`.layout.ENQUEUE`); ``once``: only when its message id was not sent
+        in the last :data:`.layout.SENT_TTL_MS`. True when stored."""
+        return layout.enqueue_message(
+            self.enqueue_script,
+            message.queue_name,
+            message.options[layout.REDIS_MESSAGE_ID],
+            message.encode(),
             message.message_id,
-            layout.message_place(queue_name, redis_id),
+            once,
         )
-        if namespace == layout.NAMESPACE:
-            pipe.publish(layout.WAKE_CHANNEL, queue_name)
-        enqueued = pipe.execute(raise_on_error=False)[0]
-        if isinstance(enqueued, Exception):
-            raise enqueued
 
     def wake(self, queue: str) -> None:
         """A message was enqueued on ``queue`` (named on a wake channel): wake its consumer."""
@@ -848,6 +866,11 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
             return  # the sandbox's queue: its Redis user may not publish
         with contextlib.suppress(redis.RedisError):
             self.client.publish(layout.WAKE_CHANNEL, queue)
+
+    def bound_timeouts(self, seconds: float) -> None:
+        """No Redis call of this broker (its client's, its lanes') waits longer than
+        ``seconds`` from now on (:func:`.redisclient.bound_timeouts`): the drain's bound."""
+        redisclient.bound_timeouts(self.client, seconds, self.lanes.connections())
 
     def close(self) -> None:
         """Stop listening for wake-ups; disconnect the settlement lanes (:class:`SettleLanes`); a

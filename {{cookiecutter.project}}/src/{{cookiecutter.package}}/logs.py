@@ -318,6 +318,26 @@ def _fileno(stream: IO[str]) -> int | None:
         return None
 
 
+def own_standard_streams() -> None:
+    """Give ``sys.stdout`` and ``sys.stderr`` descriptors of this process's own (duplicates
+    of 1 and 2, not inherited by children), before :func:`configure`: a handler (or a
+    library) that closes descriptor 1 or 2 then changes nothing of where the worker's log
+    lines and prints go, and a file opened later on 1 or 2 (a Redis connection, a metrics
+    file) never receives one. A stream without a descriptor (a test's capture) is kept."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        fd = _fileno(stream)
+        if fd is None or fd > 2:
+            continue
+        try:
+            own = os.fdopen(
+                os.dup(fd), "w", buffering=1, encoding=stream.encoding, errors=stream.errors
+            )
+        except OSError:
+            continue
+        setattr(sys, name, own)
+
+
 def configure(service: str, level: str = "INFO", log_format: str = "json") -> None:
     """Send every log record to stderr, each line written before the logging call returns
     (a process killed the next moment keeps it).

@@ -21,10 +21,27 @@ Cancel a queued or running job with :func:`cancel`::
     message = enqueue("build_report", "r-1", 10_000_000)
     cancel(message.message_id)    # True: it was queued or running; it will not finish
 
-A bad ``REDIS_URL`` refuses with one line (exit 78); an unreachable Redis raises
-``redis.ConnectionError`` from ``enqueue``/``send``, a full one (``maxmemory`` reached)
-:class:`.brokerstate.BrokerFull` (a ``redis.ResponseError``, one line naming the actor),
-for the caller to handle.
+A bad ``REDIS_URL`` refuses with one line (exit 78); a full Redis (``maxmemory`` reached)
+raises :class:`.brokerstate.BrokerFull` (a ``redis.ResponseError``, one line naming the
+actor), for the caller to handle.
+
+A Redis that does not answer (down, a lost connection, a timeout) raises
+:class:`.brokerstate.EnqueueUncertain` from ``enqueue``/``send`` (a ``redis.ConnectionError``
+and a ``redis.TimeoutError``): **the message may have been enqueued** (the command may have
+reached Redis, or reach it when the network heals). Retry by resending the same message id
+within :data:`.layout.SENT_TTL_MS` (10 minutes): at most one copy is enqueued, so a retry
+never runs the job twice::
+
+    from {{ cookiecutter.package }}.brokerstate import EnqueueUncertain
+
+    try:
+        enqueue("send_notification", 7, "welcome", "n-1", message_id="welcome-7")
+    except EnqueueUncertain:
+        ...  # later, or at once: the same call again (the same message_id)
+
+``message_id`` is any unique string of yours (an order id, a request id); without it each
+call is a new message. With an actor's ``send``, resend the message the error carries:
+``broker.enqueue(error.message)``.
 """
 
 from __future__ import annotations
@@ -40,7 +57,11 @@ __all__ = ["actors", "broker", "cancel", "enqueue"]
 
 
 def enqueue(
-    actor_name: str, *args: Any, delay_ms: int | None = None, **kwargs: Any
+    actor_name: str,
+    *args: Any,
+    delay_ms: int | None = None,
+    message_id: str | None = None,
+    **kwargs: Any,
 ) -> Message[Any]:
     """Send a message to the actor ``actor_name`` (on its queue); return the message sent.
 
@@ -48,13 +69,20 @@ def enqueue(
       actor_name: an actor of this service, e.g. ``"send_notification"``.
       args, kwargs: the actor's arguments (JSON-serialisable).
       delay_ms: run it no earlier than this many milliseconds from now (default: at once).
+      message_id: the message's id (default: a new uuid): a second send of the same id
+        within :data:`.layout.SENT_TTL_MS` enqueues nothing, so a retry after
+        :class:`.brokerstate.EnqueueUncertain` is safe.
 
     Raises:
       dramatiq.errors.ActorNotFound: no actor has that name.
+      .brokerstate.EnqueueUncertain: Redis did not answer; the message may have been enqueued.
     """
     actor = broker.get_actor(actor_name)
-    message: Message[Any] = actor.send_with_options(args=args, kwargs=kwargs, delay=delay_ms)
-    return message
+    message: Message[Any] = actor.message_with_options(args=args, kwargs=kwargs)
+    if message_id is not None:
+        message = message.copy(message_id=message_id)
+    sent: Message[Any] = broker.enqueue(message, delay=delay_ms)
+    return sent
 
 
 def cancel(message_id: str) -> bool:

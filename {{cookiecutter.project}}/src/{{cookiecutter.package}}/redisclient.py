@@ -28,6 +28,8 @@ Readiness says when the node is a replica (:func:`role_problem`).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -219,6 +221,31 @@ def connect(
         **options,
     )
     return client
+
+
+def bound_timeouts(client: redis.Redis, seconds: float, more: Iterable[Any] = ()) -> None:
+    """From now on no command of ``client`` (nor of the connections ``more``, made by its
+    pool) waits longer than ``seconds`` for Redis, to connect or for a reply: the drain's
+    bound on a Redis that stopped answering (a blackholed path answers nothing, and each
+    call would wait the whole ``socket_timeout``). A call already waiting keeps its own.
+
+    redis-py sets a connection's timeouts when it is made: the pool's arguments are changed
+    for the connections it makes next, and each connection it made (and ``more``) is changed
+    in place, its socket's timeout too."""
+    pool = client.connection_pool
+    for option in ("socket_timeout", "socket_connect_timeout"):
+        current = pool.connection_kwargs.get(option)
+        pool.connection_kwargs[option] = seconds if current is None else min(current, seconds)
+    made = [*getattr(pool, "_available_connections", ()), *getattr(pool, "_in_use_connections", ())]
+    for connection in [*made, *more]:
+        connection.socket_timeout = min(connection.socket_timeout or seconds, seconds)
+        connection.socket_connect_timeout = min(
+            connection.socket_connect_timeout or seconds, seconds
+        )
+        sock = getattr(connection, "_sock", None)
+        if sock is not None:  # closed meanwhile: it reconnects with the new timeouts
+            with contextlib.suppress(OSError):
+                sock.settimeout(connection.socket_timeout)
 
 
 def role_problem(client: redis.Redis) -> str | None:

@@ -10,7 +10,11 @@ signal, at least a second after the first, closes the drain window at once.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import logging
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -38,6 +42,11 @@ INTERRUPT_GRACE_S = 2.0
 #: How long the consumers get to stop fetching (one fetch of ``FETCH_TIMEOUT_MS`` at most,
 #: plus the hand-back of their prefetch caches) before the drain goes on without them.
 CONSUMER_STOP_S = 2.0
+#: The longest any Redis call of the drain waits (to connect or for a reply): a Redis that
+#: stopped answering (a blackholed path) costs each drain step this much, not the client's
+#: whole socket timeout, so the drain ends in its window and what it could not settle stays
+#: held for recovery.
+DRAIN_REDIS_TIMEOUT_S = 2.0
 #: How long a drain step waits on one thread before it looks at the others and ticks.
 JOIN_POLL_S = 0.05
 #: Seconds between two ticks of the main loop on the progress board (liveness reads them).
@@ -83,6 +92,31 @@ def _unless_redis_down(step: Callable[[], int], what: str) -> int:
             extra={"error": f"{type(error).__name__}: {error}"},
         )
     return moved
+
+
+def exit_past_threads_left_behind(code: int) -> None:
+    """Exit now with ``code`` when a handler left a non-daemon thread running: the drain is
+    over, and the interpreter's exit would wait for that thread (until the supervisor kills
+    the process at the end of its window). Says which threads were left, runs the exit
+    handlers (``atexit``: logging's flush, the tracer's export), flushes stdio, ``_exit``.
+    Returns (the exit goes the usual way) when no such thread runs."""
+    left = [
+        thread
+        for thread in threading.enumerate()
+        if thread is not threading.main_thread() and not thread.daemon and thread.is_alive()
+    ]
+    if not left:
+        return
+    logger.warning(
+        "exiting past %d non-daemon thread(s) a handler left running (the drain is over)",
+        len(left),
+        extra={"event": "threads_left_behind", "threads": [thread.name for thread in left]},
+    )
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 class WorkerProcess:
@@ -139,7 +173,9 @@ class WorkerProcess:
         worker.start()
         while not self.signals.wait(TICK_INTERVAL_S):
             board.tick()
-        return self.drain(worker, board)
+        code = self.drain(worker, board)
+        exit_past_threads_left_behind(code)
+        return code
 
     def drain(self, worker: dramatiq.Worker, board: ProgressBoard) -> int:
         """Stop fetching, finish or requeue every message this process holds, clean up."""
@@ -149,6 +185,7 @@ class WorkerProcess:
         finished_before = shutdown.finished
         self.lifecycle.request_shutdown()
         broker.stop_fetching()
+        broker.bound_timeouts(DRAIN_REDIS_TIMEOUT_S)
         broker.emit_before("worker_shutdown", worker)
         logger.info("draining", extra={"in_flight": shutdown.in_flight})
         for consumer in worker.consumers.values():

@@ -1,6 +1,6 @@
-"""The job API's scripts (ours; issue #26): a group's completion counted once per member and
-its callbacks enqueued with it, cancellations recorded, announced and read, a message found
-by its id."""
+"""The job API's scripts (ours; issue #26): a message enqueued (once per message id, for a
+producer's resend), a group's completion counted once per member and its callbacks enqueued
+with it, cancellations recorded, announced and read, a message found by its id."""
 
 from __future__ import annotations
 
@@ -19,13 +19,61 @@ from .keys import (
     cancelled_key,
     group_keys,
     message_index_key,
+    message_place,
     namespace_of,
     queue_key,
+    sent_key,
 )
 from .schema import text
 
 if TYPE_CHECKING:
     import redis
+
+#: How long a producer's send of a message id is remembered (10 minutes): a resend of the
+#: same message id meanwhile (after a send that raised, the message may have been stored)
+#: stores nothing. Costs one small key per message sent, for that long.
+SENT_TTL_MS: Final = 600_000
+
+#: Store a new message: its body, its redis id on the queue, its place in the message index
+#: (:func:`message_index_key`) and a wake-up of its queue's consumers, in one step; when
+#: ``once`` (a producer's send), only when no message of the same message id was sent in the
+#: last :data:`SENT_TTL_MS` (:func:`sent_key`, written first: a resend whose first send was
+#: stored, or is stored later, stores nothing).
+#: KEYS: the bodies hash, the queue, the message index, the sent marker.
+#: ARGV: redis id, body, message id, place, the marker's TTL ms ('': not once), wake channel,
+#: queue to wake ('': none).
+#: Returns 1 when stored, 0 when the message id was sent already.
+ENQUEUE: Final = (
+    INDEX
+    + """
+if ARGV[5] ~= '' and not redis.call('set', KEYS[4], ARGV[1], 'NX', 'PX', ARGV[5]) then
+  return 0
+end
+redis.call('hset', KEYS[1], ARGV[1], ARGV[2])
+redis.call('rpush', KEYS[2], ARGV[1])
+keep_place(KEYS[3], ARGV[3], ARGV[4])
+if ARGV[7] ~= '' then redis.call('publish', ARGV[6], ARGV[7]) end
+return 1
+"""
+)
+
+
+def enqueue_message(
+    script: Any, queue: str, redis_id: str, body: bytes, message_id: str, once: bool
+) -> bool:
+    """:data:`ENQUEUE` (``script``: it registered on a client, :meth:`redis.Redis.
+    register_script`) the message ``redis_id`` with ``body`` on ``queue``; ``once``: a
+    producer's send, stored only when ``message_id`` was not sent in the last
+    :data:`SENT_TTL_MS`. True when stored."""
+    namespace = namespace_of(queue)
+    keys = [bodies_key(queue), queue_key(queue), message_index_key(namespace)]
+    keys += [sent_key(message_id, namespace)]
+    wake = queue if namespace == NAMESPACE else ""  # the sandbox's consumers poll
+    ttl = SENT_TTL_MS if once else ""
+    place = message_place(queue, redis_id)
+    args = [redis_id, body, message_id, place, ttl, WAKE_CHANNEL, wake]
+    return bool(script(keys=keys, args=args))
+
 
 #: Count a group member as completed, once per member, and when it is the last one enqueue
 #: the group's callbacks, in the same script: a member delivered twice (a crash before its

@@ -257,6 +257,13 @@ def message_index_key(namespace: str = NAMESPACE) -> str:
     return f"{namespace}:__where__"
 
 
+def sent_key(message_id: str, namespace: str = NAMESPACE) -> str:
+    """The marker of a producer's send of ``message_id`` in ``namespace`` (its value the
+    redis id of the copy stored), kept :data:`.jobs.SENT_TTL_MS`: a resend of the same
+    message id meanwhile stores nothing (:data:`.jobs.ENQUEUE`)."""
+    return f"{namespace}:__sent__:{message_id}"
+
+
 def message_place(queue: str, redis_id: str) -> str:
     """The value :func:`message_index_key` holds for the copy ``redis_id`` on ``queue`` (the
     scripts that keep the index, SETTLE and GROUP_MEMBER_DONE, join the same two parts)."""
