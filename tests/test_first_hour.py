@@ -337,6 +337,37 @@ def test_redis_not_running_is_one_line_naming_redis_url_then_quiet(
             server.stop()
 
 
+@pytest.mark.slow
+def test_redis_lost_while_running_is_one_line_per_process_then_quiet(
+        lc_project: Path, tmp_path: Path) -> None:
+    """Redis stopped under a running worker (2 processes) for 10 s: each process says it
+    once (no CRITICAL line from Dramatiq's consumers, no warning per recovery pass), then
+    once that Redis answers again, and runs a job."""
+    (tmp_path / "redis").mkdir()
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    worker = Worker(lc_project, server.url, tmp_path / "w", WORKER_PROCESSES="2").start()
+    jobs = Jobs(server.url)
+    try:
+        wait_for(lambda: jobs.client.zcard("dramatiq:__heartbeats__") >= 2, 30, "2 processes")
+        before = len(worker.records())
+        server.stop()
+        wait_for(lambda: len(worker.records("redis_unreachable")) == 2, 30, "both processes")
+        time.sleep(10)  # Dramatiq's consumers logged 2 lines each per 3 s before
+        during = worker.records()[before:]
+        assert [r["event"] for r in during if r["level"] != "info"] == [
+            "redis_unreachable", "redis_unreachable"], worker.log()[-3000:]
+        server.start()
+        wait_for(lambda: len(worker.records("redis_reachable")) == 2, 30, "Redis answering")
+        jobs.enqueue("lc_quick", "after")
+        wait_for(lambda: jobs.dones("after"), 30, "a job after the outage")
+        assert worker.stop(timeout=60) == 0, worker.log()[-3000:]
+    finally:
+        worker.kill()
+        jobs.client.close()
+        server.stop()
+
+
 def test_sigterm_while_waiting_for_redis_exits_0(lc_project: Path, tmp_path: Path) -> None:
     worker = Worker(lc_project, f"redis://127.0.0.1:{free_port()}/0", tmp_path / "w").start()
     try:
