@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from {{ cookiecutter.package }}.pools import load_pools
+from worker_runtime.pools import load_pools
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = "{{ cookiecutter.project }}"

@@ -13,8 +13,8 @@ from typing import Any
 import redis
 from pydantic import SecretStr
 
-from {{ cookiecutter.package }}.pools import derived_defaults, pool_env_fields
-from {{ cookiecutter.package }}.settings import Settings
+from worker_runtime.pools import derived_defaults, pool_env_fields
+from worker_runtime.settings import Settings
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 #: The whole text of the commands whose --help shows only their summary and usage.
@@ -22,7 +22,7 @@ COMMANDS_DOC = README.parent / "docs" / "commands.md"
 #: Command -> the module whose docstring is its whole text.
 COMMAND_MODULES = {
     "dlq": "{{ cookiecutter.package }}.dlq",
-    "capacity": "{{ cookiecutter.package }}_bench.capacity",
+    "capacity": "{{ cookiecutter.package }}._bench.capacity",
     "status": "{{ cookiecutter.package }}.status",
     "console": "{{ cookiecutter.package }}.console",
 }

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from {{ cookiecutter.package }}.pools import load_pools
-from {{ cookiecutter.package }}.settings import DATABASE_ENABLED
+from worker_runtime.pools import load_pools
+from worker_runtime.settings import DATABASE_ENABLED
 
 promql = pytest.importorskip("promql_parser", reason="dev dependency promql-parser")
 

@@ -1,0 +1,205 @@
+"""Recovery: a heartbeat and a periodic pass that recovers the messages of dead workers
+and the orphans of this one."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Any, cast
+
+import redis
+from dramatiq import Broker, Middleware
+from dramatiq.broker import MessageProxy
+from dramatiq.middleware.threading import raise_thread_exception
+from dramatiq.worker import Worker
+
+from .. import accounting as recovery
+from ..holds import HoldWatch
+from ..layout import REDIS_MESSAGE_ID
+from ..lifecycle import Lost
+from ..outage import Outage, unreachable
+from ..settlement import SettlingBroker
+
+logger = logging.getLogger(__name__)
+
+
+class Recovery(Middleware):
+    """Runs :func:`~..recovery.recover_dead_workers` every ``interval_s`` in each worker.
+
+    The same thread keeps this worker's heartbeat fresh, so its messages are not
+    taken from it while a long job runs or while it drains with fetching stopped, and
+    requeues what this worker holds in Redis but lost in memory (a call whose reply was
+    lost: :meth:`.SettlingConsumer.reclaim_orphans`).
+
+    Parameters:
+      queues: the queues this worker serves (it recovers only those).
+      heartbeat_timeout_ms: ``WORKER_HEARTBEAT_TIMEOUT_MS``; a worker silent that long is dead.
+      max_attempts: ``WORKER_MAX_ATTEMPTS``.
+      dead_message_ttl_ms: how long dead letters are kept (default 14 days; the worker
+        passes ``DLQ_RETENTION_DAYS``).
+      interval_s: seconds between passes (default: a fifth of the heartbeat timeout, at most 5).
+      pool: ``WORKER_POOL``, and ``concurrency``: ``WORKER_CONCURRENCY``, for the process
+        record (default: none given).
+
+    With each heartbeat the process publishes its record (:func:`.layout.process_key`):
+    its pool, host, pid, concurrency, and each job it runs now (queue, ids, actor, and its
+    start by Redis's clock), kept one heartbeat timeout; ``status`` and the console read
+    it, from Redis alone. The running jobs are tracked here, in memory, per handler thread.
+
+    Dead letters are kept for days: a pass drops the expired ones at most every
+    :data:`EXPIRE_EVERY_S` (an idle worker's Redis calls grow with its queues otherwise).
+
+    Each heartbeat is timed for the broker's :class:`..holds.HoldWatch`. After a gap (the
+    process was stopped or frozen for half the heartbeat timeout), a pass asks Redis
+    whether the jobs running here are still held, and stops each one that is not with
+    :class:`..lifecycle.Lost` (another worker recovered it; it runs there).
+    """
+
+    #: Seconds between two passes that drop expired dead letters (the first pass does).
+    EXPIRE_EVERY_S = 60.0
+
+    def __init__(
+        self,
+        queues: list[str],
+        heartbeat_timeout_ms: int,
+        max_attempts: int,
+        dead_message_ttl_ms: int = 14 * 86_400_000,
+        interval_s: float | None = None,
+        pool: str = "",
+        concurrency: int = 0,
+    ) -> None:
+        self.queues = queues
+        self.pool = pool
+        self.concurrency = concurrency
+        #: The jobs running now: handler thread id -> what the record says of the job.
+        self.running: dict[int, dict[str, Any]] = {}
+        self._started_ms = 0
+        self.heartbeat_timeout_ms = heartbeat_timeout_ms
+        self.max_attempts = max_attempts
+        self.dead_message_ttl_ms = dead_message_ttl_ms
+        self.interval_s = interval_s or min(5.0, heartbeat_timeout_ms / 5000)
+        self._stopped = threading.Event()
+        self._expired_at: float | None = None
+        #: The :attr:`..holds.HoldWatch.epoch` the last pass saw.
+        self._epoch = 0
+        #: The thread of the passes, once the worker has booted.
+        self.thread: threading.Thread | None = None
+
+    def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
+        self.running[threading.get_ident()] = {
+            "queue": message.queue_name,
+            "redis_id": message.options.get(REDIS_MESSAGE_ID, ""),
+            "message_id": message.message_id,
+            "actor": message.actor_name,
+            "started_ms": self._redis_ms(broker),
+        }
+
+    def after_process_message(
+        self,
+        broker: Broker,
+        message: MessageProxy,
+        *,
+        result: Any = None,
+        exception: BaseException | None = None,
+    ) -> None:
+        self.running.pop(threading.get_ident(), None)
+
+    after_skip_message = after_process_message
+
+    @staticmethod
+    def _redis_ms(broker: Broker) -> int:
+        """Now by Redis's clock, as of the last heartbeat (this host's clock corrected)."""
+        return int(time.time() * 1000) + int(getattr(broker, "clock_offset_ms", 0))
+
+    def record(self, broker: Broker) -> bytes:
+        """The process record the heartbeat publishes (JSON)."""
+        return json.dumps(
+            {
+                "pool": self.pool,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "queues": self.queues,
+                "concurrency": self.concurrency,
+                "started_ms": self._started_ms,
+                "jobs": list(self.running.values()),
+            }
+        ).encode()
+
+    def after_worker_boot(self, broker: Broker, worker: Worker) -> None:
+        self._started_ms = self._redis_ms(broker)
+        self.thread = threading.Thread(
+            target=self._loop, args=(broker,), name="recovery", daemon=True
+        )
+        self.thread.start()
+
+    def after_worker_shutdown(self, broker: Broker, worker: Worker) -> None:
+        self._stopped.set()
+
+    def run_once(self, broker: Broker) -> None:
+        client: redis.Redis = broker.client  # type: ignore[attr-defined]
+        sent = time.monotonic()
+        beats = recovery.heartbeat(
+            client,
+            broker.broker_id,  # type: ignore[attr-defined]
+            self.queues,
+            self.record(broker),
+            self.heartbeat_timeout_ms,
+        )
+        holds: HoldWatch | None = getattr(broker, "holds", None)
+        if holds is not None:
+            holds.beat(sent, time.monotonic())
+        settling = cast(SettlingBroker, broker)
+        settling.keep_time(min(now for now, _ in beats.values()))
+        if holds is not None and holds.epoch != self._epoch:
+            self._epoch = holds.epoch
+            self.stop_lost(settling)
+        settling.observe_epochs({namespace: epoch for namespace, (_, epoch) in beats.items()})
+        recovery.recover_dead_workers(
+            client, self.queues, self.heartbeat_timeout_ms, self.max_attempts
+        )
+        now = time.monotonic()
+        if self._expired_at is None or now - self._expired_at >= self.EXPIRE_EVERY_S:
+            recovery.expire_dead_letters(client, self.queues, self.dead_message_ttl_ms)
+            self._expired_at = now
+        settling.reclaim_orphans(now)
+
+    def stop_lost(self, broker: SettlingBroker) -> int:
+        """Stop each job running here whose message this worker no longer holds (raise
+        :class:`..lifecycle.Lost` in its thread); return how many."""
+        running = list(self.running.items())
+        held = broker.still_holds([(job["queue"], job["redis_id"]) for _, job in running])
+        lost = [
+            (thread_id, job)
+            for (thread_id, job), kept in zip(running, held, strict=True)
+            if not kept and self.running.get(thread_id) is job  # still that job
+        ]
+        for thread_id, _ in lost:
+            raise_thread_exception(thread_id, Lost)
+        if lost:
+            logger.warning(
+                "stopped jobs this worker no longer holds: it was stopped or frozen past "
+                "WORKER_HEARTBEAT_TIMEOUT_MS and another worker recovered them",
+                extra={"job_ids": [job["message_id"] for _, job in lost]},
+            )
+        return len(lost)
+
+    def _loop(self, broker: Broker) -> None:
+        outage: Outage | None = getattr(broker, "outage", None)  # says Redis unreachable
+        while not self._stopped.is_set():
+            try:
+                self.run_once(broker)
+            except redis.RedisError as error:
+                if outage is not None and unreachable(error):
+                    outage.failed(error)  # once, then a line a minute
+                else:
+                    logger.warning("recovery pass failed: %s", error)
+            except Exception:  # a background thread never dies: one JSON line, then go on
+                logger.exception("recovery pass failed unexpectedly")
+            else:
+                if outage is not None:
+                    outage.answered()
+            self._stopped.wait(self.interval_s)
