@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: requirements-dev.txt infra/pyproject.toml
+$(VENV)/.installed: requirements-dev.txt runtime/pyproject.toml infra/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -r requirements-dev.txt
@@ -46,12 +46,15 @@ e2e: venv e2e-build
 e2e-full: venv e2e-build
 	$(BIN)/python -m pytest tests/test_e2e_node.py -m e2e -p no:xdist -p no:cacheprovider -s -v
 
-# worker_infra's import contracts (infra/pyproject.toml) and ruff, on it and on the
-# benchmarks (bench/ruff.toml): tests/test_lint.py runs the same. Each bake's own
-# `make lint` (its contracts in its pyproject.toml) runs in tests/test_template.py.
+# ruff on worker_runtime (runtime/pyproject.toml), worker_infra (infra/pyproject.toml) and
+# the benchmarks (bench/ruff.toml); mypy --strict on worker_runtime and its tests; the import
+# contracts of both libraries: tests/test_lint.py runs the same. Each bake's own `make lint`
+# (its contracts in its pyproject.toml) runs in tests/test_template.py.
 lint: venv
-	$(BIN)/python -m ruff check infra/worker_infra bench
-	$(BIN)/python -m ruff format --check infra/worker_infra bench
+	$(BIN)/python -m ruff check runtime infra/worker_infra bench
+	$(BIN)/python -m ruff format --check runtime infra/worker_infra bench
+	cd runtime && $(abspath $(BIN))/python -m mypy
+	cd runtime && $(abspath $(BIN))/lint-imports --no-cache
 	cd infra && $(abspath $(BIN))/lint-imports --no-cache
 
 # Each benchmark writes bench/results/<script>-<UTC>.json; the report prints one table

@@ -173,10 +173,9 @@ def rss_mb(pid: int, field: str = "Rss") -> float:
 
 
 def baked_layout(project: Path) -> Any:
-    """The baked project's ``layout`` package (it imports neither redis-py nor Dramatiq): the
-    owner of the keys, channels and scripts the benchmarks use."""
-    sys.path.insert(0, str(project / "src"))
-    return importlib.import_module(f"{_workers.PACKAGE}.layout")
+    """The ``layout`` package the baked project runs (worker_runtime's: it imports neither
+    redis-py nor Dramatiq): the owner of the keys, channels and scripts the benchmarks use."""
+    return importlib.import_module("worker_runtime.layout")
 
 
 class Bench:

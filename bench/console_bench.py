@@ -147,7 +147,8 @@ def measure(project: Path, env: dict[str, str], *args: str) -> dict[str, Any]:
 IN_PROCESS = """
 import json, sys, time
 import redis
-from {package}.status import read_status, pools_queues
+import {package}
+from worker_runtime.status import read_status, pools_queues
 client = redis.Redis.from_url(sys.argv[1])
 queues = pools_queues()
 times = []

@@ -122,8 +122,9 @@ def bench_scrape(project: Path, redis_url: str, work: Path, big: int) -> dict[st
     port = env["METRICS_PORT"]
     env["PROMETHEUS_MULTIPROC_DIR"] = str(state / "metrics")
     code = (
-        f"import time; from {PACKAGE} import exporter; from {PACKAGE}.settings import "
-        "load_settings; exporter.start_exporter(load_settings()); time.sleep(3600)"
+        f"import time; import {PACKAGE}; from worker_runtime import exporter; "
+        "from worker_runtime.settings import load_settings; "
+        "exporter.start_exporter(load_settings()); time.sleep(3600)"
     )
     exporter = subprocess.Popen(
         [sys.executable, "-c", code], cwd=project, env=env, stderr=subprocess.DEVNULL

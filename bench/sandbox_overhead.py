@@ -56,13 +56,11 @@ def bake(into: Path) -> Path:
 
 
 def load_sandbox(project: Path) -> ModuleType:
-    """Import ``<package>.sandbox`` from a baked project's ``src``."""
-    src = project / "src"
-    packages = [p.parent.name for p in src.glob("*/sandbox.py")]
-    if not packages:
+    """The sandbox the baked project runs: ``worker_runtime.sandbox`` (the bake must have the
+    sandbox pool: its ``src/<package>/sandbox.py``)."""
+    if not list((project / "src").glob("*/sandbox.py")):
         raise SystemExit(f"no src/<package>/sandbox.py under {project}")
-    sys.path.insert(0, str(src))
-    return importlib.import_module(f"{packages[0]}.sandbox")
+    return importlib.import_module("worker_runtime.sandbox")
 
 
 def measure(sandbox: ModuleType, runs: int) -> dict[str, Any]:
@@ -91,9 +89,7 @@ def measure(sandbox: ModuleType, runs: int) -> dict[str, Any]:
     plain_ms = statistics.median(plain)
     bare_ms = statistics.median(bare)
     sandbox_ms = statistics.median(sandboxed)
-    build_filter = importlib.import_module(
-        sandbox.__name__.rsplit(".", 1)[0] + "._sandbox_seccomp"
-    ).build_filter
+    build_filter = importlib.import_module(sandbox.__name__ + "._seccomp").build_filter
     builds = []
     for _ in range(runs):
         started = time.perf_counter()

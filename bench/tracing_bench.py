@@ -60,7 +60,7 @@ from dramatiq.broker import MessageProxy
 from dramatiq.brokers.stub import StubBroker
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
-from {package}.middleware.tracing import Tracing
+from worker_runtime.middleware.tracing import Tracing
 
 
 class Drop(SpanExporter):
@@ -127,8 +127,17 @@ class Bench:
         shutil.copytree(baked, absent)
         broker_py = absent / "src" / PACKAGE / "broker.py"
         text = broker_py.read_text()
-        assert "        Tracing(),\n" in text, "the bench expects Tracing() in the stack"
-        broker_py.write_text(text.replace("        Tracing(),\n", ""))
+        stack = "    return default_stack(settings, client)\n"
+        assert stack in text, "the bench expects the runtime's stack in the bake's broker.py"
+        broker_py.write_text(
+            text.replace(
+                stack,
+                (
+                    "    from worker_runtime.middleware import Tracing\n\n"
+                    "    return [m for m in default_stack(settings, client) if not isinstance(m, Tracing)]\n"
+                ),
+            )
+        )
         self.projects = {"absent": absent, "off": baked, "on": baked}
         self.root = root
         self.sink = Sink()

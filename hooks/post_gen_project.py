@@ -27,17 +27,14 @@ def remove(*paths: Path) -> None:
 
 
 def remove_db_files() -> None:
-    remove(PACKAGE / "db.py", PACKAGE / "middleware" / "database.py", PROJECT / "tests" / "test_db.py")
+    """The database option's own file: the handlers' door to the runtime's pool (the runtime's
+    ``postgres`` extra is chosen in pyproject.toml)."""
+    remove(PACKAGE / "db.py", PROJECT / "tests" / "test_db.py")
 
 
 def remove_sandbox_files() -> None:
-    remove(
-        PACKAGE / "sandbox.py",
-        PACKAGE / "_sandbox_child.py",
-        PACKAGE / "_sandbox_seccomp.py",
-        PACKAGE / "actors" / "sandbox.py",
-        PROJECT / "tests" / "test_sandbox.py",
-    )
+    """The sandbox pool's actor and the handlers' door to the runtime's sandbox."""
+    remove(PACKAGE / "sandbox.py", PACKAGE / "actors" / "sandbox.py")
 
 
 def main() -> None:

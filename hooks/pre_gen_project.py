@@ -57,7 +57,7 @@ DEPENDENCY_DISTRIBUTIONS = frozenset({
     "pyseccomp", "pytest", "pytest-timeout", "python-dateutil", "python-discovery",
     "python-dotenv", "pyyaml", "redis", "requests", "rich", "ruff", "sortedcontainers",
     "types-croniter", "types-pyyaml", "typing-extensions", "typing-inspection", "tzdata",
-    "urllib3", "uv", "virtualenv", "wrapt",
+    "urllib3", "uv", "virtualenv", "worker-runtime", "wrapt",
 })
 DEPENDENCY_MODULES = frozenset({
     "annotated_types", "ast_serialize", "certifi", "cfgv", "charset_normalizer", "click",
@@ -69,7 +69,8 @@ DEPENDENCY_MODULES = frozenset({
     "psycopg_pool", "py", "pydantic", "pydantic_core", "pydantic_settings", "pygments",
     "pyseccomp", "pytest", "pytest_timeout", "python_discovery", "redis", "requests",
     "rich", "ruff", "sortedcontainers", "src", "test", "tests", "typing_extensions",
-    "typing_inspection", "tzdata", "urllib3", "uv", "virtualenv", "wrapt", "yaml",
+    "typing_inspection", "tzdata", "urllib3", "uv", "virtualenv", "worker_runtime", "wrapt",
+    "yaml",
 })
 # END generated
 

@@ -1,12 +1,12 @@
 """Helpers for the template's tests: bake projects and run them in this venv.
 
 Every baked project runs from its ``src/`` through ``PYTHONPATH`` in this one venv
-(``sys.executable``), so no test pays for a pip install per bake.
+(``sys.executable``), on the worker runtime installed in it (``-e ./runtime``), so no test
+pays for a pip install per bake.
 """
 
 from __future__ import annotations
 
-import ast
 import importlib.util
 import os
 import shutil
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from cookiecutter.main import cookiecutter
+from worker_runtime import testing
 
 TEMPLATE = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -40,26 +41,9 @@ def load_module(name: str, path: Path) -> Any:
     return module
 
 
-def template_layout_keys() -> Any:
-    """The template's ``layout/keys.py``, the one owner of the Redis key names (no Jinja in
-    it, no import of its package), registered in ``sys.modules`` as ``_template_layout_keys``
-    (its dataclass needs its module)."""
-    name = "_template_layout_keys"
-    if name not in sys.modules:
-        path = TEMPLATE / "{{cookiecutter.project}}" / "src" / "{{cookiecutter.package}}"
-        spec = importlib.util.spec_from_file_location(name, path / "layout" / "keys.py")
-        assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-#: The baked projects' own conftest (no Jinja in it), loaded under another name.
-BAKED_FIXTURES = load_module(
-    "baked_conftest", TEMPLATE / "{{cookiecutter.project}}" / "tests" / "conftest.py")
-RedisServer = BAKED_FIXTURES.RedisServer
-free_port = BAKED_FIXTURES.free_port
+#: The runtime's pytest plugin (worker_runtime.testing) has the redis-server fixtures.
+RedisServer = testing.RedisServer
+free_port = testing.free_port
 
 
 def bake_project(output_dir: Path, **context: str) -> Path:
@@ -71,16 +55,6 @@ def bake_project(output_dir: Path, **context: str) -> Path:
 
 def package_of(project: Path) -> str:
     return project.name.replace("-", "_")
-
-
-def baked_constant(project: Path, module: str, name: str) -> Any:
-    """The literal assigned to ``name`` at the top of the baked ``module``, read without
-    importing it (the test process has no baked settings): the baked code stays the owner."""
-    source = (project / "src" / package_of(project) / f"{module}.py").read_text()
-    for node in ast.parse(source).body:
-        if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == [name]:
-            return ast.literal_eval(node.value)
-    raise LookupError(f"no {name} = <literal> in {module}.py")
 
 
 def add_actors(project: Path, **modules: str) -> Path:

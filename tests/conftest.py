@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from bakery import BAKED_FIXTURES, bake_project, require_postgres
+from bakery import bake_project, require_postgres
 
 
 @pytest.fixture(scope="session")
@@ -37,10 +37,8 @@ def database_url() -> str:
     return require_postgres()
 
 
-# A real redis-server per test session on a free port, emptied for each test: the very
-# fixtures of the baked projects' own tests.
-redis_server = BAKED_FIXTURES.redis_server
-redis_url = BAKED_FIXTURES.redis_url
+# A real redis-server per test session on a free port, emptied for each test: the fixtures of
+# the runtime's pytest plugin (worker_runtime.testing), loaded by its install.
 
 
 @pytest.fixture(scope="session")

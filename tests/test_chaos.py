@@ -55,7 +55,7 @@ import dramatiq
 import redis
 
 from .. import db
-from ..idempotency import once_in_transaction, once_with_lease
+from worker_runtime.idempotency import once_in_transaction, once_with_lease
 
 RUN = os.environ.get("CHAOS_RUN", "none")
 JOB_S = float(os.environ.get("CHAOS_JOB_S", "0.02"))

@@ -31,7 +31,6 @@ import pytest
 import redis
 from _lifecycle import NS, QUEUE, Jobs, Worker, get, wait_for
 from bakery import (
-    BAKED_FIXTURES,
     PYTHON,
     RedisServer,
     copy_project,
@@ -39,10 +38,11 @@ from bakery import (
     project_env,
     run_cli,
 )
+from worker_runtime import testing
 from test_malformed import counted
 
 pytestmark = pytest.mark.slow
-Sentinels = BAKED_FIXTURES.Sentinels
+Sentinels = testing.Sentinels
 
 FAILOVER_ACTORS = '''\
 """An actor that records its starts and ends in a Redis of its own (EFFECTS_URL)."""

@@ -269,10 +269,12 @@ def test_make_lock_pins_what_make_install_the_image_and_ci_install(tmp_path: Pat
     dependency pinned; `make install` then installs exactly those versions, and the
     Dockerfile and CI install from the lock files too."""
     project = bake_project(tmp_path, project="lock-worker")
-    done = make(project, "install", timeout=900)
+    # worker-runtime from this checkout (no index has it: #40's packaging makes it the default)
+    runtime = f"WORKER_TEMPLATE={TEMPLATE}"
+    done = make(project, "install", runtime, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "no requirements-dev.lock yet" in done.stdout and "make lock" in done.stdout
-    done = make(project, "lock", timeout=600)
+    done = make(project, "lock", runtime, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     pins = {}
     for name in ("requirements.lock", "requirements-dev.lock"):
@@ -282,7 +284,7 @@ def test_make_lock_pins_what_make_install_the_image_and_ci_install(tmp_path: Pat
         pins[name] = dict(line.split("==") for line in lines)
     assert "pytest" in pins["requirements-dev.lock"] and "pytest" not in pins["requirements.lock"]
     assert {"dramatiq", "redis", "pydantic", "psycopg"} <= set(pins["requirements.lock"])
-    done = make(project, "install", timeout=900)
+    done = make(project, "install", runtime, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "install: the versions of requirements-dev.lock" in done.stdout
     freeze = subprocess.run([str(project / ".venv" / "bin" / "python"), "-m", "pip", "freeze"],

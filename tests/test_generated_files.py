@@ -214,9 +214,10 @@ def heading_anchors(markdown: str) -> set[str]:
 def test_the_baked_docs_point_at_what_the_bake_has(baked: tuple[Path, dict[str, str]]) -> None:
     """Every link of the README and docs/ resolves (file and anchor), and every file path
     they quote exists: in the bake, its package, or (tests named "in the template") the
-    template repository; outputs under build/ aside."""
+    template repository, the runtime's (runtime/) or its package; outputs under build/ aside."""
     project, _ = baked
-    roots = [project, *(project / "src").iterdir(), TEMPLATE]
+    runtime = TEMPLATE / "runtime"
+    roots = [project, *(project / "src").iterdir(), TEMPLATE, runtime, runtime / "worker_runtime"]
     broken = []
     for doc in [project / "README.md", *sorted((project / "docs").glob("*.md"))]:
         text = doc.read_text()

@@ -2,10 +2,11 @@
 
 Each case copies the code, plants one bad import and runs ``lint-imports`` on the copy:
 the contract that forbids it must be reported broken (and the unplanted copy keeps every
-contract). In the bake: an upward import across the layers, a middleware importing
-another, a circle, layout's keys importing its scripts, the runtime importing the
-benchmarks. In worker_infra: a spec importing a component, a guard importing Secrets,
-the Redis names importing a component.
+contract). In the bake: an upward import across its layers. In worker_runtime: an upward
+import across the layers, a middleware importing another, layout's keys importing its
+scripts, the layout importing the service, the runtime importing the benchmark, the
+supervisor importing the consumer, the contract importing anything. In worker_infra: a spec
+importing a component, a guard importing Secrets, the Redis names importing a component.
 """
 
 from __future__ import annotations
@@ -48,31 +49,59 @@ def bake(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return bake_project(tmp_path_factory.mktemp("contracts"))
 
 
-#: (module of the bake, the import planted in it, words of the contract it breaks).
-BAKED = [
-    ("settings.py", "from . import broker", "layers: commands"),
-    ("middleware/retries.py", "from . import metrics", "the middleware are independent"),
-    ("layout/keys.py", "from . import delivery", "layout's concepts"),
-    ("pools.py", "import {package}_bench.capacity", "the benchmarks (capacity)"),
-    ("supervisor.py", "from . import consumer", "the supervisor and its exporter"),
-    ("layout/clock.py", "from .. import settings", "no import circle"),
-]
-
-
 def test_the_bake_keeps_every_contract(bake: Path) -> None:
     result = lint(bake, bake / "src")
     assert result.returncode == 0 and " 0 broken" in result.stdout, result.stdout[-2000:]
 
 
-@pytest.mark.parametrize(("module", "planted", "contract"), BAKED)
-def test_a_planted_import_breaks_the_bakes_contract(
-    bake: Path, tmp_path: Path, module: str, planted: str, contract: str
-) -> None:
+def test_a_planted_import_breaks_the_bakes_layers(bake: Path, tmp_path: Path) -> None:
     copy = tmp_path / bake.name
     shutil.copytree(bake, copy, ignore=shutil.ignore_patterns("__pycache__", ".*_cache"))
-    path = copy / "src" / package_of(bake) / module
-    path.write_text(path.read_text() + "\n" + planted.format(package=package_of(bake)) + "\n")
+    path = copy / "src" / package_of(bake) / "settings.py"
+    path.write_text(path.read_text() + "\nfrom . import broker\n")
     result = lint(copy, copy / "src")
+    assert result.returncode != 0, result.stdout[-2000:]
+    assert verdict(result.stdout, "layers: commands") == "BROKEN", result.stdout[-3000:]
+
+
+#: (module of worker_runtime, the import planted in it, words of the contract it breaks).
+RUNTIME = [
+    ("settings.py", "from . import broker", "layers: commands"),
+    ("middleware/retries.py", "from . import metrics", "the middleware are independent"),
+    ("layout/keys.py", "from . import delivery", "layout's concepts"),
+    ("layout/clock.py", "from .. import service", "the Redis layout imports nothing"),
+    ("pools.py", "from . import capacity", "the commands (cli.main)"),
+    ("supervisor.py", "from . import consumer", "the supervisor and its exporter"),
+    ("contract.py", "from . import pools", "layers: commands"),
+]
+
+
+def _runtime_copy(tmp_path: Path) -> Path:
+    copy = tmp_path / "runtime"
+    copy.mkdir()
+    shutil.copy(TEMPLATE / "runtime" / "pyproject.toml", copy)
+    shutil.copytree(
+        TEMPLATE / "runtime" / "worker_runtime",
+        copy / "worker_runtime",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    return copy
+
+
+def test_worker_runtime_keeps_every_contract(tmp_path: Path) -> None:
+    copy = _runtime_copy(tmp_path)
+    result = lint(copy, copy)
+    assert result.returncode == 0 and " 0 broken" in result.stdout, result.stdout[-2000:]
+
+
+@pytest.mark.parametrize(("module", "planted", "contract"), RUNTIME)
+def test_a_planted_import_breaks_worker_runtimes_contract(
+    tmp_path: Path, module: str, planted: str, contract: str
+) -> None:
+    copy = _runtime_copy(tmp_path)
+    path = copy / "worker_runtime" / module
+    path.write_text(path.read_text() + "\n" + planted + "\n")
+    result = lint(copy, copy)
     assert result.returncode != 0, result.stdout[-2000:]
     assert verdict(result.stdout, contract) == "BROKEN", result.stdout[-3000:]
 

@@ -35,7 +35,9 @@ from worker_infra.policy import (
     workers,
 )
 
-from bakery import PYTHON, baked_constant, make_manifests, project_env
+from bakery import PYTHON, make_manifests, project_env
+from worker_runtime.console import server as console_server
+from worker_runtime import pools
 
 STACKS = ("dev", "staging", "prod")
 CONTEXTS = {
@@ -146,7 +148,7 @@ def test_the_sandbox_cannot_reach_a_console_or_exporter(rendered: Any, stack: st
     assert reachable(policies, source, broker, int(redis["port"]))
     assert reachable(policies, source, dns, 53, "UDP")
     assert not reachable(policies, source, broker, 9191)
-    console_port = baked_constant(project, "console", "DEFAULT_PORT")
+    console_port = console_server.DEFAULT_PORT
     targets = of_kind(objects, "Deployment")
     assert len(targets) == len(workers(objects)) + 1  # every pool's, the scheduler's
     for deployment in targets:
@@ -368,7 +370,7 @@ def test_bad_timing_stacks_are_refused(default_project: Path, tmp_path: Path) ->
 
     # A margin within the supervisor's kill after the drain (KILL_AFTER_DRAIN_S, 10 s):
     # the kubelet's SIGKILL would come first. The numbers come from the baked service.
-    kill_after = baked_constant(default_project, "pools", "KILL_AFTER_DRAIN_S")
+    kill_after = pools.KILL_AFTER_DRAIN_S
     assert kill_after == 10.0
     for margin in (5, 10):
 
@@ -490,23 +492,10 @@ def overridden(
 
 
 def _pools_model(project: Path) -> Any:
-    """The baked project's pools.py, as a submodule of a stand-in package of its own (so
-    its relative imports resolve and two baked projects never share a module)."""
-    directory = project / "src" / project.name.replace("-", "_")
-    name = f"_baked_{abs(hash(str(project)))}"
-    if f"{name}.pools" in sys.modules:
-        return sys.modules[f"{name}.pools"]
-    package = types.ModuleType(name)
-    package.__path__ = [str(directory)]
-    sys.modules[name] = package
-    spec = importlib.util.spec_from_file_location(
-        f"{name}.pools", directory / "pools.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    """The pool model the baked project runs: worker_runtime's."""
+    from worker_runtime import pools as model
+
+    return model
 
 
 #: A distinct, valid value per pool-shaping field of interactive (staging), and the
@@ -1110,17 +1099,18 @@ def test_make_simulate_prints_the_table(default_project: Path) -> None:
 
 @pytest.mark.slow
 def test_a_fresh_bake_renders_prod_following_its_readme(tmp_path: Path) -> None:
-    """`make infra-install` then `make manifests STACK=<each>`, with worker-infra installed
-    from its git pin (a repository of this checkout's infra/, tagged), in a venv of the
-    system Python, as the baked README says."""
+    """`make infra-install` then `make manifests STACK=<each>`, with worker-infra and
+    worker-runtime installed from their git pins (a repository of this checkout's infra/ and
+    runtime/, tagged), in a venv of the system Python, as the baked README says."""
     from bakery import TEMPLATE, bake_project
 
     repo = tmp_path / "worker-template"
-    shutil.copytree(
-        TEMPLATE / "infra",
-        repo / "infra",
-        ignore=shutil.ignore_patterns("tests", "*.egg-info", "__pycache__"),
-    )
+    for library in ("infra", "runtime"):
+        shutil.copytree(
+            TEMPLATE / library,
+            repo / library,
+            ignore=shutil.ignore_patterns("tests", "*.egg-info", "__pycache__", ".*_cache"),
+        )
     git = ["git", "-c", "user.email=t@example.com", "-c", "user.name=t"]
     for command in (
         ["init", "-q"],

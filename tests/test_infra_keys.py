@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from bakery import bake_project, make_manifests, template_layout_keys
+from bakery import bake_project, make_manifests
+from worker_runtime.layout import keys as LAYOUT_KEYS
 from worker_infra import keys as infra_keys
 
 
-LAYOUT_KEYS = template_layout_keys()
 WORKER_INFRA = Path(infra_keys.__file__).parent
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -49,7 +49,7 @@ import dramatiq
 import redis
 
 from ..lifecycle import checkpoint
-from ..typed import JobArguments, actor
+from worker_runtime.typed import JobArguments, actor
 
 _client = redis.Redis.from_url(os.environ["REDIS_URL"])
 
@@ -705,7 +705,7 @@ import os
 import redis
 from pydantic import AliasChoices, Field
 
-from ..typed import JobArguments, actor
+from worker_runtime.typed import JobArguments, actor
 
 _client = redis.Redis.from_url(os.environ["REDIS_URL"])
 

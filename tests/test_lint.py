@@ -1,4 +1,5 @@
-"""The template's own Python passes the lint of its root `make lint`: worker_infra (its
+"""The template's own Python passes the lint of its root `make lint`: worker_runtime (its
+config in runtime/pyproject.toml: ruff, mypy --strict, import contracts), worker_infra (its
 config in infra/pyproject.toml) and the benchmarks (bench/ruff.toml), ruff check and ruff
 format --check. A bake's own lint runs in test_template.py."""
 
@@ -6,13 +7,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 from bakery import TEMPLATE
 
 #: What the root Makefile's `lint` gives ruff.
-LINTED = ("infra/worker_infra", "bench")
+LINTED = ("runtime", "infra/worker_infra", "bench")
 
 
 def ruff(*args: str, cwd: Path = TEMPLATE) -> subprocess.CompletedProcess[str]:
@@ -35,3 +37,21 @@ def test_a_planted_problem_in_a_benchmark_fails_it(tmp_path: Path) -> None:
     (copy / "planted.py").write_text("import os\n")
     done = ruff("check", "bench", cwd=tmp_path)
     assert done.returncode == 1 and "F401" in done.stdout, done.stdout
+
+
+def test_worker_runtime_passes_mypy_strict() -> None:
+    assert "cd runtime && $(abspath $(BIN))/python -m mypy" in (TEMPLATE / "Makefile").read_text()
+    done = subprocess.run([sys.executable, "-m", "mypy"], cwd=TEMPLATE / "runtime",
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+
+
+def test_the_runtime_and_infra_carry_the_one_version() -> None:
+    """worker-runtime and worker-infra are released together, at the template's version."""
+    versions = {
+        name: tomllib.loads((TEMPLATE / name / "pyproject.toml").read_text())["project"]["version"]
+        for name in ("runtime", "infra")
+    }
+    assert versions["runtime"] == versions["infra"], versions
+    baked = (TEMPLATE / "{{cookiecutter.project}}" / "pyproject.toml").read_text()
+    assert f'=={versions["runtime"]}"' in baked, "the bake pins another worker-runtime"

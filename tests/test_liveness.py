@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 from _lifecycle import Jobs, Worker, jobs, lc_project, wait_for, wait_ready, workers
-from bakery import DATABASE_POOL, PYTHON, RedisServer, baked_constant, package_of, project_env
+from bakery import DATABASE_POOL, PYTHON, RedisServer, package_of, project_env
+from worker_runtime import probe
 
 pytestmark = pytest.mark.slow
 __all__ = ["jobs", "lc_project", "workers"]
@@ -152,7 +153,7 @@ def test_readiness_follows_the_database(default_project: Path, redis_url: str,
     assert up.returncode == 0, up.stderr
     # A database that never answers (a listener that accepts nothing) costs the probe its
     # own timeout over what a probe that succeeds costs on this machine right now.
-    timeout_s = baked_constant(default_project, "probe", "READY_TIMEOUT_S")
+    timeout_s = probe.READY_TIMEOUT_S
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen(0)

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 PRODUCER = """\
 import json, resource, sys
 from {package}.producer import enqueue
-from {package}.middleware import MessageTooLargeError
+from worker_runtime.middleware import MessageTooLargeError
 
 big = "x" * (200 * 1024 * 1024)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -188,8 +188,8 @@ def exporter_only(project: Path, redis_url: str, tmp_path: Path,
     port = free_port()
     state = tmp_path / "state"
     (state / "metrics").mkdir(parents=True)
-    code = (f"import time; from {package_of(project)} import exporter; "
-            f"from {package_of(project)}.settings import load_settings; "
+    code = (f"import time; import {package_of(project)}; from worker_runtime import exporter; "
+            "from worker_runtime.settings import load_settings; "
             "exporter.start_exporter(load_settings()); time.sleep(600)")
     env = project_env(project, WORKER_POOL="interactive", REDIS_URL=redis_url,
                       WORKER_STATE_DIR=str(state), METRICS_PORT=str(port),
@@ -389,7 +389,7 @@ def test_livez_and_readyz(metrics_project: Path, redis_url: str, redis_server: A
                           tmp_path: Path) -> None:
     # A worker process that died without being buried makes the container not live.
     state = tmp_path / "state"
-    board_code = (f"from pathlib import Path; from {package_of(metrics_project)}.boards "
+    board_code = (f"from pathlib import Path; from worker_runtime.boards "
                   f"import ProgressBoard; ProgressBoard(Path({str(state)!r}), 2, 'b-1')")
     for port, _ in exporter_only(metrics_project, redis_url, tmp_path):
         assert get(f"http://127.0.0.1:{port}/livez") == (200, "ok\n")

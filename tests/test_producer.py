@@ -83,9 +83,10 @@ def test_api_process_with_a_bad_redis_url_gets_one_line(default_project: Path) -
 
 def test_producer_broker_declares_every_option_the_worker_accepts(default_project: Path) -> None:
     package = package_of(default_project)
-    code = (f"from {package}.broker import build_broker, build_producer_broker; "
-            f"from {package}.settings import load_redis_settings, load_settings; "
-            "w = build_broker(load_settings()).actor_options; "
+    code = (f"import {package}.broker as b; "
+            "from worker_runtime.broker import build_broker, build_producer_broker; "
+            "from worker_runtime.settings import load_redis_settings, load_settings; "
+            "w = build_broker(load_settings(), b.middleware).actor_options; "
             "p = build_producer_broker(load_redis_settings()).actor_options; "
             "print(sorted(w - p))")
     env = clean_env(default_project, WORKER_POOL="external", REDIS_URL="redis://127.0.0.1:1/0")

@@ -19,13 +19,13 @@ import pytest
 import redis
 import yaml
 from bakery import (
-    BAKED_FIXTURES,
     PYTHON,
     bake_project,
     package_of,
     project_env,
     run_cli,
 )
+from worker_runtime import testing
 from test_generated_files import check_compose_spec
 
 PROJECT = "checklist-worker"
@@ -123,7 +123,7 @@ def test_the_add_checklists_work_on_a_fresh_bake(tmp_path: Path, redis_url: str)
     readme = (project / "README.md").read_text()
     package = project / "src" / package_of(project)
     env = project_env(project, REDIS_URL=redis_url, WORKER_STATE_DIR=str(tmp_path / "state"),
-                      METRICS_PORT=str(BAKED_FIXTURES.free_port()))
+                      METRICS_PORT=str(testing.free_port()))
 
     # Add an actor: a module under actors/, on a queue no pool serves yet: refused, exit 78.
     assert "refuses to boot, exit 78" in checklist(readme, "Add an actor")

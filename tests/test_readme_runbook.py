@@ -36,7 +36,8 @@ from typing import Any
 import pytest
 import redis
 import yaml
-from bakery import BAKED_FIXTURES, DATABASE_POOL, bake_project
+from bakery import DATABASE_POOL, bake_project
+from worker_runtime import testing
 
 #: The README's sections whose code blocks are the runbook, in README order.
 SECTIONS = ("Quick start", "Deploying", "Enqueue a job")
@@ -308,7 +309,7 @@ class Runbook:
         log = self.project.parent / ("second.log" if second else "foreground.log")
         run = command
         if second:
-            self.second_port = str(BAKED_FIXTURES.free_port())
+            self.second_port = str(testing.free_port())
             run = command.replace(f"METRICS_PORT={SECOND_PORT}", f"METRICS_PORT={self.second_port}")
         process = self.terminal.start(run, log)
         self.foreground[command] = (process, log)
@@ -553,7 +554,7 @@ def runbook(request: pytest.FixtureRequest, tmp_path: Path,
     # A team's bake lives in a git repository (Backstage publishes one): `pre-commit install`.
     subprocess.run(["git", "init", "-q"], cwd=project, check=True, timeout=60)
     baked = {path: (project / path).read_text() for path in ("README.md", "ops/alerts.yaml")}
-    env = {**fresh_environment(), "METRICS_PORT": str(BAKED_FIXTURES.free_port()),
+    env = {**fresh_environment(), "METRICS_PORT": str(testing.free_port()),
            # No PostgreSQL reachable: DATABASE_URL unset, and libpq's default host a folder
            # where none listens (this machine's own answers on /var/run/postgresql).
            "PGHOST": str(tmp_path / "no-postgresql"),

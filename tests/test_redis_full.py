@@ -44,7 +44,7 @@ def record_effect(job_id: str) -> None:
 
 PRODUCER = """
 import sys
-from {package}.brokerstate import BrokerFull
+from worker_runtime.brokerstate import BrokerFull
 from {package}.producer import enqueue
 try:
     enqueue("record_effect", sys.argv[1])

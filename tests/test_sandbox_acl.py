@@ -30,7 +30,9 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import dramatiq
 import pytest
 import redis
-from bakery import BAKED_FIXTURES, package_of, project_env, template_layout_keys
+from bakery import package_of, project_env
+from worker_runtime.layout import keys as LAYOUT
+from worker_runtime import testing
 from dramatiq import Message
 from worker_infra.acl import acl_key_patterns, acl_rule
 
@@ -38,7 +40,6 @@ USER, PASSWORD = "orders-worker-sandbox", "s3cret/with:odd@chars"
 NS = "dramatiq"
 
 
-LAYOUT = template_layout_keys()
 SNS = LAYOUT.SANDBOX_NAMESPACE
 QUEUE = LAYOUT.SANDBOX_QUEUE
 
@@ -180,7 +181,7 @@ def test_sandbox_worker_runs_its_own_jobs_as_the_acl_user(
     admin.zadd(f"{SNS}:__heartbeats__", {dead_sandbox: 1000})
     dead_other, before = plant_other_pools(admin)
 
-    port = BAKED_FIXTURES.free_port()
+    port = testing.free_port()
     env = project_env(
         default_project,
         WORKER_POOL="sandbox",
@@ -260,7 +261,7 @@ def test_sandbox_jobs_are_cancelled_queued_or_running_as_the_acl_user(
     assert sent.returncode == 0, sent.stderr[-2000:]
     found, _ = sent.stdout.split()
     assert found == "True"  # found in the sandbox's message index
-    port = BAKED_FIXTURES.free_port()
+    port = testing.free_port()
     env = project_env(
         default_project, WORKER_POOL="sandbox", REDIS_URL=as_user(redis_url),
         METRICS_PORT=str(port), WORKER_STATE_DIR=str(tmp_path / "state"), WORKER_PROCESSES="1",
@@ -313,7 +314,7 @@ def test_a_sandbox_group_member_sent_past_the_refusal_runs_once(
     admin.rpush(f"{SNS}:{QUEUE}", member)
     env = project_env(
         default_project, WORKER_POOL="sandbox", REDIS_URL=as_user(redis_url),
-        METRICS_PORT=str(BAKED_FIXTURES.free_port()), WORKER_STATE_DIR=str(tmp_path / "state"),
+        METRICS_PORT=str(testing.free_port()), WORKER_STATE_DIR=str(tmp_path / "state"),
         WORKER_PROCESSES="1",
     )  # fmt: skip
     worker = started(default_project, env)

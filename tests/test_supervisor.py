@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 from _lifecycle import (
     Jobs, Worker, get, jobs, lc_project, started, wait_for, wait_ready, workers)
-from bakery import RedisServer, baked_constant, package_of
+from bakery import RedisServer, package_of
+from worker_runtime import pools
 
 pytestmark = pytest.mark.slow
 __all__ = ["jobs", "lc_project", "workers"]
@@ -200,7 +201,7 @@ def test_a_process_that_cannot_drain_is_killed_after_its_window_and_loses_nothin
     supervisor kills it KILL_AFTER_DRAIN_S past WORKER_SHUTDOWN_TIMEOUT_MS, recovers its
     job (a crash counted), and exits non-zero with its stop line."""
     worker = workers(WORKER_JOB_TIMEOUT_MS="500", WORKER_SHUTDOWN_TIMEOUT_MS="1000")
-    kill_after = baked_constant(worker.project, "pools", "KILL_AFTER_DRAIN_S")
+    kill_after = pools.KILL_AFTER_DRAIN_S
     jobs.enqueue("lc_long", "held", 60.0)
     wait_for(lambda: jobs.starts("held"), 20, "the job to start")
     (child,) = worker.children()

@@ -30,7 +30,8 @@ def baked_files(project: Path) -> list[Path]:
 
 
 def run(project: Path, *command: str, **env: str) -> subprocess.CompletedProcess[str]:
-    inherited = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "VIRTUAL_ENV"}}
+    inherited = {k: v for k, v in os.environ.items()
+                 if k not in {"DATABASE_URL", "TEST_DATABASE_URL", "VIRTUAL_ENV"}}
     environment = {**inherited, "PYTHONPATH": str(project / "src"), **env}
     return subprocess.run(command, cwd=project, env=environment, capture_output=True, text=True,
                           timeout=600)

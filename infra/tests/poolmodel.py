@@ -1,4 +1,4 @@
-"""The service's pool model (the template's own ``pools.py``) for worker_infra's tests.
+"""The service's pool model (``worker_runtime.pools``) for worker_infra's tests.
 
 worker_infra takes its pools from that model (:meth:`PoolSpec.of`), so the tests build
 them the same way: every pool here passed the model's bounds and defaults.
@@ -7,8 +7,7 @@ them the same way: every pool here passed the model's bounds and defaults.
 from __future__ import annotations
 
 import functools
-import importlib.util
-import sys
+import importlib
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -16,24 +15,10 @@ from typing import Any
 
 from worker_infra import DownstreamSpec, PoolSpec, Timing
 
-TEMPLATE = Path(__file__).resolve().parents[2]
-PACKAGE_DIR = TEMPLATE / "{{cookiecutter.project}}" / "src" / "{{cookiecutter.package}}"
-_PACKAGE = "_template_package"
-
-
 @functools.cache
 def pools_module() -> ModuleType:
-    """The template's pools.py (no Jinja in it nor in what it imports), loaded as a
-    submodule of a stand-in package so its relative imports (``.schedules``) resolve."""
-    package = ModuleType(_PACKAGE)
-    package.__path__ = [str(PACKAGE_DIR)]
-    sys.modules[_PACKAGE] = package
-    spec = importlib.util.spec_from_file_location(f"{_PACKAGE}.pools", PACKAGE_DIR / "pools.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    """The pool model: worker_runtime's ``pools`` (the one the service and infra use)."""
+    return importlib.import_module("worker_runtime.pools")
 
 
 #: The variables a pool shapes, as the model names them.

@@ -10,6 +10,7 @@ import redis
 from dramatiq import Worker
 from dramatiq.broker import Consumer, MessageProxy
 from dramatiq.brokers.stub import StubBroker
+
 from worker_runtime.settlement import Settlement, SettlingBroker, ending
 
 

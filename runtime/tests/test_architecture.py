@@ -22,11 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, get_origin
 
-from worker_runtime import pools, worker as runtime
+from worker_runtime import pools
+from worker_runtime import worker as runtime
 from worker_runtime.pools import Pool, pool_env_fields
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGE = ROOT / "src" / "{{ cookiecutter.package }}"
+PACKAGE = ROOT / "worker_runtime"
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
 #: Keywords of a pydantic ``Field`` (or annotated-types) that state a bound.
 BOUND_KEYWORDS = frozenset({"ge", "gt", "le", "lt", "min_length", "max_length", "multiple_of"})
@@ -281,9 +282,13 @@ def test_changing_the_backoff_touches_the_files_the_doc_names() -> None:
         for node in ast.walk(tree)
         if isinstance(node, ast.Call) and _call_name(node) == "CrashAwareRetries"
     }
-    assert constructed == {"broker.py"}, f"CrashAwareRetries is built in {sorted(constructed)}"
+    assert constructed == {"middleware/__init__.py"}, (
+        f"CrashAwareRetries is built in {sorted(constructed)}"
+    )
     assert built == {"middleware/retries.py"}, f"retry copies are built in {sorted(built)}"
-    assert {"broker.py", "middleware/retries.py"} <= row.files and len(row.files) <= row.most
+    assert {"middleware/__init__.py", "middleware/retries.py"} <= row.files and len(
+        row.files
+    ) <= row.most
     assert stated <= row.files, (
         f"the retry backoff is stated in {sorted(stated - row.files)}, which "
         "docs/architecture.md does not name for 'change how retries back off'"
@@ -364,12 +369,12 @@ def test_adding_a_redis_key_touches_the_files_the_doc_names() -> None:
 
 
 def drain_code() -> list[ast.AST]:
-    """``WorkerProcess.drain`` and every function of runtime.py it calls, transitively."""
-    tree = modules()["runtime.py"]
+    """``WorkerProcess.drain`` and every function of worker.py it calls, transitively."""
+    tree = modules()["worker.py"]
     functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
     (process,) = (n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "WorkerProcess")
     methods = {node.name: node for node in process.body if isinstance(node, ast.FunctionDef)}
-    assert "drain" in methods, "runtime.py's WorkerProcess has no drain()"
+    assert "drain" in methods, "worker.py's WorkerProcess has no drain()"
     found: dict[str, ast.AST] = {}
     pending = ["self.drain"]
     while pending:
@@ -476,7 +481,7 @@ def test_changing_the_drain_touches_the_files_the_doc_names() -> None:
         if (isinstance(node, ast.Attribute) and node.attr in names)
         or (isinstance(node, ast.FunctionDef) and node.name in names)
     }
-    assert "runtime.py" in reaching and "runtime.py" in row.files
+    assert "worker.py" in reaching and "worker.py" in row.files
     assert reaching <= row.files, (
         f"the drain's internals and collaborators are used in {sorted(reaching)}, "
         f"docs/architecture.md names {sorted(row.files)}"

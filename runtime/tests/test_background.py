@@ -20,6 +20,7 @@ import dramatiq
 import dramatiq.worker
 import pytest
 import redis
+
 from worker_runtime import accounting as recovery
 from worker_runtime import layout
 from worker_runtime.consumer import SettlingRedisBroker

@@ -7,6 +7,7 @@ import json
 
 import redis
 from prometheus_client import CollectorRegistry, generate_latest
+
 from worker_runtime import layout
 from worker_runtime.backlog import due_ms, read_backlog
 from worker_runtime.exporter import POOL_SERIES_LABEL, BacklogCollector

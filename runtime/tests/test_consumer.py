@@ -17,6 +17,7 @@ import dramatiq
 import pytest
 import redis
 from dramatiq import Message
+
 from worker_runtime import consumer as consumer_module
 from worker_runtime import layout
 from worker_runtime.consumer import ORPHAN_AFTER_S, SettlingRedisBroker

@@ -11,9 +11,10 @@ import dramatiq
 import pytest
 from dramatiq.brokers.stub import StubBroker
 from psycopg_pool import ConnectionPool
+
 from worker_runtime import db, idempotency
 from worker_runtime.middleware.database import DatabasePool
-from worker_runtime.settings import Settings
+from worker_runtime.settings import WorkerSettings
 
 DATABASE_URL = os.environ.get("DATABASE_URL", "")
 
@@ -29,7 +30,7 @@ def test_pool_opens_with_db_pool_size_and_closes(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("WORKER_POOL", "interactive")
     monkeypatch.setenv("DATABASE_URL", DATABASE_URL)
     monkeypatch.setenv("DB_POOL_SIZE", "9")
-    settings = Settings()  # type: ignore[call-arg]
+    settings = WorkerSettings()  # type: ignore[call-arg]
     pool = db.open_pool(settings)
     try:
         assert pool.get_stats()["pool_size"] == 9
@@ -47,7 +48,7 @@ def test_once_in_transaction_commits_the_key_with_the_writes_or_neither(
 ) -> None:
     monkeypatch.setenv("WORKER_POOL", "interactive")
     monkeypatch.setenv("DATABASE_URL", DATABASE_URL)
-    db.open_pool(Settings())  # type: ignore[call-arg]
+    db.open_pool(WorkerSettings())  # type: ignore[call-arg]
     with db.connection() as conn:
         idempotency.create_table(conn)  # as the DatabasePool middleware does at boot
     table, key = f"effects_{uuid.uuid4().hex[:8]}", f"k-{uuid.uuid4()}"
@@ -90,7 +91,7 @@ def test_a_job_waiting_at_boot_finds_the_pool_open(monkeypatch: pytest.MonkeyPat
         opening(pool, *args, **kwargs)
 
     monkeypatch.setattr(ConnectionPool, "open", slow_open)
-    broker = StubBroker(middleware=[DatabasePool(Settings())])  # type: ignore[call-arg]
+    broker = StubBroker(middleware=[DatabasePool(WorkerSettings())])  # type: ignore[call-arg]
     outcomes: list[object] = []
 
     @dramatiq.actor(broker=broker, queue_name="boot")

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import redis
 from prometheus_client import generate_latest
+
 from worker_runtime.exporter import build_registry
 
 

@@ -8,6 +8,7 @@ import time
 import pytest
 import redis
 import redis.client
+
 from worker_runtime import idempotency
 
 

@@ -9,6 +9,7 @@ import pytest
 import redis
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.common import dq_name, q_name, xq_name
+
 from worker_runtime import layout
 
 

@@ -15,12 +15,14 @@ import dramatiq
 import pytest
 from dramatiq import Worker
 from dramatiq.brokers.stub import StubBroker
-from stub_brokers import SettlingStubBroker
+
 from worker_runtime.boards import ProgressBoard, read_boards
 from worker_runtime.lifecycle import Lifecycle, Requeue
 from worker_runtime.middleware import GracefulShutdown, Progress
 from worker_runtime.middleware.attempts import SuspectGate
 from worker_runtime.settlement import ACK, REQUEUE
+
+from stub_brokers import SettlingStubBroker
 
 
 def run_worker(broker: StubBroker, queue: str, threads: int = 1) -> Iterator[Worker]:

@@ -12,6 +12,7 @@ from dramatiq import Message
 from dramatiq.brokers.stub import StubBroker
 from hypothesis import given
 from hypothesis import strategies as st
+
 from worker_runtime.middleware import message_size
 from worker_runtime.middleware.message_size import (
     MessageSize,

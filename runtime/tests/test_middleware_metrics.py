@@ -14,10 +14,12 @@ import pytest
 from dramatiq.broker import MessageProxy
 from dramatiq.middleware import AgeLimit
 from prometheus_client import REGISTRY, Histogram
-from stub_brokers import SettlingStubBroker, work_off
+
 from worker_runtime.lifecycle import Requeue
 from worker_runtime.middleware import Attempts, CrashAwareRetries, GracefulShutdown, Metrics
 from worker_runtime.middleware.metrics import DURATION_BUCKETS, observe_all
+
+from stub_brokers import SettlingStubBroker, work_off
 
 MAX_ATTEMPTS = 3
 

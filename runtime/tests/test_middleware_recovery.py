@@ -11,11 +11,13 @@ import types
 import pytest
 import redis
 from dramatiq import Message, Worker
-from stub_brokers import RedisStubBroker
+
 from worker_runtime import layout
 from worker_runtime.consumer import ORPHAN_AFTER_S, SettlingRedisBroker
 from worker_runtime.middleware import Recovery
 from worker_runtime.middleware import recovery as recovery_module
+
+from stub_brokers import RedisStubBroker
 
 QUEUE = "work"
 MAX_ATTEMPTS = 3

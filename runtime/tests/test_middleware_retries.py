@@ -13,12 +13,14 @@ from typing import Any
 import dramatiq
 from dramatiq import Message
 from dramatiq.common import dq_name
-from stub_brokers import SettlingStubBroker, work_off
+
 from worker_runtime.layout import CRASHES, DEAD_LETTER_REASON, REDIS_MESSAGE_ID, RETRIES
 from worker_runtime.lifecycle import Requeue
 from worker_runtime.middleware import CrashAwareRetries, GracefulShutdown
 from worker_runtime.middleware.time_limit import TimeLimitExceeded
 from worker_runtime.settlement import TIME_LIMIT_REASON, Settlement
+
+from stub_brokers import SettlingStubBroker, work_off
 
 MAX_RETRIES = 2  # WORKER_MAX_ATTEMPTS = 3
 BACKOFF_MS = 60_000

@@ -11,12 +11,14 @@ import dramatiq
 import pytest
 import redis
 from prometheus_client import REGISTRY
-from stub_brokers import RedisStubBroker, work_off
+
 from worker_runtime.layout import schedule_lock_key, schedule_state_key, text
 from worker_runtime.middleware import Metrics
 from worker_runtime.middleware.schedule_lock import ScheduleLock
 from worker_runtime.scheduling.schedules import OPTION_LEASE_MS, OPTION_SCHEDULE
 from worker_runtime.settlement import SKIPPED_OPTION
+
+from stub_brokers import RedisStubBroker, work_off
 
 LEASE_MS = 60_000
 

@@ -11,6 +11,7 @@ import pytest
 from dramatiq import Message, Worker
 from dramatiq.broker import MessageProxy
 from dramatiq.brokers.stub import StubBroker
+
 from worker_runtime.middleware.time_limit import CappedTimeLimit, TimeLimitExceeded
 
 CEILING_MS = 300

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from worker_runtime.pools import (
     Pool,
     PoolsFileError,
@@ -16,7 +17,7 @@ from worker_runtime.pools import (
     reaches,
 )
 
-SHIPPED = Path(__file__).resolve().parents[1] / "pools.toml"
+SHIPPED = Path(__file__).resolve().parent / "service" / "pools.toml"
 
 
 def test_shipped_pools_are_valid_and_disjoint() -> None:

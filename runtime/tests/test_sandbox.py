@@ -32,6 +32,7 @@ import pytest
 import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from worker_runtime import sandbox
 from worker_runtime.sandbox import Limits, SandboxResult, run_untrusted
 
@@ -56,7 +57,7 @@ def sandbox_processes(marker: str) -> list[int]:
                 cmdline = (entry / "cmdline").read_bytes()
             except OSError:
                 continue
-            if b"_sandbox_child.py" in cmdline and marker.encode() in cmdline:
+            if b"sandbox/_child.py" in cmdline and marker.encode() in cmdline:
                 pids.append(int(entry.name))
     return pids
 
@@ -639,13 +640,13 @@ print(sorted(statuses))
 
 def test_sandbox_actor_serves_the_untrusted_queue(redis_url: str) -> None:
     """The actor on a real broker: a breach is a logged result, not a retried failure."""
-    project = Path(__file__).resolve().parents[1]
+    here = Path(__file__).resolve().parent
     env = {**os.environ, "WORKER_POOL": "sandbox", "REDIS_URL": redis_url}
-    env["PYTHONPATH"] = os.pathsep.join([str(project / "src"), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(here), env.get("PYTHONPATH", "")])
     done = subprocess.run(
         [sys.executable, "-c", ACTOR_SCRIPT],
         env=env,
-        cwd=project,
+        cwd=here,
         capture_output=True,
         text=True,
         timeout=60,
@@ -721,7 +722,7 @@ def sandbox_child() -> Any:
     """The launcher module (standard library only: importing it is harmless)."""
     import importlib
 
-    return importlib.import_module(f"{sandbox.__name__.rpartition('.')[0]}._sandbox_child")
+    return importlib.import_module("worker_runtime.sandbox._child")
 
 
 def test_max_rss_is_the_childs_own_peak_not_the_workers() -> None:
@@ -755,7 +756,8 @@ DRIVER = r"""
 import ctypes, json, os, resource, subprocess, sys, tempfile, threading, time
 sys.path.insert(0, sys.argv[1])
 spec = json.loads(sys.argv[2])
-import {package}.__main__  # what the real supervisor and worker processes run first
+from {package}.cli.main import _nondumpable  # what the real supervisor and worker processes
+_nondumpable()  # run first
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 IOPRIO_GET = {"x86_64": 252, "aarch64": 31}.get(os.uname().machine)
@@ -1034,7 +1036,7 @@ def driver_tree(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
     tree = Path(tempfile.mkdtemp(prefix="sandbox-driver-", dir="/tmp"))
     try:
-        package = Path(sandbox.__file__).parent
+        package = Path(sandbox.__file__).parent.parent  # worker_runtime
         shutil.copytree(package, tree / package.name, ignore=shutil.ignore_patterns("__pycache__"))
         shutil.copy(pyseccomp.__file__, tree / "pyseccomp.py")
         (tree / "driver.py").write_text(DRIVER.replace("{package}", package.name))
@@ -1284,7 +1286,7 @@ def find_sibling(marker):
                     status = f.read()
             except OSError:
                 continue
-            if b"_sandbox_child.py" in cmdline and marker.encode() in cmdline \\
+            if b"sandbox/_child.py" in cmdline and marker.encode() in cmdline \\
                     and "Seccomp:\\t2" in status:
                 return int(name)
         time.sleep(0.02)
@@ -1588,13 +1590,13 @@ def worker_on_a_node_without_walls(
     redis_url: str, state: Path, **env: str
 ) -> subprocess.Popen[str]:
     """The sandbox pool's real ``worker`` command (supervisor and one worker process)."""
-    project = Path(__file__).resolve().parents[1]
+    here = Path(__file__).resolve().parent
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     environ = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("WORKER_", "SANDBOX_"))},
-        "PYTHONPATH": str(project / "src"),
+        "PYTHONPATH": str(here),
         "WORKER_POOL": "sandbox",
         "WORKER_PROCESSES": "1",
         "WORKER_STATE_DIR": str(state),
@@ -1602,9 +1604,9 @@ def worker_on_a_node_without_walls(
         "REDIS_URL": redis_url,
         **env,
     }
-    package = sandbox.__name__.rpartition(".")[0]
+    package = "service"
     return subprocess.Popen(
-        [sys.executable, "-c", NO_WALL_NODE, package], env=environ, cwd=project,
+        [sys.executable, "-c", NO_WALL_NODE, package], env=environ, cwd=here,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )  # fmt: skip
 
@@ -1619,14 +1621,14 @@ def test_the_sandbox_pool_exits_78_at_boot_on_a_node_without_a_file_wall(
     from worker_runtime import layout
     from worker_runtime.exitcodes import EX_CONFIG
 
-    project = Path(__file__).resolve().parents[1]
+    here = Path(__file__).resolve().parent
     send = (
-        f"from {layout.__name__.rpartition('.')[0]}.producer import enqueue\n"
+        "from service.producer import enqueue\n"
         "enqueue('run_customer_code', 'def main(p):\\n    return p + 1\\n', 41)\n"
     )
-    env = {**os.environ, "REDIS_URL": redis_url, "PYTHONPATH": str(project / "src")}
+    env = {**os.environ, "REDIS_URL": redis_url, "PYTHONPATH": str(here)}
     env.pop("WORKER_POOL", None)
-    sent = subprocess.run([sys.executable, "-c", send], env=env, cwd=project,
+    sent = subprocess.run([sys.executable, "-c", send], env=env, cwd=here,
                           capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert sent.returncode == 0, sent.stderr[-2000:]
     ready = layout.queue_key(layout.SANDBOX_QUEUE)
@@ -1668,8 +1670,8 @@ def test_only_the_sandbox_pool_walks_the_filesystem(redis_url: str, tmp_path: Pa
     from worker_runtime import layout
 
     client = redis.Redis.from_url(redis_url)
-    project = Path(__file__).resolve().parents[1]
-    package = sandbox.__name__.rpartition(".")[0]
+    here = Path(__file__).resolve().parent
+    package = "service"
     walks = {}
     for pool, namespace in (("external", layout.NAMESPACE),
                             ("sandbox", layout.SANDBOX_NAMESPACE)):  # fmt: skip
@@ -1678,7 +1680,7 @@ def test_only_the_sandbox_pool_walks_the_filesystem(redis_url: str, tmp_path: Pa
             port = probe.getsockname()[1]
         environ = {
             **{k: v for k, v in os.environ.items() if not k.startswith(("WORKER_", "SANDBOX_"))},
-            "PYTHONPATH": str(project / "src"),
+            "PYTHONPATH": str(here),
             "WORKER_POOL": pool,
             "WORKER_PROCESSES": "1",
             "WORKER_STATE_DIR": str(tmp_path / pool),
@@ -1688,7 +1690,7 @@ def test_only_the_sandbox_pool_walks_the_filesystem(redis_url: str, tmp_path: Pa
         }
         before = client.zcard(layout.heartbeats_key(namespace))
         worker = subprocess.Popen(
-            [sys.executable, "-m", package, "worker"], env=environ, cwd=project,
+            [sys.executable, "-m", package, "worker"], env=environ, cwd=here,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
         )  # fmt: skip
         try:

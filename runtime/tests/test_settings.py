@@ -1,4 +1,4 @@
-"""Settings: pool defaults, overrides and every cross-field rule, refused with exit 78."""
+"""WorkerSettings: pool defaults, overrides and every cross-field rule, refused with exit 78."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from worker_runtime.exitcodes import EX_CONFIG
 from worker_runtime.pools import SPARE_REDIS_CONNECTIONS, load_pools, redis_connections
 from worker_runtime.redisclient import SentinelAddress, parse_sentinel_url
-from worker_runtime.settings import Settings, config_errors, mask_url
+from worker_runtime.settings import WorkerSettings, config_errors, mask_url
 
 
 @pytest.fixture(autouse=True)
@@ -22,10 +22,10 @@ def _database_url(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DATABASE_URL", "postgresql://app:secret@db.invalid:5432/app")
 
 
-def settings_with(monkeypatch: pytest.MonkeyPatch, **env: str) -> Settings:
+def settings_with(monkeypatch: pytest.MonkeyPatch, **env: str) -> WorkerSettings:
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    return Settings()  # type: ignore[call-arg]
+    return WorkerSettings()  # type: ignore[call-arg]
 
 
 def errors_of(monkeypatch: pytest.MonkeyPatch, **env: str) -> list[str]:
@@ -76,7 +76,7 @@ def test_derived_variables_follow_the_concurrency_in_effect(
     raised = str(pool.concurrency * 2)
     settings = settings_with(monkeypatch, WORKER_POOL="interactive", WORKER_CONCURRENCY=raised)
     assert settings.prefetch == settings.worker_concurrency == pool.concurrency * 2
-    if "db_pool_size" in Settings.model_fields:  # the database option
+    if "db_pool_size" in WorkerSettings.model_fields:  # the database option
         shown = settings.masked()
         assert shown["DB_POOL_SIZE"] == shown["WORKER_PREFETCH"] == pool.concurrency * 2
 
@@ -123,19 +123,14 @@ def test_environment_overrides_the_pool(monkeypatch: pytest.MonkeyPatch) -> None
         ({"MAX_MESSAGE_BYTES": "10"}, "MAX_MESSAGE_BYTES='10': Input should be greater than"),
         ({"HEALTH_STALLED_AFTER_S": "-1"}, "HEALTH_STALLED_AFTER_S='-1'"),
         ({"WORKER_PREFETCH": "4"}, "WORKER_PREFETCH='4': must be at least WORKER_CONCURRENCY (8)"),
-{%- if cookiecutter.database == "postgres" %}
         ({"DB_POOL_SIZE": "2"}, "DB_POOL_SIZE='2': must be at least WORKER_CONCURRENCY (8)"),
         ({"DATABASE_URL": "mysql://db/app"}, "DATABASE_URL='mysql://db/app': must start with"),
         ({"DATABASE_URL": ""}, "DATABASE_URL='': must start with postgresql://"),
-{%- endif %}
     ],
 )
 def test_rules(monkeypatch: pytest.MonkeyPatch, env: dict[str, str], expected: str) -> None:
     lines = errors_of(monkeypatch, **{"WORKER_POOL": "interactive", **env})
     assert any(expected in line for line in lines), lines
-
-
-{%- if cookiecutter.database == "postgres" %}
 
 
 def test_database_url_is_required_only_by_pools_that_use_it(
@@ -147,7 +142,6 @@ def test_database_url_is_required_only_by_pools_that_use_it(
     # The quick start's pools run with Redis alone (pools.toml: interactive uses nothing).
     for pool in ("interactive", "external"):
         assert not settings_with(monkeypatch, WORKER_POOL=pool).uses_database
-{%- endif %}
 
 
 def test_missing_pool_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -214,9 +208,9 @@ def test_secrets_are_masked(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_refusal_is_exit_78_without_traceback() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "{{ cookiecutter.package }}", "config"],
+        [sys.executable, "-m", "service", "config"],
         env={
-            "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src"),
+            "PYTHONPATH": str(Path(__file__).resolve().parent),
             "PATH": os.environ.get("PATH", ""),
             "WORKER_POOL": "interactive",
             "WORKER_CONCURRENCY": "x",
@@ -243,9 +237,9 @@ def test_config_says_where_each_value_comes_from(monkeypatch: pytest.MonkeyPatch
     assert sources["WORKER_PROCESSES"] == sources["WORKER_JOB_TIMEOUT_MS"] == "pool bulk"
     assert sources["METRICS_PORT"] == sources["LOG_FORMAT"] == "default"
     done = subprocess.run(
-        [sys.executable, "-m", "{{ cookiecutter.package }}", "config"],
+        [sys.executable, "-m", "service", "config"],
         env={
-            "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src"),
+            "PYTHONPATH": str(Path(__file__).resolve().parent),
             "PATH": os.environ.get("PATH", ""),
             "WORKER_POOL": "bulk",
             "WORKER_CONCURRENCY": "1",

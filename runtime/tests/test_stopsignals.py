@@ -31,7 +31,7 @@ print("hurried" if signals.hurried else "not hurried", flush=True)
 """
 
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parent)
 
 
 def start(debounce_s: float = 1.0) -> subprocess.Popen[str]:

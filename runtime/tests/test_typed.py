@@ -12,10 +12,12 @@ import dramatiq
 import pytest
 from dramatiq import Message, Worker
 from pydantic import AliasChoices, Field
-from stub_brokers import SettlingStubBroker
+
 from worker_runtime.layout import DEAD_LETTER_REASON, SCHEMA_VERSION
 from worker_runtime.middleware import ArgumentModels
 from worker_runtime.typed import InvalidArgumentsError, JobArguments, TypedActor, actor
+
+from stub_brokers import SettlingStubBroker
 
 
 class Greeting(JobArguments):

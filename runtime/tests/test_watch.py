@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
 from worker_runtime.exitcodes import EX_CONFIG
 
 #: The stand-in worker: logs its start, then exits with the code written in fate.py, or

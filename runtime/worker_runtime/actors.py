@@ -1,8 +1,9 @@
-"""Actors: every module in this package is imported by the worker (autodiscovery).
+"""A service's actors: every module of its ``actors`` package is imported (autodiscovery).
 
-Add a module here and its actors are served by the pool that owns their queue
-(pools.toml). Importing this package refuses to boot (exit 78) when an actor's
-queue belongs to no pool, or a schedule of pools.toml cannot run (:mod:`..schedules`).
+The service's ``actors/__init__.py`` calls :func:`discover` with its own name: a module
+added there is served by the pool that owns its actors' queue (pools.toml). Discovery
+refuses to boot (exit 78) when an actor's queue belongs to no pool, or a schedule of
+pools.toml cannot run (:mod:`.scheduling.schedules`).
 """
 
 from __future__ import annotations
@@ -12,29 +13,43 @@ import inspect
 import pkgutil
 from typing import Any
 
+import dramatiq
 from dramatiq import Actor
 
 from . import layout
-from .broker import broker
 from .scheduling.schedules import actor_problems
+from .service import current
 from .settings import pools, refuse
 from .typed import signature_of
 
 
-def discover() -> list[str]:
-    """Import every module of this package; return their names.
+def discover(package: str) -> list[str]:
+    """Import every module of the actors package ``package`` (after the service's broker, on
+    which they declare), check them (:func:`check_queues`); return their names.
 
     A module that cannot be imported (a syntax error, a missing dependency, an error at
     import time) refuses to boot with exit 78 and one line naming it: a restart would
     fail the same way.
     """
-    names = [info.name for info in pkgutil.iter_modules(__path__) if not info.name.startswith("_")]
+    broker = current().broker()
+    path = importlib.import_module(package).__path__
+    names = [info.name for info in pkgutil.iter_modules(path) if not info.name.startswith("_")]
     for name in names:
         try:
-            importlib.import_module(f"{__name__}.{name}")
+            importlib.import_module(f"{package}.{name}")
         except Exception as error:  # any error at import: the code itself is broken
-            refuse([f"actor module {__name__}.{name} cannot be imported: {_one_line(error)}"])
+            refuse([f"actor module {package}.{name} cannot be imported: {_one_line(error)}"])
+    check_queues(broker)
     return names
+
+
+def load() -> dramatiq.Broker:
+    """The service's broker with every actor of the service declared on it (its actors
+    package imported: :func:`discover`)."""
+    service = current()
+    importlib.import_module(service.actors_package)
+    broker: dramatiq.Broker = service.broker()
+    return broker
 
 
 def _one_line(error: Exception) -> str:
@@ -46,7 +61,7 @@ def _one_line(error: Exception) -> str:
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
-def check_queues() -> None:
+def check_queues(broker: dramatiq.Broker) -> None:
     """Every actor's queue must belong to exactly one pool of pools.toml, every schedule
     must name an actor whose queue a pool serves, with arguments that fit it, and no actor of
     the sandbox's queue may declare what its pool cannot do (:func:`sandbox_problems`)."""
@@ -65,13 +80,13 @@ def check_queues() -> None:
         problem
         for name, actor in broker.actors.items()
         if layout.namespace_of(actor.queue_name) != layout.NAMESPACE
-        for problem in sandbox_problems(name, actor)
+        for problem in sandbox_problems(broker, name, actor)
     ]
     if problems:
         refuse(problems)
 
 
-def sandbox_problems(name: str, actor: Actor[Any, Any]) -> list[str]:
+def sandbox_problems(broker: dramatiq.Broker, name: str, actor: Actor[Any, Any]) -> list[str]:
     """What an actor of the sandbox's queue declares that its pool cannot do: its Redis
     user reaches its own namespace alone, and its handler is interrupted as a thread."""
     problems = []
@@ -99,7 +114,3 @@ def sandbox_problems(name: str, actor: Actor[Any, Any]) -> list[str]:
                 "the callback would be lost; send it from an actor of another queue"
             )
     return problems
-
-
-MODULES = discover()
-check_queues()

@@ -27,19 +27,25 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import contract
+from .service import current
+
 HEADER = struct.Struct("<dd36s")
 SLOT = struct.Struct("<dd36s64s")
 ENV_STATE_DIR = "WORKER_STATE_DIR"
 ENV_STALLED_AFTER = "HEALTH_STALLED_AFTER_S"
 #: Defaults of the two variables, here so ``healthcheck live`` need not import the settings.
-#: The state dir is an emptyDir in Kubernetes.
-DEFAULT_STATE_DIR = Path("/tmp/{{ cookiecutter.project }}")  # noqa: S108
-DEFAULT_STALLED_AFTER_S = 60.0
+DEFAULT_STALLED_AFTER_S = contract.STALLED_AFTER_S
 #: Bytes a worker process needs in the state dir: its board (at most 256 handler threads:
 #: 32 KiB) and its metric files (prometheus-client maps 64 KiB per file: counters,
 #: histograms, gauges), rounded up. The supervisor refuses to boot with less free than its
 #: processes need; liveness fails with less than one process needs.
 PROCESS_BYTES = 256 * 1024
+
+
+def default_state_dir() -> Path:
+    """``WORKER_STATE_DIR`` when unset: ``/tmp/<project>`` (an emptyDir in Kubernetes)."""
+    return Path("/tmp") / current().project  # noqa: S108
 
 
 class StateDirError(Exception):

@@ -1,10 +1,8 @@
-"""The broker: a RedisBroker built from settings, with the whole middleware stack in one place.
+"""The broker of a service: a RedisBroker built from settings (:func:`broker_for`).
 
-Importing this module makes ``broker`` Dramatiq's global broker, so
-``@dramatiq.actor`` declares on it. In a process that runs a pool (``WORKER_POOL``
-set) it is the worker's broker, built from the validated settings (exit 78 when
-they are bad). Anywhere else, e.g. an API process that enqueues jobs, it is a
-producer's broker that needs only ``REDIS_URL`` (see :mod:`.producer`).
+A service's ``broker.py`` calls :func:`broker_for` with its middleware stack
+(:func:`.middleware.default_stack`, where a team appends its own): in a process that runs a
+pool it is the worker's broker; anywhere else a producer's, which needs only ``REDIS_URL``.
 """
 
 from __future__ import annotations
@@ -19,7 +17,6 @@ import redis
 from dramatiq import Middleware
 from dramatiq.middleware import (
     AgeLimit,
-    AsyncIO,
     Callbacks,
     CurrentMessage,
     Retries,
@@ -28,92 +25,20 @@ from dramatiq.middleware import (
 
 from . import layout, redisclient
 from .consumer import SettlingRedisBroker
-from .middleware import (
-    ArgumentModels,
-    Attempts,
-    Cancellation,
-    CappedTimeLimit,
-    ClockedAgeLimit,
-    CrashAwareRetries,
-    GracefulShutdown,
-    HeldCheck,
-    MessageSize,
-    Metrics,
-    Pipelines,
-    Progress,
-    Recovery,
-    StoredResults,
-    Tracing,
-)
-{%- if cookiecutter.database == "postgres" %}
-from .middleware.database import DatabasePool
-{%- endif %}
+from .middleware import MessageSize, Pipelines, StoredResults, Tracing
 from .middleware.groups import GroupCompletion
-from .middleware.schedule_lock import ScheduleLock
 from .outage import Outage
 from .pools import redis_connections
 from .resultstore import CappedResults
-from .settings import RedisSettings, Settings, load_redis_settings, load_settings
+from .service import Service, use
+from .settings import RedisSettings, WorkerSettings, load_redis_settings, load_settings
+
+#: A service's middleware stack: the settings and the broker's Redis client in, the
+#: middleware out, in order (:func:`.middleware.default_stack`).
+Stack = Callable[[WorkerSettings, redis.Redis], list[Middleware]]
 
 #: The variable that tells a worker process (it runs a pool) from a producer.
 POOL_ENV = "WORKER_POOL"
-
-
-def middleware_stack(settings: Settings, client: redis.Redis) -> list[Middleware]:
-    """Every middleware, in order. ``before_*`` hooks run top-down, ``after_*`` bottom-up,
-    so Attempts refuses an exhausted message before anything starts (ArgumentModels, next,
-    dead-letters a typed actor's message whose arguments do not fit; ScheduleLock skips
-    a scheduled run whose previous run still runs), Metrics sees the final outcome that
-    CrashAwareRetries and GracefulShutdown decided, and CappedTimeLimit times the handler
-    alone (its watchdog is disarmed first, before any ``after_*`` hook of the others runs);
-    Tracing, first, holds the delivery's span around all of them (off unless ``OTEL_*``
-    names a destination); HeldCheck, next, skips a message this process no longer holds
-    (it froze past its heartbeat and another worker recovered it) before any other starts;
-    MessageSize, last, measures a message a handler sends as the others left it.
-    StoredResults, GroupCompletion and AsyncIO (Dramatiq's job API: stored results, group
-    completion callbacks, ``async def`` actors) act only for the actors and messages that
-    use them; StoredResults and GroupCompletion sit above CrashAwareRetries,
-    so they see a delivery's end as it decided (``client``: the broker's Redis, where results
-    and group barriers live). Cancellation, last of the per-job middleware, checks a message
-    right before its handler and forgets it first when the handler ends, so a cancel
-    interrupts the handler, not another middleware's hook."""
-    stack: list[Middleware] = [
-        Tracing(),
-        HeldCheck(),
-        Attempts(settings.worker_max_attempts),
-        ArgumentModels(),
-        ScheduleLock(),
-        Metrics(settings.worker_concurrency, queues=settings.worker_queues),
-        Progress(),
-        GracefulShutdown(),
-        ClockedAgeLimit(),
-        Callbacks(),
-        Pipelines(),
-        StoredResults(
-            backend=CappedResults(client, settings.result_max_bytes),
-            result_ttl=settings.result_ttl_ms,
-        ),
-        GroupCompletion(client),
-        AsyncIO(),
-        CrashAwareRetries(max_retries=settings.worker_max_attempts - 1),
-        CurrentMessage(),
-        CappedTimeLimit(time_limit=settings.worker_job_timeout_ms),
-        Cancellation(client, settings.worker_queues),
-        Recovery(
-            settings.worker_queues,
-            settings.worker_heartbeat_timeout_ms,
-            settings.worker_max_attempts,
-            dead_message_ttl_ms=settings.dlq_retention_days * 86_400_000,
-            pool=settings.worker_pool,
-            concurrency=settings.worker_concurrency,
-        ),
-    ]
-{%- if cookiecutter.database == "postgres" %}
-    if settings.uses_database:
-        stack.append(DatabasePool(settings))
-{%- endif %}
-    stack.append(MessageSize(settings.max_message_bytes))
-    return stack
 
 
 def _redis_broker(
@@ -145,7 +70,7 @@ def _redis_broker(
     )
 
 
-def build_broker(settings: Settings) -> SettlingRedisBroker:
+def build_broker(settings: WorkerSettings, stack: Stack) -> SettlingRedisBroker:
     """A RedisBroker for ``REDIS_URL`` (``redis://``, ``rediss://`` for TLS, ``unix://``,
     ``redis+sentinel://``: :mod:`.redisclient`), its client's pool sized for the process's
     queues and threads (:func:`.pools.redis_connections`).
@@ -157,7 +82,7 @@ def build_broker(settings: Settings) -> SettlingRedisBroker:
     """
     return _redis_broker(
         settings.redis_url.get_secret_value(),
-        lambda client: middleware_stack(settings, client),
+        lambda client: stack(settings, client),
         max_connections=redis_connections(len(settings.worker_queues), settings.worker_concurrency),
         state_dir=settings.worker_state_dir,
         heartbeat_timeout=settings.worker_heartbeat_timeout_ms,
@@ -195,19 +120,25 @@ def build_producer_broker(settings: RedisSettings) -> SettlingRedisBroker:
     )
 
 
-def _build() -> SettlingRedisBroker:
+def broker_for(service: Service, stack: Stack) -> SettlingRedisBroker:
+    """The service's broker, made Dramatiq's global broker (``@dramatiq.actor`` declares on
+    it). In a process that runs a pool (``WORKER_POOL`` set) it is the worker's, built from the
+    service's validated settings (exit 78 when they are bad) with the middleware
+    ``stack(settings, client)`` (:func:`.middleware.default_stack` and the service's own).
+    Anywhere else, e.g. an API process that enqueues jobs, it is a producer's broker that needs
+    only ``REDIS_URL`` (see :mod:`.producer`)."""
+    use(service)
     if os.environ.get(POOL_ENV):
-        return build_broker(load_settings())
-    return build_producer_broker(load_redis_settings())
-
-
-broker = _build()
-dramatiq.set_broker(broker)
+        broker = build_broker(load_settings(), stack)
+    else:
+        broker = build_producer_broker(load_redis_settings())
+    dramatiq.set_broker(broker)
+    return broker
 
 
 M = TypeVar("M", bound=Middleware)
 
 
-def middleware_of(kind: type[M]) -> M:
-    """The instance of middleware ``kind`` in the broker's stack."""
+def middleware_of(broker: dramatiq.Broker, kind: type[M]) -> M:
+    """The instance of middleware ``kind`` in ``broker``'s stack."""
     return next(m for m in broker.middleware if isinstance(m, kind))

@@ -215,7 +215,7 @@ def worker_environment(
     ``WORKER_*`` and ``DB_POOL_SIZE`` of this process are not passed on (they may
     belong to another pool); ``WORKER_POOLS_FILE`` is.
     """
-    from worker_runtime.settings import DATABASE_ENABLED, pools
+    from worker_runtime.settings import database_enabled, pools
 
     env = {
         name: value
@@ -230,7 +230,7 @@ def worker_environment(
         WORKER_STATE_DIR=str(state_dir),
         METRICS_PORT=str(free_port()),
     )
-    if DATABASE_ENABLED:
+    if database_enabled():
         own = pools().pools[pool].effective_db_pool_size
         env["DB_POOL_SIZE"] = str(max(own, concurrency))
     return env
@@ -444,8 +444,10 @@ def _row(concurrency: object, rate: object, gain: object, rounds: object) -> str
 
 def _probe(args: argparse.Namespace) -> Probe:
     from dramatiq.errors import ActorNotFound
-    from worker_runtime import actors  # noqa: F401  (declares every actor on the broker)
-    from worker_runtime.broker import broker
+
+    from worker_runtime.actors import load
+
+    broker = load()  # every actor declared on the service's broker
 
     try:
         actor = broker.get_actor(args.actor)
@@ -458,6 +460,7 @@ def _probe(args: argparse.Namespace) -> Probe:
 def run(args: argparse.Namespace) -> int:
     """The ``capacity`` command."""
     import redis
+
     from worker_runtime.settings import load_settings, mask_url, pools
 
     try:

@@ -18,19 +18,19 @@ from contextlib import contextmanager
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from .settings import Settings
+from .settings import WorkerSettings
 
 _pool: ConnectionPool | None = None
 
 
-def dsn(settings: Settings) -> str:
+def dsn(settings: WorkerSettings) -> str:
     """``DATABASE_URL``; settings refuse to boot without it when the pool uses the database."""
     if settings.database_url is None:
         raise RuntimeError("DATABASE_URL is not set")
     return settings.database_url.get_secret_value()
 
 
-def open_pool(settings: Settings, timeout_s: float = 10.0) -> ConnectionPool:
+def open_pool(settings: WorkerSettings, timeout_s: float = 10.0) -> ConnectionPool:
     """Open this process's pool of ``DB_POOL_SIZE`` connections and wait until it is filled."""
     global _pool
     if _pool is None:
@@ -67,7 +67,7 @@ def connection() -> Iterator[psycopg.Connection]:
         yield conn
 
 
-def ping(settings: Settings, timeout_s: float = 2.0) -> None:
+def ping(settings: WorkerSettings, timeout_s: float = 2.0) -> None:
     """Connect and run ``select 1`` within ``timeout_s`` (readiness); raise on failure."""
     with psycopg.connect(dsn(settings), connect_timeout=max(1, int(timeout_s))) as conn:
         conn.execute("select 1")

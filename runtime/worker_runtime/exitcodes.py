@@ -16,7 +16,7 @@ EX_FAILURE: Final = 1
 #: Usage: bad arguments (argparse's own code), or a destructive command without ``--yes``.
 EX_USAGE: Final = 2
 #: Internal software error (sysexits ``EX_SOFTWARE``): the sandbox child could not set up
-#: its confinement. ``_sandbox_child.py`` runs with the standard library only, so it
+#: its confinement. ``sandbox/_child.py`` runs with the standard library only, so it
 #: repeats the value as ``SETUP_FAILED``; a test checks that the two agree.
 EX_SOFTWARE: Final = 70
 #: Bad configuration (sysexits ``EX_CONFIG``): a bad variable or pools.toml, an actor on

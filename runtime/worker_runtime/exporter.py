@@ -57,14 +57,14 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-from . import brokerstate, layout, redisclient
+from . import brokerstate, contract, layout, redisclient
 from .backlog import read_backlog
 from .pools import pool_slug
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
-    from .settings import Settings
+    from .settings import WorkerSettings
 
 logger = logging.getLogger(__name__)
 ANY_HOST = "0.0.0.0"  # noqa: S104  (Prometheus scrapes the pod from outside)
@@ -78,7 +78,7 @@ Mounts = Mapping[str, Mount]
 #: Label of a series' pool, as Prometheus stores it: the pod label ``worker-template/pool``
 #: of a worker pod becomes ``worker_template_pool`` (worker_infra's PodMonitor,
 #: ``podTargetLabels``); the scheduler, whose pod serves no pool, sets it on the backlog.
-POOL_SERIES_LABEL = "worker_template_pool"
+POOL_SERIES_LABEL = contract.POOL_SERIES_LABEL
 
 
 class BacklogCollector(Collector):
@@ -190,7 +190,7 @@ class Exporter(ThreadingHTTPServer):
 
     def __init__(
         self,
-        settings: Settings,
+        settings: WorkerSettings,
         registry: CollectorRegistry,
         host: str = ANY_HOST,
         mounts: Mounts | None = None,
@@ -280,7 +280,7 @@ def send(
     handler.wfile.write(body)
 
 
-def start_exporter(settings: Settings, mounts: Mounts | None = None) -> Exporter:
+def start_exporter(settings: WorkerSettings, mounts: Mounts | None = None) -> Exporter:
     """Serve /metrics, /livez and /readyz (and ``mounts``: see :data:`Mount`) on
     ``METRICS_PORT`` from a daemon thread.
 

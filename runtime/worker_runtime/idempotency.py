@@ -6,16 +6,14 @@ each side effect by the business operation (``f"payment:{payment_id}"``, not the
 message id, which a re-send does not keep) and hand the side effect to a helper,
 which runs it only if it has not been done, and records it as done *after* it
 happened (never before, which would lose it when the worker dies in between).
-{%- if cookiecutter.database == "postgres" %}
 
-The strongest guarantee, when the side effect is a database write:
+The strongest guarantee, when the side effect is a database write (the ``postgres`` extra):
 :func:`once_in_transaction` records the key in the same transaction as the
 write (``INSERT ... ON CONFLICT DO NOTHING`` on a unique key). Both commit or
 neither does: exactly once, whatever kills the worker when::
 
     once_in_transaction(f"invoice:{order_id}", lambda conn: conn.execute(
         "insert into invoices (order_id, total) values (%s, %s)", (order_id, total)))
-{%- endif %}
 
 Without a database: :func:`once_with_lease` takes a short Redis lease on the key
 (renewed while the side effect runs; a second delivery waits for it), runs the
@@ -44,15 +42,16 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-{% if cookiecutter.database == "postgres" %}import psycopg
-{% endif %}import redis
+import redis
 import redis.client
 
-{% if cookiecutter.database == "postgres" %}from . import db, layout
-{% else %}from . import layout
-{% endif %}
+from . import layout
+
+if TYPE_CHECKING:
+    import psycopg
+
 #: How long a lease outlives a silent holder (a worker that died while holding it).
 LEASE_S = 10.0
 #: How long a done key is kept, so a late redelivery still finds it (7 days).
@@ -60,7 +59,6 @@ KEEP_S = 7 * 86_400
 #: Pause between two looks at a lease another delivery holds.
 POLL_S = 0.05
 DONE = layout.IDEMPOTENCY_DONE
-{%- if cookiecutter.database == "postgres" %}
 #: The table of done keys. The worker creates it when it opens its pool (DatabasePool); own
 #: it in your migrations if your database role may not create tables.
 TABLE_SQL = """
@@ -69,7 +67,6 @@ create table if not exists idempotency_keys (
     done_at timestamptz not null default now()
 )
 """
-{%- endif %}
 
 
 class LeaseBusyError(RuntimeError):
@@ -182,7 +179,6 @@ def at_most_once(key: str, keep_s: int = KEEP_S, client: redis.Redis | None = No
 def is_done(key: str, client: redis.Redis | None = None) -> bool:
     """True when ``key`` was marked done by :func:`once_with_lease` or :func:`at_most_once`."""
     return (client or _broker_client()).get(done_key(key)) == DONE
-{%- if cookiecutter.database == "postgres" %}
 
 
 def create_table(conn: psycopg.Connection[Any]) -> None:
@@ -206,6 +202,8 @@ def once_in_transaction(key: str, effect: Callable[[psycopg.Connection[Any]], An
     Returns:
       True when ``effect`` ran and committed now, False when ``key`` was already done.
     """
+    from . import db  # the postgres extra's
+
     with db.connection() as conn, conn.transaction():
         inserted = conn.execute(
             "insert into idempotency_keys (key) values (%s) on conflict (key) do nothing "
@@ -216,4 +214,3 @@ def once_in_transaction(key: str, effect: Callable[[psycopg.Connection[Any]], An
             return False
         effect(conn)
     return True
-{%- endif %}

@@ -1,6 +1,6 @@
 """The handler API for long jobs: report progress, stop at a safe point on shutdown.
 
-    from {{ cookiecutter.package }}.lifecycle import checkpoint, shutdown_requested
+    from worker_runtime import checkpoint, shutdown_requested
 
     for chunk in chunks:
         process(chunk)

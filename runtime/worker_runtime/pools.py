@@ -492,13 +492,16 @@ class PoolsFileError(Exception):
 
 
 def default_pools_path() -> Path:
-    """``$WORKER_POOLS_FILE``, else ./pools.toml, else the project's own pools.toml."""
+    """``$WORKER_POOLS_FILE``, else ./pools.toml, else the service's own pools.toml (beside
+    its ``src/``)."""
     if env := os.environ.get(POOLS_FILE_ENV):
         return Path(env)
     cwd = Path.cwd() / "pools.toml"
     if cwd.is_file():
         return cwd
-    return Path(__file__).resolve().parents[2] / "pools.toml"
+    from .service import current
+
+    return current().root / "pools.toml"
 
 
 def load_pools(path: Path | None = None) -> PoolsFile:

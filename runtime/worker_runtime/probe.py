@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 from .boards import PROCESS_BYTES, read_boards, space_problem
 
 if TYPE_CHECKING:
-    from .settings import Settings
+    from .settings import WorkerSettings
 
 READY_TIMEOUT_S = 2.0
 #: Shortest silence of a worker process's main loop (it ticks every second) that readiness
@@ -179,7 +179,7 @@ def liveness_problems(
     return problems
 
 
-def readiness_problems(settings: Settings, timeout_s: float = READY_TIMEOUT_S) -> list[str]:
+def readiness_problems(settings: WorkerSettings, timeout_s: float = READY_TIMEOUT_S) -> list[str]:
     """Why this container cannot take work now: Redis or the database not answering, or the
     Redis node a replica (:func:`.redisclient.role_problem`)."""
     import redis

@@ -3,20 +3,20 @@
 Importing an actor works the same way; neither needs worker settings such as
 ``WORKER_POOL`` (:mod:`.broker` builds a producer's broker when it is unset)::
 
-    from {{ cookiecutter.package }}.actors.notifications import send_notification
+    from <package>.actors.notifications import send_notification
 
     send_notification.send(7, "welcome", "n-1")
 
 or, by actor name, without importing the actor's module yourself::
 
-    from {{ cookiecutter.package }}.producer import enqueue
+    from <package>.producer import enqueue
 
     enqueue("send_notification", 7, "welcome", "n-1")
     enqueue("capture_payment", "pay-1", 1000, delay_ms=60_000)   # in a minute
 
 Cancel a queued or running job with :func:`cancel`::
 
-    from {{ cookiecutter.package }}.producer import cancel
+    from <package>.producer import cancel
 
     message = enqueue("build_report", "r-1", 10_000_000)
     cancel(message.message_id)    # True: it was queued or running; it will not finish
@@ -32,7 +32,7 @@ reached Redis, or reach it when the network heals). Retry by resending the same 
 within :data:`.layout.SENT_TTL_MS` (10 minutes): at most one copy is enqueued, so a retry
 never runs the job twice::
 
-    from {{ cookiecutter.package }}.brokerstate import EnqueueUncertain
+    from worker_runtime.brokerstate import EnqueueUncertain
 
     try:
         enqueue("send_notification", 7, "welcome", "n-1", message_id="welcome-7")
@@ -50,10 +50,10 @@ from typing import Any
 
 from dramatiq import Message
 
-from . import actors, layout
-from .broker import broker
+from . import layout
+from .actors import load
 
-__all__ = ["actors", "broker", "cancel", "enqueue"]
+__all__ = ["cancel", "enqueue"]
 
 
 def enqueue(
@@ -77,6 +77,7 @@ def enqueue(
       dramatiq.errors.ActorNotFound: no actor has that name.
       .brokerstate.EnqueueUncertain: Redis did not answer; the message may have been enqueued.
     """
+    broker = load()
     actor = broker.get_actor(actor_name)
     message: Message[Any] = actor.message_with_options(args=args, kwargs=kwargs)
     if message_id is not None:
@@ -99,4 +100,5 @@ def cancel(message_id: str) -> bool:
     is indexed by its replay). A message this service did not enqueue (raw Redis, bare
     Dramatiq) is not in the index: cancelled all the same, reported False.
     """
-    return layout.record_cancel(broker.client, message_id)
+    client = load().client  # type: ignore[attr-defined]  # the service's SettlingRedisBroker
+    return layout.record_cancel(client, message_id)

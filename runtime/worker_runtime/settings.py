@@ -28,14 +28,13 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from .boards import DEFAULT_STALLED_AFTER_S, DEFAULT_STATE_DIR
+from . import contract
+from .boards import DEFAULT_STALLED_AFTER_S, default_state_dir
 from .exitcodes import EX_CONFIG
 from .pools import (
     POOLS_FILE_ENV,
     Concurrency,
-{%- if cookiecutter.database == "postgres" %}
     DbPoolSize,
-{%- endif %}
     JobTimeoutMs,
     MaxAttempts,
     Pool,
@@ -46,20 +45,17 @@ from .pools import (
     ShutdownTimeoutMs,
     derived_env_defaults,
     load_pools,
-{%- if cookiecutter.database == "postgres" %}
     pool_holds_every_handler,
-{%- endif %}
     prefetch_feeds_every_thread,
     timing_problems,
 )
 from .redisclient import url_problem
+from .service import current
 
 logger = logging.getLogger(__name__)
 
-PROJECT = "{{ cookiecutter.project }}"
-VERSION = "0.1.0"
-DATABASE_ENABLED = {{ "True" if cookiecutter.database == "postgres" else "False" }}
-#: The downstream resource of pools.toml that DATABASE_URL points at.
+#: The downstream resource of pools.toml that DATABASE_URL points at: a service that declares
+#: it (``[downstream.postgres]``) uses the database (the bake's database option).
 DATABASE_RESOURCE = "postgres"
 
 _SECRET_FIELDS = {"redis_url", "database_url"}
@@ -80,7 +76,7 @@ DEFAULT_RESULT_TTL_MS = 600_000
 #: ``RESULT_MAX_BYTES`` when unset: 1 MiB (a result is a summary, not the job's data).
 DEFAULT_RESULT_MAX_BYTES = 1024 * 1024
 #: Port of /metrics, /livez and /readyz when ``METRICS_PORT`` is unset.
-DEFAULT_METRICS_PORT = 9191
+DEFAULT_METRICS_PORT = contract.METRICS_PORT
 #: ``LOG_LEVEL`` when unset.
 DEFAULT_LOG_LEVEL = "INFO"
 #: ``LOG_FORMAT``: ``json`` lines (the default, for production) or ``console`` (at a desk).
@@ -105,8 +101,9 @@ def mask_url(url: str) -> str:
     return url if parts == original else urlunsplit(parts)
 
 
-class Settings(BaseSettings):
-    """The service's configuration. Field ``x_y`` is read from env variable ``X_Y``."""
+class WorkerSettings(BaseSettings):
+    """The runtime's configuration (a service's ``Settings`` adds its own variables). Field
+    ``x_y`` is read from env variable ``X_Y``."""
 
     # The docstring under each field is its description (README's configuration table).
     model_config = SettingsConfigDict(
@@ -131,7 +128,7 @@ class Settings(BaseSettings):
     """Messages a process holds, running or waiting; unset: WORKER_CONCURRENCY."""
     worker_heartbeat_timeout_ms: Annotated[int, Field(ge=2_000, le=600_000)] = 30_000
     """How long a silent worker keeps its messages before others recover them."""
-    worker_state_dir: Path = DEFAULT_STATE_DIR
+    worker_state_dir: Path = Field(default_factory=default_state_dir)
     """Local state (boards, metrics), one per pool; full or read-only: exit 78."""
     health_stalled_after_s: StalledAfterS = DEFAULT_STALLED_AFTER_S
     """Liveness fails when a handler makes no progress for this long."""
@@ -158,24 +155,20 @@ class Settings(BaseSettings):
     """How long a result of an actor with store_results=True is kept."""
     result_max_bytes: Annotated[int, Field(ge=1024, le=64 * 1024 * 1024)] = DEFAULT_RESULT_MAX_BYTES
     """Largest result stored; a bigger one is stored as an error naming its size."""
-{%- if cookiecutter.database == "postgres" %}
     database_url: Annotated[SecretStr | None, Field(validate_default=True)] = None
     """PostgreSQL; required by pools that use postgres; the password is masked."""
     db_pool_size: DbPoolSize
     """Connections per process; at least WORKER_CONCURRENCY."""
-{%- endif %}
-    otel_service_name: ServiceName = PROJECT
+    otel_service_name: ServiceName = Field(default_factory=lambda: current().project)
     """Service name in logs and telemetry."""
     log_level: LogLevel = DEFAULT_LOG_LEVEL
     """DEBUG, INFO, WARNING or ERROR."""
     log_format: LogFormat = DEFAULT_LOG_FORMAT
     """json (one object per line, for production) or console (readable at a desk)."""
-{%- if cookiecutter.sandbox_pool == "yes" %}
     sandbox_allow_uncontained_writes: bool = False
     """Removed (issue #25): true is refused. The sandbox pool never runs with neither
     Landlock nor user namespaces, where a snippet would have the worker uid's file rights
     and see the pod's processes; it refuses to boot there (exit 78, docs/sandbox.md)."""
-{%- endif %}
 
     @model_validator(mode="before")
     @classmethod
@@ -261,7 +254,6 @@ class Settings(BaseSettings):
         if problem is not None:
             raise ValueError(problem)
         return value
-{%- if cookiecutter.database == "postgres" %}
 
     @field_validator("database_url")
     @classmethod
@@ -288,8 +280,6 @@ class Settings(BaseSettings):
                 "every handler thread may hold a connection"
             )
         return value
-{%- endif %}
-{%- if cookiecutter.sandbox_pool == "yes" %}
 
     @field_validator("sandbox_allow_uncontained_writes")
     @classmethod
@@ -301,7 +291,6 @@ class Settings(BaseSettings):
                 "pool under gVisor or on a kernel with Landlock (docs/sandbox.md)"
             )
         return value
-{%- endif %}
 
     @property
     def prefetch(self) -> int:
@@ -311,11 +300,7 @@ class Settings(BaseSettings):
     @property
     def uses_database(self) -> bool:
         """True when this pool's handlers use the database (pools.toml ``uses``)."""
-{%- if cookiecutter.database == "postgres" %}
         return DATABASE_RESOURCE in self.pool.uses
-{%- else %}
-        return False
-{%- endif %}
 
     @cached_property
     def pool(self) -> Pool:
@@ -404,9 +389,10 @@ def unknown_variables(
 
     Parameters:
       environ: the environment (``os.environ``).
-      settings: the settings class whose fields are the known names (default: Settings).
+      settings: the settings class whose fields are the known names (default: the
+        service's).
     """
-    fields = (settings or Settings).model_fields
+    fields = (settings or current().settings_class() or WorkerSettings).model_fields
     known = sorted({name.upper() for name in fields} | set(OTHER_VARIABLES))
     lines = []
     for name in sorted(environ):
@@ -439,7 +425,7 @@ class RedisSettings(BaseSettings):
     @field_validator("redis_url")
     @classmethod
     def _redis_url(cls, value: SecretStr) -> SecretStr:
-        checked: SecretStr = Settings._redis_url(value)  # the worker's rule, one owner
+        checked: SecretStr = WorkerSettings._redis_url(value)  # the worker's rule, one owner
         return checked
 
 
@@ -451,10 +437,13 @@ def load_redis_settings() -> RedisSettings:
         refuse(config_errors(error))
 
 
-def load_settings() -> Settings:
-    """Validated settings, or exit 78 with one line per bad variable."""
+def load_settings() -> WorkerSettings:
+    """The service's settings (its ``Settings`` class: the runtime's and its own variables),
+    validated, or exit 78 with one line per bad variable."""
     try:
-        return Settings()  # type: ignore[call-arg]  # values come from the environment
+        kind: type[WorkerSettings] = current().settings_class() or WorkerSettings
+        settings = kind()  # type: ignore[call-arg]  # the values come from the environment
+        return settings
     except (ValidationError, PoolsFileError) as error:
         refuse(config_errors(error))
 
@@ -502,3 +491,9 @@ def pools() -> PoolsFile:
         return load_pools()
     except PoolsFileError as error:
         refuse(config_errors(error))
+
+
+def database_enabled() -> bool:
+    """True when the service uses the database: pools.toml declares the
+    ``[downstream.postgres]`` resource (the bake's database option)."""
+    return DATABASE_RESOURCE in pools().downstream

@@ -31,6 +31,7 @@ from dramatiq import Broker, Message
 from dramatiq.broker import MessageProxy
 from dramatiq.middleware.time_limit import TimeLimitExceeded
 
+from . import contract
 from .layout import DEAD_LETTER_REASON
 from .lifecycle import Cancelled, Requeue
 
@@ -44,15 +45,7 @@ from .lifecycle import Cancelled, Requeue
 #: ``requeued``     stopped by a shutdown (``lifecycle.Requeue``); back in its queue.
 #: ``skipped``      a scheduled run not started (the previous run holds the run lock).
 #: ``cancelled``    cancelled by ``producer.cancel``: skipped, or interrupted while running.
-OUTCOMES: Final = (
-    "success",
-    "failure",
-    "retry",
-    "dead_letter",
-    "requeued",
-    "skipped",
-    "cancelled",
-)
+OUTCOMES: Final = contract.OUTCOMES
 
 #: Marks a message ScheduleLock skipped (its outcome is ``skipped``, not ``dead_letter``).
 SKIPPED_OPTION: Final = "skipped_overlap"

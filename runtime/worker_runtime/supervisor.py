@@ -62,7 +62,8 @@ from . import brokerstate, outage, probe, redisclient
 from .boards import PROCESS_BYTES, progress_dir, read_board, space_problem, unwritable
 from .exitcodes import EX_CONFIG, EX_FAILURE, EX_OK
 from .pools import KILL_AFTER_DRAIN_S
-from .settings import PROJECT, VERSION, Settings, refuse
+from .service import current
+from .settings import WorkerSettings, refuse
 from .stopsignals import SIGNAL_DEBOUNCE_S
 
 if TYPE_CHECKING:
@@ -135,7 +136,7 @@ class Supervisor:
       settings: validated settings; ``worker_processes`` children are started.
     """
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: WorkerSettings) -> None:
         self.settings = settings
         self.children: list[Child] = []
         self.stopping = False
@@ -183,8 +184,8 @@ class Supervisor:
             "worker started",
             extra={
                 "event": "start",
-                "version": VERSION,
-                "project": PROJECT,
+                "version": current().version,
+                "project": current().project,
                 "pool": self.settings.worker_pool,
                 "config": self.settings.masked(),
             },
@@ -202,7 +203,7 @@ class Supervisor:
             "worker stopped",
             extra={
                 "event": "stop",
-                "version": VERSION,
+                "version": current().version,
                 "pool": self.settings.worker_pool,
                 "exit_code": code,
                 "exit_codes": codes,
@@ -215,7 +216,11 @@ class Supervisor:
         """A stop signal came before any worker process started: exit 0, said once."""
         logger.info(
             f"worker stopped {when}; no worker process was started",
-            extra={"event": "stop", "version": VERSION, "pool": self.settings.worker_pool},
+            extra={
+                "event": "stop",
+                "version": current().version,
+                "pool": self.settings.worker_pool,
+            },
         )
         return EX_OK
 
@@ -233,7 +238,7 @@ class Supervisor:
         stale), and say at once that no worker process runs yet; refuse to boot (78, one
         line) on a folder that cannot hold them or that another supervisor uses."""
         state_dir = self.settings.worker_state_dir
-        package = __name__.rpartition(".")[0]
+        package = current().package
         if other := probe.other_supervisor(state_dir, package):
             refuse(
                 [
@@ -260,7 +265,7 @@ class Supervisor:
         return Child(index, self._spawn(report), report)
 
     def _spawn(self, report: Path) -> subprocess.Popen[bytes]:
-        package = __name__.rpartition(".")[0]
+        package = current().package
         report.unlink(missing_ok=True)
         return subprocess.Popen(
             [sys.executable, "-m", package, "worker", "--process", "--boot-report", str(report)]

@@ -36,7 +36,9 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import propagate, trace
 
 from . import layout
-from .settings import PROJECT, VERSION, refuse
+from .service import current as current_service
+from .service import runtime_version
+from .settings import refuse
 
 if TYPE_CHECKING:
     from dramatiq import Message
@@ -86,7 +88,10 @@ EXPORTERS = ("otlp", "console", "none")
 PROTOCOLS = ("http/protobuf",)
 ENDPOINTS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 #: Name of the tracer (the instrumentation scope) of this service's spans.
-SCOPE = f"{PROJECT}.tracing"
+#: The instrumentation scope of the runtime's own spans.
+SCOPE = "worker_runtime.tracing"
+#: The version of the runtime's instrumentation (its spans' scope).
+RUNTIME_VERSION = runtime_version()
 
 _lock = threading.Lock()
 _resolved = False
@@ -183,8 +188,8 @@ def build_provider(environ: Mapping[str, str]) -> TracerProvider:
 
     resource = Resource.create(
         {
-            SERVICE_NAME: _get(environ, "OTEL_SERVICE_NAME") or PROJECT,
-            SERVICE_VERSION: VERSION,
+            SERVICE_NAME: _get(environ, "OTEL_SERVICE_NAME") or current_service().project,
+            SERVICE_VERSION: current_service().version,
         }
     )
     provider = TracerProvider(resource=resource)
@@ -205,15 +210,13 @@ def instrument(provider: trace.TracerProvider) -> None:
     from opentelemetry.instrumentation.redis import RedisInstrumentor
 
     RedisInstrumentor().instrument(tracer_provider=provider)
-{%- if cookiecutter.database == "postgres" %}
-    # Only the database option's bake imports it: without it the package is not installed
-    # (a plain `if` would still send mypy looking for it).
-    from opentelemetry.instrumentation.psycopg import (  # type: ignore[import-untyped,unused-ignore]
-        PsycopgInstrumentor,
-    )
-
+    try:  # the postgres extra's: absent without it
+        from opentelemetry.instrumentation.psycopg import (  # type: ignore[import-untyped,unused-ignore]
+            PsycopgInstrumentor,
+        )
+    except ImportError:
+        return
     PsycopgInstrumentor().instrument(tracer_provider=provider)
-{%- endif %}
 
 
 def skip_orphan_client_spans(sampler: Sampler) -> Sampler:
@@ -272,7 +275,7 @@ def record_lost_delivery(message: Message[Any], queue: str, dead_letter_reason: 
     attributes["dramatiq.outcome"] = "dead_letter" if dead_letter_reason else "crash"
     if dead_letter_reason:
         attributes["dramatiq.dead_letter_reason"] = dead_letter_reason
-    tracer = provider.get_tracer(SCOPE, VERSION)
+    tracer = provider.get_tracer(SCOPE, RUNTIME_VERSION)
     span = tracer.start_span(
         f"process {attributes['messaging.destination.name']}",
         context=message_context(message),

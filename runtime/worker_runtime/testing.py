@@ -1,9 +1,33 @@
-"""Fixtures shared by the service's tests: a real redis-server of their own, and a real
-primary, replica and three Sentinels (:class:`Sentinels`) for the failover tests."""
+"""The pytest plugin of worker_runtime (entry point ``pytest11``): fixtures for a service's
+tests, loaded by installing the runtime.
+
+* ``redis_server`` / ``redis_url`` / ``client``: a private redis-server on a free port of
+  127.0.0.1 for the session, emptied before each test;
+* ``jobs``: a real Dramatiq worker running the service's actors with the whole middleware
+  stack, on that Redis: ``jobs.run(actor, *args)`` enqueues and waits until it is done;
+* ``database_url``: the PostgreSQL of ``TEST_DATABASE_URL`` (or ``DATABASE_URL``), else the
+  test is skipped;
+* :class:`RedisServer` and :class:`Sentinels` for tests that stop, restart or fail over Redis.
+
+A service's first actor test::
+
+    def test_welcome_is_sent_once(jobs: Jobs) -> None:
+        from orders_worker.actors.notifications import send_notification
+
+        for _ in range(3):
+            jobs.send(send_notification, 7, "welcome", "n-1")
+        jobs.wait()
+        assert jobs.client.get("idempotency:notification:n-1") == b"done"
+
+The service is the one its package constructs (``worker_runtime.Service``): name the package
+in the pytest configuration (``worker_service = "orders_worker"``) or import it first.
+"""
 
 from __future__ import annotations
 
 import functools
+import importlib
+import os
 import shutil
 import socket
 import subprocess
@@ -12,8 +36,17 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import dramatiq
 import pytest
 import redis
+
+from .service import Service, current
+
+#: The pytest configuration value that names the service's package.
+SERVICE_OPTION = "worker_service"
+#: The pytest configuration value that names the pool the ``jobs`` worker runs (default: the
+#: first pool of pools.toml whose handlers need no database, so no DATABASE_URL is needed).
+POOL_OPTION = "worker_pool"
 
 #: How long a starting redis-server may take to answer (loading an append-only file).
 START_TIMEOUT_S = 10.0
@@ -261,3 +294,83 @@ def client(redis_url: str) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(redis_url)
     yield client
     client.close()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addini(SERVICE_OPTION, "the package of the service under test (worker_runtime)")
+    parser.addini(POOL_OPTION, "the pool whose settings the jobs fixture's worker runs")
+
+
+@pytest.fixture(scope="session")
+def service(pytestconfig: pytest.Config) -> Service:
+    """The service under test: its package (``worker_service``) imported."""
+    package = pytestconfig.getini(SERVICE_OPTION)
+    if package:
+        importlib.import_module(str(package))
+    return current()
+
+
+def _pool(service: Service, configured: str) -> str:
+    if configured:
+        return configured
+    from .pools import load_pools
+    from .settings import DATABASE_RESOURCE
+
+    pools = load_pools(service.root / "pools.toml").pools
+    return next(name for name, pool in pools.items() if DATABASE_RESOURCE not in pool.uses)
+
+
+class Jobs:
+    """A real Dramatiq worker running the service's actors (its broker and middleware, on the
+    test's Redis), and the messages sent to it: :meth:`send`, then :meth:`wait`."""
+
+    def __init__(self, broker: dramatiq.Broker, threads: int = 2) -> None:
+        self.broker = broker
+        self.client: redis.Redis = broker.client  # type: ignore[attr-defined]
+        self.worker = dramatiq.Worker(broker, worker_timeout=100, worker_threads=threads)
+        self.queues: set[str] = set()
+
+    def send(self, actor: Any, *args: Any, **kwargs: Any) -> dramatiq.Message[Any]:
+        """Enqueue ``actor(*args, **kwargs)`` as a producer does; return the message."""
+        self.queues.add(actor.queue_name)
+        message: dramatiq.Message[Any] = actor.send(*args, **kwargs)
+        return message
+
+    def wait(self, timeout_s: float = 10.0) -> None:
+        """Wait until every message sent (and what they sent on the same queues) is done."""
+        for queue in sorted(self.queues):
+            self.broker.join(queue, timeout=int(timeout_s * 1000))
+        self.worker.join()
+
+    def run(self, actor: Any, *args: Any, **kwargs: Any) -> dramatiq.Message[Any]:
+        """:meth:`send` then :meth:`wait`."""
+        message = self.send(actor, *args, **kwargs)
+        self.wait()
+        return message
+
+
+@pytest.fixture
+def jobs(
+    service: Service, redis_url: str, pytestconfig: pytest.Config, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Jobs]:
+    """A started :class:`Jobs` worker on the test's Redis (the service's broker is built on
+    first use, as a worker of the ``worker_pool`` pool)."""
+    monkeypatch.setenv("WORKER_POOL", _pool(service, str(pytestconfig.getini(POOL_OPTION))))
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    from .actors import load
+
+    started = Jobs(load())
+    started.worker.start()
+    try:
+        yield started
+    finally:
+        started.worker.stop()
+
+
+@pytest.fixture
+def database_url() -> str:
+    """``TEST_DATABASE_URL`` (or ``DATABASE_URL``): a PostgreSQL for the test; skipped without."""
+    url = os.environ.get("TEST_DATABASE_URL") or os.environ.get("DATABASE_URL")
+    if not url:
+        pytest.skip("DATABASE_URL is not set: this test needs a PostgreSQL (TEST_DATABASE_URL)")
+    return url

@@ -2,7 +2,7 @@
 
     from pydantic import Field
 
-    from {{ cookiecutter.package }}.typed import JobArguments, actor
+    from worker_runtime.typed import JobArguments, actor
 
 
     class Notification(JobArguments):

@@ -34,7 +34,7 @@ from .lifecycle import LIFECYCLE, Lifecycle
 from .middleware import GracefulShutdown
 from .outage import ConsumerNoise
 from .parentdeath import die_with_parent
-from .settings import Settings, refuse
+from .settings import WorkerSettings, refuse
 from .stopsignals import StopSignals
 
 logger = logging.getLogger(__name__)
@@ -134,7 +134,7 @@ class WorkerProcess:
 
     def __init__(
         self,
-        settings: Settings,
+        settings: WorkerSettings,
         broker: SettlingRedisBroker,
         shutdown: GracefulShutdown,
         lifecycle: Lifecycle = LIFECYCLE,

@@ -442,9 +442,7 @@ class Run:
         # window plus the supervisor's kill-after (read from the pool file it mounts).
         import tomllib
 
-        kill_after = float(re.search(r"KILL_AFTER_DRAIN_S\s*=\s*([0-9.]+)", (
-            self.deployer.project / "src" / PROJECT.replace("-", "_") / "pools.py"
-        ).read_text()).group(1))
+        from worker_runtime.pools import KILL_AFTER_DRAIN_S as kill_after
         for pod in api_list(self.cluster, f"/api/v1/pods?labelSelector={POOL_LABEL}"):
             name, spec = pod["metadata"]["name"], pod["spec"]
             check(spec["containers"][0]["imagePullPolicy"] == "Always",

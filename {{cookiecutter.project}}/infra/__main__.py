@@ -1,6 +1,6 @@
 """Pulumi program: pools.toml + this stack's config -> the service's worker pools.
 
-pools.toml is read and validated by the service's own pool model (``src/<package>/pools.py``),
+pools.toml is read and validated by the service's own pool model (``worker_runtime.pools``),
 the one definition of a pool's fields, bounds and defaults. The stack file
 (``Pulumi.<stack>.yaml``) may override numbers per environment; the overrides are merged
 into pools.toml and validated by that same model, and the merged file is what the pods
@@ -45,7 +45,6 @@ Every guard of worker_infra runs before anything is created; a refused stack fai
 from __future__ import annotations
 
 import importlib
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -70,7 +69,6 @@ from worker_infra import (
 )
 
 PROJECT = "{{ cookiecutter.project }}"
-PACKAGE = "{{ cookiecutter.package }}"
 IMAGE = "{{ cookiecutter.image }}"
 NAMESPACE = "{{ cookiecutter.k8s_namespace }}"
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,12 +77,8 @@ DATABASE_RESOURCE = "postgres"
 
 
 def pools_module() -> ModuleType:
-    """The service's pools.py (and the schedules.py it imports), from src/. The package's
-    __init__ imports nothing, so only pydantic and croniter are needed here."""
-    src = str(ROOT / "src")
-    if src not in sys.path:
-        sys.path.insert(0, src)
-    return importlib.import_module(f"{PACKAGE}.pools")
+    """The pool model the service runs: worker_runtime's ``pools`` (the pinned runtime)."""
+    return importlib.import_module("worker_runtime.pools")
 
 
 def load_stack_pools(config: pulumi.Config) -> Any:

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 import yaml
-
 from worker_runtime.pools import load_pools
 
 ROOT = Path(__file__).resolve().parents[1]

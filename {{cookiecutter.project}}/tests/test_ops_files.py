@@ -11,17 +11,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import worker_runtime
 import yaml
-
 from worker_runtime.pools import load_pools
-from worker_runtime.settings import DATABASE_ENABLED
+from worker_runtime.settings import DATABASE_RESOURCE
 
 promql = pytest.importorskip("promql_parser", reason="dev dependency promql-parser")
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCE = ROOT / "src" / "{{ cookiecutter.package }}"
+#: The code that exports the metrics: the runtime's.
+SOURCE = Path(worker_runtime.__file__).resolve().parent
 ALERTS = ROOT / "ops" / "alerts.yaml"
 DASHBOARD = ROOT / "ops" / "dashboard.json"
+#: The database option: pools.toml declares the PostgreSQL downstream.
+DATABASE_ENABLED = DATABASE_RESOURCE in load_pools(ROOT / "pools.toml").downstream
 
 CONTRACT = {
     "jobs_processed_total",

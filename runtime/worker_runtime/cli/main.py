@@ -1,7 +1,6 @@
 """Command line of the service.
 
-Run as ``python -m {{ cookiecutter.package }}`` or as the console script
-``{{ cookiecutter.project }}``:
+Run as ``python -m <package>`` or as the console script ``<project>``:
 
     worker [--watch]                    run the pool (processes, threads, queues from settings);
                                         --watch: restart on source changes (make dev)
@@ -31,9 +30,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..exitcodes import EX_FAILURE, EX_OK
+from ..service import Service, current, use
 
 if TYPE_CHECKING:
-    from ..settings import Settings
+    from ..settings import WorkerSettings
 
 #: prctl(2): whether another process of the same uid may open this one's
 #: ``/proc/<pid>/environ``, ``mem``, ``cwd`` and ``fd`` (ptrace access).
@@ -52,23 +52,22 @@ def _nondumpable() -> None:
     ctypes.CDLL(None).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
 
 
-_nondumpable()
-
-
-def _worker_process(settings: Settings) -> int:
+def _worker_process(settings: WorkerSettings) -> int:
     """One worker process, given its collaborators: the broker, its shutdown middleware,
     the process's lifecycle, and the actors to declare once it has booted."""
-    from ..broker import broker, middleware_of
+    from ..broker import middleware_of
     from ..lifecycle import LIFECYCLE
     from ..middleware import GracefulShutdown
     from ..worker import WorkerProcess
 
+    service = current()
+    broker = service.broker()
     return WorkerProcess(
         settings,
         broker,
-        shutdown=middleware_of(GracefulShutdown),
+        shutdown=middleware_of(broker, GracefulShutdown),
         lifecycle=LIFECYCLE,
-        load_actors=lambda: importlib.import_module(f"{__package__}.actors"),
+        load_actors=lambda: importlib.import_module(service.actors_package),
     ).run()
 
 
@@ -88,8 +87,9 @@ def _worker(args: argparse.Namespace) -> int:
         from ..pools import default_pools_path
         from ..watch import Watcher
 
-        command = [sys.executable, "-m", __package__ or "", "worker"]
-        return Watcher(command, [Path(__file__).resolve().parent, default_pools_path()]).run()
+        service = current()
+        command = [sys.executable, "-m", service.package, "worker"]
+        return Watcher(command, [service.directory, default_pools_path()]).run()
     if args.process:
         return _worker_process(settings)
     from ..supervisor import Supervisor
@@ -115,10 +115,15 @@ def _config(args: argparse.Namespace) -> int:
 
 
 def _live(args: argparse.Namespace) -> int:
-    from ..boards import DEFAULT_STALLED_AFTER_S, DEFAULT_STATE_DIR, ENV_STALLED_AFTER, ENV_STATE_DIR
+    from ..boards import (
+        DEFAULT_STALLED_AFTER_S,
+        ENV_STALLED_AFTER,
+        ENV_STATE_DIR,
+        default_state_dir,
+    )
     from ..probe import liveness_problems
 
-    state_dir = Path(os.environ.get(ENV_STATE_DIR) or DEFAULT_STATE_DIR)
+    state_dir = Path(os.environ.get(ENV_STATE_DIR) or default_state_dir())
     stalled_after = args.stalled_after or float(
         os.environ.get(ENV_STALLED_AFTER) or DEFAULT_STALLED_AFTER_S
     )
@@ -154,10 +159,10 @@ def _schedules(args: argparse.Namespace) -> int:
 #: runs, or when the whole list is needed (``--help``, a mistyped command). ``status`` then
 #: imports neither capacity's models nor the console's pages.
 PLUGGED = {
-    "dlq": (".dlq", "add_commands"),
-    "capacity": (f"{__package__}_bench.capacity", "add_command"),
-    "status": (".status", "add_command"),
-    "console": (".console", "add_command"),
+    "dlq": ("worker_runtime.deadletters.store", "add_commands"),
+    "capacity": ("worker_runtime.capacity", "add_command"),
+    "status": ("worker_runtime.status", "add_command"),
+    "console": ("worker_runtime.console.server", "add_command"),
 }
 
 
@@ -165,7 +170,7 @@ def parser(command: str | None = None) -> argparse.ArgumentParser:
     """The CLI's parser; given the ``command`` about to run, only that one of the
     :data:`PLUGGED` commands is imported (default None: all)."""
     root = argparse.ArgumentParser(
-        prog="{{ cookiecutter.project }}",
+        prog=current().project,
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -213,16 +218,16 @@ def parser(command: str | None = None) -> argparse.ArgumentParser:
 
     for name, (module, adder) in PLUGGED.items():  # only the one that runs (all for --help)
         if command not in PLUGGED or command == name:
-            getattr(importlib.import_module(module, __package__), adder)(commands)
+            getattr(importlib.import_module(module), adder)(commands)
     return root
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(service: Service, argv: list[str] | None = None) -> int:
+    """Run the command of ``argv`` (default: ``sys.argv[1:]``) for ``service``: the bake's
+    ``__main__`` calls it (``python -m <package>``, the ``<project>`` script)."""
+    _nondumpable()
+    use(service)
     words = sys.argv[1:] if argv is None else argv
     args = parser(words[0] if words else None).parse_args(words)
     code: int = args.run(args)
     return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

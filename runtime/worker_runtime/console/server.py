@@ -50,17 +50,18 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, cast
 
-from ..deadletters import store as dlq
 from .. import layout
 from ..cli.args import command_parser
+from ..deadletters import store as dlq
 from ..exitcodes import EX_CONFIG, EX_OK
+from ..service import current
 from ..status import Status, duration, pools_queues, read_status
 
 if TYPE_CHECKING:
     import redis
 
     from ..exporter import Mount
-    from ..settings import Settings
+    from ..settings import WorkerSettings
 
 logger = logging.getLogger(__name__)
 
@@ -165,7 +166,7 @@ class Console:
         )
         return (
             "<!doctype html><html lang=en><head><meta charset=utf-8>"
-            f"<title>{e(title)} - {{ cookiecutter.project }}</title>"
+            f"<title>{e(title)} - {e(current().project)}</title>"
             f'<link rel=stylesheet href="{self.link("/console.css")}"></head><body>'
             f"<nav>{nav}</nav><h1>{e(title)}</h1>{body}</body></html>"
         ).encode()
@@ -697,7 +698,7 @@ class _Handler(BaseHTTPRequestHandler):
         logger.debug("console %s: " + format, self.client_address[0], *args)
 
 
-def exporter_mount(settings: Settings) -> dict[str, Mount]:
+def exporter_mount(settings: WorkerSettings) -> dict[str, Mount]:
     """The console as the exporter mounts it (``CONSOLE_IN_EXPORTER``): its pages under
     :data:`EXPORTER_PREFIX` on ``METRICS_PORT``, every queue of pools.toml, on a Redis client
     of its own (a page of dead letters must not hold up a scrape), read-only unless
@@ -729,7 +730,7 @@ def _console(args: argparse.Namespace) -> int:
     from ..status import connect
 
     settings = load_redis_settings()
-    logs.configure("{{ cookiecutter.project }}-console", "INFO")
+    logs.configure(f"{current().project}-console", "INFO")
     client, url = connect()
     console = Console(client, pools_queues(), os.environ.get(TOKEN_ENV), settings.max_message_bytes)
     try:

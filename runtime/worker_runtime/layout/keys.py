@@ -204,7 +204,7 @@ class QueueKeys:
         )
 
 
-# -- schedules (ours; see scheduler.py and middleware/schedule_lock.py) -----------------
+# -- schedules (ours; see scheduling/loop.py and middleware/schedule_lock.py) -----------------
 
 
 def scheduler_leader_key() -> str:

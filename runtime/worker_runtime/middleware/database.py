@@ -7,7 +7,7 @@ from dramatiq import Broker, Middleware
 from dramatiq.worker import Worker
 
 from .. import db, idempotency
-from ..settings import Settings
+from ..settings import WorkerSettings
 
 
 class DatabasePool(Middleware):
@@ -21,7 +21,7 @@ class DatabasePool(Middleware):
       settings: supplies ``DATABASE_URL`` and ``DB_POOL_SIZE``.
     """
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: WorkerSettings) -> None:
         self.settings = settings
 
     def before_worker_boot(self, broker: Broker, worker: Worker) -> None:

@@ -73,7 +73,7 @@ from prometheus_client.mmap_dict import MmapedDict
 
 from .. import logs
 from ..layout import DEAD_LETTER_REASON, RETRIES, canonical
-from ..settings import DATABASE_ENABLED
+from ..settings import database_enabled
 from ..settlement import job_outcome, lost_reason, skip_outcome
 
 logger = logging.getLogger(__name__)
@@ -306,7 +306,7 @@ class Metrics(Middleware):
     ) -> None:
         self.concurrency = concurrency
         self.queues = list(queues)
-        self.database = DATABASE_ENABLED if database is None else database
+        self.database = database_enabled() if database is None else database
         self.publish_interval_s = publish_interval_s
         #: Handler thread id -> ``perf_counter()`` when its job started (the jobs in flight).
         self._running: dict[int, float] = {}

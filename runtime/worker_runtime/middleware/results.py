@@ -8,13 +8,13 @@ from dramatiq import Broker
 from dramatiq.broker import MessageProxy
 from dramatiq.results import Results
 
-from ..results import ResultNotStorableError
+from ..resultstore import ResultNotStorableError
 from ..settlement import dead_letter_delivery
 
 
 class StoredResults(Results):
     """Dramatiq's :class:`~dramatiq.results.Results` (``store_results=True``; the backend is
-    :class:`..results.CappedResults`), whose per-job hook returns at once for a job that
+    :class:`..resultstore.CappedResults`), whose per-job hook returns at once for a job that
     returned None and does not store results: most jobs. Dramatiq's looks its options up for
     every job.
 

@@ -50,7 +50,7 @@ from dramatiq.broker import MessageProxy
 from opentelemetry import context, propagate, trace
 
 from ..layout import DEAD_LETTER_REASON, canonical, deliveries
-from ..settings import VERSION
+from ..service import runtime_version
 from ..settlement import job_outcome, skip_outcome
 from ..telemetry import CONTEXT_OPTION, delivery_attributes, message_context
 from ..telemetry import tracer_provider as configured_provider
@@ -65,7 +65,9 @@ class Tracing(Middleware):
     def __init__(self, tracer_provider: trace.TracerProvider | None = None) -> None:
         provider = configured_provider() if tracer_provider is None else tracer_provider
         self.tracer = (
-            None if provider is None else provider.get_tracer(__name__.rpartition(".")[0], VERSION)
+            None
+            if provider is None
+            else provider.get_tracer(__name__.rpartition(".")[0], runtime_version())
         )
         self._local = threading.local()
 

@@ -3,7 +3,7 @@
 Only the sandbox pool (queue ``untrusted``) calls this. The worker keeps its own
 network, environment and files; the child gets none of them::
 
-    from {{ cookiecutter.package }}.sandbox import Limits, run_untrusted
+    from worker_runtime.sandbox import Limits, run_untrusted
 
     result = run_untrusted(
         "def main(payload):\\n    return sum(payload['numbers'])\\n",
@@ -27,7 +27,7 @@ to start (exit 78). There is no opt-in (issue #25).
 
 The layers (reported in :attr:`SandboxResult.layers` as far as the kernel supports
 them) are described in ``docs/sandbox.md`` of worker-template and in
-:mod:`._sandbox_child`, the launcher that runs as the child.
+:mod:`._child`, the launcher that runs as the child.
 """
 
 from __future__ import annotations
@@ -88,9 +88,9 @@ STATUSES: Final[tuple[Status, ...]] = ("ok", "error", "timeout", "memory", "cpu"
                                        "output_too_large", "crashed", "forbidden",
                                        "disk")  # fmt: skip
 
-_LAUNCHER = Path(__file__).with_name("_sandbox_child.py")
-_SETUP_FAILED = EX_SOFTWARE  # _sandbox_child.SETUP_FAILED (a test checks they agree)
-_UNCONTAINED = EX_CONFIG  # _sandbox_child.UNCONTAINED (a test checks they agree)
+_LAUNCHER = Path(__file__).with_name("_child.py")
+_SETUP_FAILED = EX_SOFTWARE  # _child.SETUP_FAILED (a test checks they agree)
+_UNCONTAINED = EX_CONFIG  # _child.UNCONTAINED (a test checks they agree)
 _MAX_LOG_BYTES = 64 * 1024
 #: Largest value of a :class:`Limits` field: what a resource limit (``rlim_t``) can hold.
 _MAX_LIMIT: Final = 2**62

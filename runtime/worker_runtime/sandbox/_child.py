@@ -1,9 +1,9 @@
 """The launcher that :func:`.sandbox.run_untrusted` executes as the sandbox child.
 
-It runs as ``python -I -S _sandbox_child.py <config>`` (standard library only, never
+It runs as ``python -I -S _child.py <config>`` (standard library only, never
 imported by the worker), confines itself and then runs the customer's snippet:
 
-1. reads its seccomp program (built by the worker, :mod:`._sandbox_seccomp`) and the
+1. reads its seccomp program (built by the worker, :mod:`._seccomp`) and the
    payload (JSON) from stdin, and keeps a private copy of stdout for the result; the
    snippet's own ``print`` output goes to stderr;
 2. enters new network, IPC and mount namespaces where it can (``netns``, ``ipcns``,
@@ -505,7 +505,7 @@ def _drop_capabilities() -> list[str]:
 
 
 def _install_seccomp(program: bytes) -> list[str]:
-    """Load the allowlist the worker built (:mod:`._sandbox_seccomp`): the last step."""
+    """Load the allowlist the worker built (:mod:`._seccomp`): the last step."""
     if not program or len(program) % 8 or len(program) // 8 > 0xFFFF:
         raise SetupError(f"malformed seccomp program ({len(program)} bytes)")
     buffer = ctypes.create_string_buffer(program, len(program))

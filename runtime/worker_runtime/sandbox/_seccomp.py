@@ -4,7 +4,7 @@ Deny by default: a call that is not listed here fails with ``EPERM``. The worker
 the filter once per ``max_processes`` with a placeholder pid (libseccomp, exported as
 classic BPF), and for each child writes that child's pid over the placeholder's
 constants (the program is otherwise the same byte for byte, which a test checks); the
-child loads it as the last step of its set-up (:mod:`._sandbox_child`), which needs
+child loads it as the last step of its set-up (:mod:`._child`), which needs
 nothing but the standard library.
 
 The list is what a CPython interpreter running the standard library needs (file I/O

@@ -57,12 +57,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from pydantic import Field, ValidationError
 
-from .. import redisclient
+from .. import contract, redisclient
 from ..boards import (
     DEFAULT_STALLED_AFTER_S,
-    DEFAULT_STATE_DIR,
     ProgressBoard,
     StateDirError,
+    default_state_dir,
     progress_dir,
 )
 from ..exitcodes import EX_FAILURE, EX_OK
@@ -78,19 +78,18 @@ from ..layout import (
     renew_lock,
     scheduler_leader_key,
 )
+from ..service import current
 from ..settings import (
     DEFAULT_LOG_FORMAT,
     DEFAULT_LOG_LEVEL,
     DEFAULT_METRICS_PORT,
-    PROJECT,
-    VERSION,
     LogFormat,
     LogLevel,
     MetricsPort,
     RedisSettings,
     ServiceName,
-    Settings,
     StalledAfterS,
+    WorkerSettings,
     config_errors,
     refuse,
 )
@@ -117,10 +116,13 @@ class SchedulerSettings(RedisSettings):
     """
 
     metrics_port: MetricsPort = DEFAULT_METRICS_PORT
-    scheduler_leader_ttl_ms: Annotated[int, Field(ge=1_000, le=600_000)] = 10_000
-    worker_state_dir: Path = DEFAULT_STATE_DIR
+    scheduler_leader_ttl_ms: Annotated[
+        int,
+        Field(ge=contract.SCHEDULER_LEADER_TTL_MIN_MS, le=contract.SCHEDULER_LEADER_TTL_MAX_MS),
+    ] = contract.SCHEDULER_LEADER_TTL_MS
+    worker_state_dir: Path = Field(default_factory=default_state_dir)
     health_stalled_after_s: StalledAfterS = DEFAULT_STALLED_AFTER_S
-    otel_service_name: ServiceName = PROJECT
+    otel_service_name: ServiceName = Field(default_factory=lambda: current().project)
     log_level: LogLevel = DEFAULT_LOG_LEVEL
     log_format: LogFormat = DEFAULT_LOG_FORMAT
 
@@ -165,9 +167,9 @@ class Target:
 def check_actors(schedules: Mapping[str, Schedule]) -> dict[str, Target]:
     """Import the actors, which refuses to boot (exit 78) when a schedule cannot run
     (``actors.check_queues``); return where each schedule's messages go."""
-    from .. import actors  # noqa: F401  (declares every actor, checks the schedules)
-    from ..broker import broker
+    from ..actors import load
 
+    broker = load()  # declares every actor, checks the schedules
     return {
         name: Target(s.actor, broker.actors[s.actor].queue_name) for name, s in schedules.items()
     }
@@ -234,7 +236,7 @@ class Scheduler:
 
             registry.register(BacklogCollector(self.client, list(self.pools), self.pools))
         try:
-            exporter = Exporter(cast(Settings, self.settings), registry)
+            exporter = Exporter(cast(WorkerSettings, self.settings), registry)
         except OSError as error:
             board.close()
             refuse([f"METRICS_PORT={self.settings.metrics_port}: cannot listen: {error.strerror}"])
@@ -243,8 +245,8 @@ class Scheduler:
             "scheduler started",
             extra={
                 "event": "start",
-                "version": VERSION,
-                "project": PROJECT,
+                "version": current().version,
+                "project": current().project,
                 "scheduler": self.me,
                 "schedules": sorted(self.schedules),
                 "config": {
@@ -457,9 +459,10 @@ def run() -> int:
     logs.configure(settings.otel_service_name, settings.log_level, settings.log_format)
     schedules = load_schedules()
     targets = check_actors(schedules)
-    from ..broker import broker
+    from ..actors import load
     from ..settings import pools
 
+    broker = load()
     queues = {q: name for name, pool in pools().pools.items() for q in pool.queues}
     return Scheduler(settings, schedules, targets, broker, pools=queues).run()
 

@@ -8,8 +8,7 @@ import dramatiq
 from dramatiq.rate_limits import ConcurrentRateLimiter
 from dramatiq.rate_limits.backends import RedisBackend
 from pydantic import Field
-
-from ..typed import JobArguments, actor
+from worker_runtime.typed import JobArguments, actor
 
 # The partner allows this many calls in flight across every replica (pools.toml partner_api).
 PARTNER_CONCURRENT_CALLS = 20

@@ -5,9 +5,8 @@ from __future__ import annotations
 import logging
 
 from pydantic import Field
-
-from ..idempotency import once_with_lease
-from ..typed import JobArguments, actor
+from worker_runtime.idempotency import once_with_lease
+from worker_runtime.typed import JobArguments, actor
 
 logger = logging.getLogger(__name__)
 

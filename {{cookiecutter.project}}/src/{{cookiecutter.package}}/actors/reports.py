@@ -6,9 +6,8 @@ import hashlib
 import logging
 
 from pydantic import Field
-
-from ..lifecycle import checkpoint
-from ..typed import JobArguments, actor
+from worker_runtime import checkpoint
+from worker_runtime.typed import JobArguments, actor
 
 logger = logging.getLogger(__name__)
 

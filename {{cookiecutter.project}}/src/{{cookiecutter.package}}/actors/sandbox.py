@@ -1,11 +1,11 @@
-"""Sandbox pool: customer-supplied code, run by :func:`..sandbox.run_untrusted`.
+"""Sandbox pool: customer-supplied code, run by :func:`worker_runtime.sandbox.run_untrusted`.
 
 A breach by the customer's code (timeout, memory, forbidden network, ...) is a
 result: it is logged and returned, never retried. Only a failure of the sandbox
-itself raises :class:`..sandbox.SandboxError`, which Dramatiq retries.
+itself raises :class:`worker_runtime.sandbox.SandboxError`, which Dramatiq retries.
 
 A worker process that serves this queue checks the sandbox once, at boot
-(:func:`..sandbox.check_sandbox`): where it cannot run (no layer keeps a snippet from
+(:func:`worker_runtime.sandbox.check_sandbox`): where it cannot run (no layer keeps a snippet from
 the worker's files and processes, or libseccomp is missing) the process refuses to boot
 with one line and exit 78, instead of failing every job.
 """
@@ -17,11 +17,10 @@ import os
 from typing import Any
 
 import dramatiq
-
-from .. import layout
-from ..broker import POOL_ENV
-from ..sandbox import Limits, SandboxError, check_sandbox, run_untrusted
-from ..settings import load_settings, refuse
+from worker_runtime import layout
+from worker_runtime.broker import POOL_ENV
+from worker_runtime.sandbox import Limits, SandboxError, check_sandbox, run_untrusted
+from worker_runtime.settings import load_settings, refuse
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +56,7 @@ def run_customer_code(
     Parameters:
       source(str): the customer's Python source; it defines ``main(payload)``.
       payload(Any): JSON data passed to ``main``.
-      limits(dict|None): overrides of :class:`..sandbox.Limits` fields, e.g.
+      limits(dict|None): overrides of :class:`worker_runtime.sandbox.Limits` fields, e.g.
         ``{"cpu_seconds": 2}``; defaults to ``Limits()``.
     """
     result = run_untrusted(source, payload, limits=Limits(**(limits or {})))

@@ -8,7 +8,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from worker_runtime.settings import Settings
+
+from worker_runtime.settings import WorkerSettings
 from worker_runtime.supervisor import (
     RESTART_BACKOFF_S,
     STABLE_AFTER_S,
@@ -42,7 +43,7 @@ def test_a_stop_signal_during_a_respawn_reaches_the_new_process(
     would wait for it forever."""
     monkeypatch.setenv("WORKER_POOL", "external")  # a pool without the database
     monkeypatch.setenv("WORKER_STATE_DIR", str(tmp_path))
-    supervisor = Supervisor(Settings())  # type: ignore[call-arg]
+    supervisor = Supervisor(WorkerSettings())  # type: ignore[call-arg]
     dead = subprocess.Popen(["true"])
     dead.wait()
     slot = Child(0, dead, tmp_path / "0.txt", state=ChildState.WAITING)

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import redis
+
 from worker_runtime import layout
 from worker_runtime.deadletters import store as dlq
 

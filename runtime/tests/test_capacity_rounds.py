@@ -10,6 +10,7 @@ processes; ``bench/capacity_bench.py`` measures a real CPU-bound handler.
 from __future__ import annotations
 
 import pytest
+
 from worker_runtime.capacity import (
     NOISY_SPREAD,
     CapacityError,

@@ -1,0 +1,1 @@
+"""The web console (``console``, ``CONSOLE_IN_EXPORTER``): :mod:`.server`."""

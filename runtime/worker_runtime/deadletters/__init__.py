@@ -1,0 +1,1 @@
+"""Dead letters: the store and the ``dlq`` commands (:mod:`.store`)."""
