@@ -40,11 +40,12 @@ e2e-build:
 e2e: venv e2e-build
 	$(BIN)/python -m pytest tests/test_e2e_cluster.py -m e2e -p no:xdist -p no:cacheprovider -s -v
 
-# A real node (#43, not in CI yet: see README, "make e2e-full"): containerd, runc, the bridge
-# CNI and the kubelet in namespaces of their own (scripts/e2e/node.py), the bake's image built
-# on the local base; tests/test_e2e_node.py checks that the host is left as it was.
+# A real node (#43; not in CI: README, "What `make e2e` costs"): containerd, runc, the bridge
+# CNI and the kubelet in namespaces of their own (scripts/e2e/node.py), the host left as it
+# was (tests/test_e2e_node.py); then the bake's own image on real pods through the real
+# Pulumi engine (scripts/e2e/pods.py: up, a roll with a ledger, a wedged handler, destroy).
 e2e-full: venv e2e-build
-	$(BIN)/python -m pytest tests/test_e2e_node.py -m e2e -p no:xdist -p no:cacheprovider -s -v
+	$(BIN)/python -m pytest tests/test_e2e_node.py tests/test_e2e_pods.py -m e2e -p no:xdist -p no:cacheprovider -s -v
 
 # ruff on worker_runtime (runtime/pyproject.toml), worker_infra (infra/pyproject.toml) and
 # the benchmarks (bench/ruff.toml); mypy --strict on worker_runtime and its tests; the import

@@ -1,0 +1,51 @@
+"""`make e2e-full`: the Pulumi scenarios on real pods (scripts/e2e/pods.py): the bake's own image
+on the real node of scripts/e2e/node.py, every step's ``ok`` line, and nothing left running.
+
+Needs what tests/test_e2e_node.py needs, plus the Pulumi engines of `make e2e-build` and this
+machine's PostgreSQL (the pools that use the database are Ready only when it answers).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from bakery import TEMPLATE
+from test_e2e_node import host_state, require_node
+
+E2E = TEMPLATE / "scripts" / "e2e"
+sys.path.insert(0, str(E2E))
+import pods
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.mark.timeout(1500)
+def test_the_scenarios_pass_on_real_pods(tmp_path: Path) -> None:
+    require_node()
+    subprocess.run([sys.executable, str(E2E / "cluster.py"), "--sweep"], check=True)
+    before = host_state()
+    proc = subprocess.Popen(
+        [sys.executable, str(E2E / "pods.py")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
+    assert proc.stdout is not None
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("e2e:"):
+                print(line, end="", flush=True)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(120)
+    text = "".join(lines)
+    assert proc.wait() == 0, text[-8000:]
+    for name in pods.SCENARIOS:
+        assert f"e2e: {name} ok in" in text, name
+    assert host_state() == before
