@@ -111,6 +111,30 @@ def commandstats(client: redis.Redis) -> dict[str, int]:
     return {name.removeprefix("cmdstat_"): int(stat["calls"]) for name, stat in info.items()}
 
 
+#: Redis's own calls in a counted window: our INFO, the CONFIG RESETSTAT; MONITOR itself is
+#: not counted in commandstats once attached.
+OURS = {"info": 1, "config|resetstat": 1}
+
+
+def count_window(
+    client: redis.Redis, monitor: Monitor, window_s: float
+) -> tuple[dict[str, int], int, int, float]:
+    """Attach ``monitor`` and count over ``window_s`` seconds: (the commandstats of the
+    window, the commands run, the round trips sent (commands less those scripts ran), the
+    seconds counted)."""
+    monitor.start()
+    time.sleep(0.5)  # the monitor is attached
+    client.config_resetstat()
+    monitor.counting = True
+    started = time.monotonic()
+    time.sleep(window_s)
+    stats = commandstats(client)
+    monitor.counting = False
+    elapsed = time.monotonic() - started
+    commands = sum(stats.values()) - sum(OURS.values())
+    return stats, commands, commands - monitor.lua, elapsed
+
+
 def measure(
     root: Path,
     system: str,
@@ -164,28 +188,15 @@ def measure(
         if process.poll() is not None:
             raise SystemExit(f"{system} exited {process.returncode}: see {log}")
         time.sleep(settle_s)
-        monitor.start()
-        time.sleep(0.5)  # the monitor is attached
-        client.config_resetstat()
-        monitor.counting = True
-        started = time.monotonic()
-        time.sleep(window_s)
-        stats = commandstats(client)
-        monitor.counting = False
-        elapsed = time.monotonic() - started
+        stats, commands, round_trips, elapsed = count_window(client, monitor, window_s)
     finally:
         monitor.stopped.set()
         _workers.stop(process)
         client.close()
         server.stop()
-    # Redis's own calls in the window: our INFO, the CONFIG RESETSTAT; MONITOR itself is
-    # not counted in commandstats once attached.
-    ours = {"info": 1, "config|resetstat": 1}
-    commands = sum(stats.values()) - sum(ours.values())
-    round_trips = commands - monitor.lua
     per = elapsed * processes
     top = sorted(
-        ((calls, name) for name, calls in stats.items() if name not in ours), reverse=True
+        ((calls, name) for name, calls in stats.items() if name not in OURS), reverse=True
     )[:6]
     return {
         "system": system,

@@ -344,6 +344,46 @@ def console(results: dict[str, Any]) -> Iterator[Row]:
         yield (*row, "", "")
 
 
+def flow(results: dict[str, Any]) -> Iterator[Row]:
+    cost = results["cost"]
+    rate, cpu, calls = cost["jobs_per_s"], cost["cpu_us_per_job"], cost["redis_commands_per_job"]
+    yield (
+        (
+            "flow control on vs off: no-op jobs/s (CPU us/job, Redis commands/job), "
+            f"{cost['jobs']:,} x {cost['rounds']} rounds"
+        ),
+        f"{rate['on']:.0f} ({cpu['on']:.0f}, {calls['on']:.1f})",
+        f"off {rate['off']:.0f} ({cpu['off']:.0f}, {calls['off']:.1f})",
+        f"{_f(cost['on_vs_off_cost'] * 100, 1)}% ({_f(cost['on_vs_off_cpu_cost'] * 100, 1)}% CPU)",
+    )
+    yield (
+        "flow control off vs before it (today): no-op jobs/s (CPU us/job, Redis commands/job)",
+        f"{rate['off']:.0f} ({cpu['off']:.0f}, {calls['off']:.1f})",
+        f"today {rate['today']:.0f} ({cpu['today']:.0f}, {calls['today']:.1f})",
+        f"{_f(cost['off_vs_today'])} x ({_f(cost['off_vs_today_cpu'])} x CPU)",
+    )
+    accuracy = results["accuracy"]
+    yield (
+        (
+            f"admission: {accuracy['processes']} x {accuracy['threads']} threads, budget "
+            f"{accuracy['budget']}, rate {accuracy['rate_per_s']:g}/s, {accuracy['window_s']:.0f} s"
+        ),
+        f"peak {accuracy['peak_in_flight']}, {accuracy['starts_per_s']:.1f} starts/s",
+        f"attempts spent waiting: {accuracy['jobs_started_twice'] + accuracy['retried']}",
+        f"{_f(accuracy['rate_ratio'], 3)} x rate",
+    )
+    idle_rows = {row["case"]: row for row in results["idle"]}
+    base = idle_rows["idle"]["round_trips_per_s"]
+    for case in ("throttled", "paused"):
+        row = idle_rows[case]
+        yield (
+            f"idle Redis round trips/s of a {case} queue ({row['waiting']} waiting), one process",
+            _f(row["round_trips_per_s"], 1),
+            f"empty queue {_f(base, 1)}",
+            f"{_f(row['round_trips_per_s'] / base)} x",
+        )
+
+
 SUMMARIES: dict[str, Callable[[dict[str, Any]], Iterator[Row]]] = {
     "throughput_bench": throughput,
     "compare_bench": compare,
@@ -355,6 +395,7 @@ SUMMARIES: dict[str, Callable[[dict[str, Any]], Iterator[Row]]] = {
     "bake_bench": bake,
     "capacity_bench": capacity,
     "console_bench": console,
+    "flow_bench": flow,
 }
 
 

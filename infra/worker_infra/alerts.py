@@ -94,10 +94,55 @@ def backlog_age_rule(pool: PoolSpec, series: PoolSeries, queue: str) -> Rule:
     }
 
 
+#: The window over which a pool counts as throttled (``jobs_throttled_total`` rising).
+THROTTLED_WINDOW = "5m"
+
+
+def throttled_rule(pool: PoolSpec, series: PoolSeries) -> Rule:
+    """A queue of a pool that ``uses`` a downstream resource waits past the pool's
+    ``backlog_age_target_s`` while its fetches are held back for the resource's budget or
+    rate (``jobs_throttled_total`` rising): the budget, not the replicas, is the
+    bottleneck, and scaling up would not help."""
+    target = pool.backlog_age_target_s
+    ready = series.backlog(f'queue=~"{queues_regex(pool.queues)}"')
+    on = f"on ({POOL_SERIES_LABEL}, queue)"
+    return {
+        "alert": "WorkerThrottledByDownstream",
+        "expr": (
+            f"sum by ({BY_POOL}, queue) "
+            f"(rate(jobs_throttled_total{{{series.workers()}}}[{THROTTLED_WINDOW}])) > 0\n"
+            f"and {on} max by ({POOL_SERIES_LABEL}, queue) "
+            f"(queue_oldest_message_seconds{{{ready}}}) > {target}"
+        ),
+        "for": BACKLOG_FOR,
+        "labels": _labels(
+            series.project,
+            series.namespace,
+            series.pool,
+            severity="ticket",
+            slo_seconds=str(target),
+        ),
+        "annotations": {
+            "summary": f"{series.project}/{series.pool}: queue {{{{ $labels.queue }}}} waits "
+            "for a downstream budget",
+            "description": (
+                f"Its next due message waited past pool {pool.name}'s backlog_age_target_s "
+                f"({target} s) while fetches were held back for the budget or rate of a "
+                "downstream resource it uses (jobs_throttled_total by reason): scaling up would "
+                "not help. Raise the resource's capacity/rate (pools.toml, "
+                "DOWNSTREAM_<NAME>_*) if it allows, or accept the wait; `status` shows the "
+                "budgets in use."
+            ),
+        },
+    }
+
+
 def pool_backlog_rules(pool: PoolSpec, series: PoolSeries, project: str) -> list[Rule]:
     """The pool's backlog alerts: each queue's age, overdue delayed messages, dead letters,
     and a backlog that no worker serves (read from the scheduler's copy at zero pods)."""
     rules = [backlog_age_rule(pool, series, queue) for queue in pool.queues]
+    if pool.uses:
+        rules.append(throttled_rule(pool, series))
     delayed = series.backlog(f'queue=~"{queues_regex(pool.queues, DELAY_SUFFIX)}"')
     ready = series.backlog(f'queue=~"{queues_regex(pool.queues)}"')
     head = series.backlog(f'queue="{pool.queues[0]}"')

@@ -92,6 +92,8 @@ class PoolState:
       resets_per_minute: broker resets seen per minute per pod.
       lost_per_minute: settlements that found their message gone, per minute per pod and queue.
       broker_full: Redis refuses writes for being full (``broker_full`` 1).
+      throttled_per_minute: messages a fetch left queued for a downstream budget, per
+        minute per pod and queue.
     """
 
     pods: int = 2
@@ -109,6 +111,7 @@ class PoolState:
     resets_per_minute: float = 0
     lost_per_minute: float = 0
     broker_full: bool = False
+    throttled_per_minute: float = 0
 
 
 @dataclass
@@ -218,6 +221,11 @@ class _Builder:
                 growing(5, s.failed_per_minute),
             )
             self.add("jobs_lost_total", {**labels, "queue": queue}, growing(0, s.lost_per_minute))
+            self.add(
+                "jobs_throttled_total",
+                {**labels, "queue": queue, "reason": "budget"},
+                growing(0, s.throttled_per_minute),
+            )
         self.add("broker_resets_total", labels, growing(0, s.resets_per_minute))
         if self.database:
             size = pool.processes * pool.db_pool_size
@@ -549,6 +557,28 @@ class RuleTests:
                 ],
             )
         )
+        if pool.uses:
+            throttled = PoolState(
+                inflight=None, done_per_minute=30, depth=10, age_s=over, throttled_per_minute=60
+            )
+            cases.append(
+                self.case(
+                    f"{pool.name}: the downstream budget holds the backlog past its target",
+                    ServiceState(ns, {pool.name: throttled}),
+                    [
+                        *self.age(pool, over),
+                        *(
+                            Expected(
+                                "WorkerThrottledByDownstream",
+                                self.by_pool(pool, queue=q, **own),
+                                throttled.pods * throttled.throttled_per_minute / 60,
+                                pool.slug,
+                            )
+                            for q in pool.queues
+                        ),
+                    ],
+                )
+            )
         return cases
 
     def service_cases(self) -> list[dict[str, Any]]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import dramatiq
 import redis
@@ -46,7 +46,7 @@ def _redis_broker(
     middleware: Callable[[redis.Redis], list[Middleware]],
     max_connections: int | None = None,
     state_dir: Path | None = None,
-    **options: int,
+    **options: Any,
 ) -> SettlingRedisBroker:
     """A broker on ``redis_url`` with our key namespace and Dramatiq's maintenance off, and the
     ``middleware`` made for its client; the client's pool makes up to ``max_connections``
@@ -87,6 +87,8 @@ def build_broker(settings: WorkerSettings, stack: Stack) -> SettlingRedisBroker:
         state_dir=settings.worker_state_dir,
         heartbeat_timeout=settings.worker_heartbeat_timeout_ms,
         max_message_bytes=settings.max_message_bytes,
+        gates=settings.gates,
+        lease_ms=settings.admission_lease_ms,
     )
 
 

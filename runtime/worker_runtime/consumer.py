@@ -87,6 +87,7 @@ from .settlement import (
     REJECT_SIGNAL,
     REQUEUE,
     RESET_SIGNAL,
+    THROTTLE_SIGNAL,
     UNKNOWN_ACTOR,
     Settlement,
     SettlingBroker,
@@ -148,7 +149,11 @@ class SettlingConsumer(_RedisConsumer):
         #: consumed from elsewhere. Handler threads pass their refills on through it.
         self.dispatch: Callable[[MessageProxy], None] | None = None
         self.delayed = queue_name.endswith(layout.DELAY_SUFFIX)
-        self._fetch_keys = layout.fetch_keys(broker.broker_id, queue_name)
+        #: The downstream resources this queue's deliveries hold (none for a delay queue).
+        self.gates = () if self.delayed else broker.gates.get(queue_name, ())
+        self._fetch_keys = layout.fetch_keys(broker.broker_id, queue_name, self.gates)
+        #: What the last fetch or refill said of the messages it left queued.
+        self.admission = layout.ADMITTED
         #: Ids held in Redis and not in memory: when each was first seen so.
         self._unknown_since: dict[str, float] = {}
 
@@ -248,10 +253,14 @@ class SettlingConsumer(_RedisConsumer):
                     self._fill(claimed, fetched, epoch)
                 if fetched:
                     continue
-                # The queue is empty: poll it again after a growing pause, up to IDLE_POLL_MS,
-                # unless a producer (or the drain) wakes it first.
+                # The queue is empty (or held back: paused, over a budget or a rate): poll it
+                # again after a growing pause, up to IDLE_POLL_MS, unless a producer (or the
+                # drain) wakes it first; held back, only the drain or the next token ends it.
                 self.misses, backoff_ms = compute_backoff(self.misses, max_backoff=IDLE_POLL_MS)
-                self._woken.wait(backoff_ms / 1000)
+                if self.admission.reason:
+                    self._hold_back(self.admission, backoff_ms)
+                else:
+                    self._woken.wait(backoff_ms / 1000)
                 return None
         except redis.RedisError as error:
             raise ConnectionClosed(error) from None
@@ -275,8 +284,32 @@ class SettlingConsumer(_RedisConsumer):
             self._woken.wait(wait_s)
 
     def _fetch(self, count: int) -> list[tuple[str, bytes | None]]:
-        raw = self.broker.fetch_script(keys=self._fetch_keys, args=[count, self.broker.broker_id])
-        return _pairs(raw)
+        args = layout.fetch_args(
+            count, self.broker.broker_id, self.queue_name, self.gates, self.broker.lease_ms
+        )
+        raw = self.broker.fetch_script(keys=self._fetch_keys, args=args)
+        admission, fetched = layout.taken(raw)
+        self.held_back(admission)
+        return fetched
+
+    def held_back(self, admission: layout.Admission) -> None:
+        """Note what a fetch or refill said of the messages it left queued; signal a throttle
+        (:data:`.settlement.THROTTLE_SIGNAL`) so ``jobs_throttled_total`` counts it."""
+        self.admission = admission
+        if admission.reason in (layout.BUDGET, layout.RATE):
+            queue = layout.canonical(self.queue_name)
+            self.broker.emit_after(THROTTLE_SIGNAL, queue, admission.reason, admission.deferred)
+
+    def _hold_back(self, admission: layout.Admission, backoff_ms: int) -> None:
+        """Wait before fetching a queue that held its messages back: until the next token
+        (a rate), or the growing pause (a budget: a settlement elsewhere frees a slot; a
+        pause), up to IDLE_POLL_MS. An enqueue's wake-up does not end it (a busy producer
+        would make every held-back consumer fetch for nothing); the drain does."""
+        wait_ms = admission.wait_ms if admission.reason == layout.RATE else backoff_ms
+        deadline = time.monotonic() + min(max(wait_ms, 1), IDLE_POLL_MS) / 1000
+        while self.broker.fetching and (left := deadline - time.monotonic()) > 0:
+            self._woken.wait(left)
+            self._woken.clear()
 
     def _admit(self, redis_id: str, body: bytes | None, epoch: int) -> MessageProxy | None:
         """The held message ``redis_id``, fetched under the heartbeat epoch ``epoch``, to hand
@@ -383,7 +416,7 @@ class SettlingConsumer(_RedisConsumer):
         refill = self._claim(1, releasing=redis_id)
         epoch = self.broker.holds.epoch  # before the refill is sent
         try:
-            settled, fetched = self.broker.settle_and_take(
+            settled, fetched, admission = self.broker.settle_and_take(
                 self.queue_name, redis_id, settlement, refill, message.message_id
             )
         except redis.RedisError as error:
@@ -413,6 +446,8 @@ class SettlingConsumer(_RedisConsumer):
         self.broker.epoch.ended(self.queue_name, redis_id)
         if not settled:
             self._not_held(message, resent, fetched_here)
+        if refill:
+            self.held_back(admission)
         self._hand_on(refill, fetched, epoch)
         if settlement.sent is not None:
             self.broker.emit_after("enqueue", settlement.sent, settlement.delay)
@@ -560,12 +595,19 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
         max_message_bytes: int | None = None,
         state_dir: Path | None = None,
         outage: Outage | None = None,
+        gates: dict[str, tuple[layout.Gate, ...]] | None = None,
+        lease_ms: int = 0,
         **parameters: Any,
     ) -> None:
         super().__init__(**parameters)  # type: ignore[no-untyped-call]
         #: Says when Redis stops and starts answering (:mod:`.outage`; the recovery pass and
         #: the consumer threads report to it).
         self.outage = outage or Outage("")
+        #: Queue -> the downstream resources its deliveries hold (:mod:`.layout.flow`); a
+        #: queue not named is not gated (its pool uses none). None: none (a producer).
+        self.gates = dict(gates or {})
+        #: How long a downstream slot stays taken when nothing frees it (ms).
+        self.lease_ms = lease_ms
         #: A fetched body bigger than this is dead-lettered unread (None: no limit).
         self.max_message_bytes = max_message_bytes
         #: Notices that Redis lost its data (``state_dir``: where readiness reads it).
@@ -814,7 +856,7 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
         """Store ``settlement`` of the delivery ``redis_id`` held on ``queue``; False when
         this worker no longer held it (someone else recovered it). ``message_id`` (default:
         none) keeps the message index, as :meth:`settle_and_take`."""
-        settled, _ = self.settle_and_take(queue, redis_id, settlement, 0, message_id)
+        settled, _, _ = self.settle_and_take(queue, redis_id, settlement, 0, message_id)
         return settled
 
     def reclaim_orphans(self, now: float) -> int:
@@ -838,26 +880,30 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
 
     def settle_and_take(
         self, queue: str, redis_id: str, settlement: Settlement, take: int, message_id: str = ""
-    ) -> tuple[bool, list[tuple[str, bytes | None]]]:
-        """:meth:`settle`, then take up to ``take`` messages off ``queue`` into this worker's
-        acks set, in one call: (settled, [(redis id, body or None), ...]). ``message_id``
-        (default: none) keeps the message index (:func:`.layout.message_index_key`)."""
+    ) -> tuple[bool, list[tuple[str, bytes | None]], layout.Admission]:
+        """:meth:`settle` (which frees the delivery's downstream slots), then take up to
+        ``take`` messages off ``queue`` into this worker's acks set as flow control admits
+        (:mod:`.layout.flow`), in one call: (settled, [(redis id, body or None), ...], what
+        it said of those it left queued). ``message_id`` (default: none) keeps the message
+        index (:func:`.layout.message_index_key`)."""
+        gates = () if queue.endswith(layout.DELAY_SUFFIX) else self.gates.get(queue, ())
         raw = self.lanes.call(
             self.settle_script,
-            layout.settle_keys(self.broker_id, queue, settlement.target_queue or queue),
-            [
-                settlement.kind,
-                redis_id,
-                settlement.body,
-                settlement.target_id,
+            layout.settle_keys(self.broker_id, queue, settlement.target_queue or queue, gates),
+            layout.settle_args(
+                (settlement.kind, redis_id, settlement.body, settlement.target_id),
                 self.broker_id,
                 take,
                 message_id,
-            ],
+                queue,
+                gates,
+                self.lease_ms,
+            ),
         )
         if raw[0] and settlement.kind in ("retry", "requeue"):
             self.publish_wake(settlement.target_queue or queue)
-        return bool(raw[0]), _pairs(raw[1:])
+        admission, fetched = layout.taken(raw, head=1)
+        return bool(raw[0]), fetched, admission
 
     def publish_wake(self, queue: str) -> None:
         """Wake the idle consumers of ``queue`` (a message was stored on it outside an
@@ -946,11 +992,6 @@ class WakeUps(threading.Thread):
                 self._stopped.wait(self.RECONNECT_S)
             finally:
                 pubsub.close()
-
-
-def _pairs(raw: list[Any]) -> list[tuple[str, bytes | None]]:
-    """``[id1, body1, id2, body2, ...]`` from FETCH or SETTLE as (redis id, body) pairs."""
-    return [(layout.text(raw[i]), raw[i + 1]) for i in range(0, len(raw), 2)]
 
 
 #: Dramatiq writes ``actor_name`` near the start of a body: where :func:`_actor_in` looks.

@@ -164,6 +164,46 @@ class SettledMultiProcessCollector(MultiProcessCollector):
         return metrics
 
 
+class FlowCollector(Collector):
+    """``queue_paused{queue}`` (1 while ``pause`` holds it) for ``queues``, and per
+    downstream resource of ``limits`` (name -> ``capacity - reserved`` in effect)
+    ``downstream_in_use{downstream}`` (deliveries of every pool holding a slot) and
+    ``downstream_limit{downstream}``, read from Redis at each scrape (two round trips);
+    absent from a scrape while Redis does not answer."""
+
+    def __init__(self, client: redis.Redis, queues: Sequence[str], limits: Mapping[str, int]):
+        self.client = client
+        self.queues = list(queues)
+        self.limits = dict(limits)
+
+    def collect(self) -> Iterable[Metric]:
+        try:
+            paused = layout.paused_queues(self.client, self.queues)
+            uses = layout.downstream_use(self.client, list(self.limits))
+        except redis.RedisError as error:
+            logger.warning("flow metrics unavailable: %s", error)
+            return []
+        gauge = GaugeMetricFamily(
+            "queue_paused", "1 while the queue is paused (no worker fetches it).", labels=["queue"]
+        )
+        for queue in self.queues:
+            gauge.add_metric([queue], 1.0 if queue in paused else 0.0)
+        in_use = GaugeMetricFamily(
+            "downstream_in_use",
+            "Deliveries of every pool holding a slot of the downstream budget now.",
+            labels=["downstream"],
+        )
+        limit = GaugeMetricFamily(
+            "downstream_limit",
+            "The downstream's run-time budget of jobs in flight (capacity - reserved).",
+            labels=["downstream"],
+        )
+        for use in uses:
+            in_use.add_metric([use.name], float(use.in_use))
+            limit.add_metric([use.name], float(self.limits[use.name]))
+        return [gauge, in_use, limit]
+
+
 def _settled(path: str) -> bool:
     try:
         return os.path.getsize(path) >= 8
@@ -172,14 +212,19 @@ def _settled(path: str) -> bool:
 
 
 def build_registry(
-    client: redis.Redis, queues: Sequence[str], multiprocess_dir: str | None = None
+    client: redis.Redis,
+    queues: Sequence[str],
+    multiprocess_dir: str | None = None,
+    limits: Mapping[str, int] | None = None,
 ) -> CollectorRegistry:
-    """The exporter's registry: every worker process's metrics and the queues' backlog."""
+    """The exporter's registry: every worker process's metrics, the queues' backlog and
+    flow state (``limits``: the pool's downstream budgets, default none)."""
     registry = CollectorRegistry()
     path = multiprocess_dir or os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if path:
         SettledMultiProcessCollector(registry, path=path)
     registry.register(BacklogCollector(client, queues))
+    registry.register(FlowCollector(client, queues, limits or {}))
     return registry
 
 
@@ -292,7 +337,9 @@ def start_exporter(settings: WorkerSettings, mounts: Mounts | None = None) -> Ex
         settings.redis_url.get_secret_value(), socket_timeout=2, socket_connect_timeout=2
     )
     try:
-        exporter = Exporter(settings, build_registry(client, settings.worker_queues), mounts=mounts)
+        limits = {name: resource.budget for name, resource in settings.downstreams.items()}
+        registry = build_registry(client, settings.worker_queues, limits=limits)
+        exporter = Exporter(settings, registry, mounts=mounts)
     except OSError as error:  # e.g. the port is taken: a restart would fail the same way
         from .settings import refuse
 

@@ -8,10 +8,11 @@ problem named (:class:`PoolsFileError`).
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
@@ -166,6 +167,20 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+#: A rate of calls: ``<calls>/s``, ``<calls>/min`` (or ``/h``); e.g. ``100/s``, ``6000/min``.
+_RATE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*/\s*(s|sec|second|min|minute|h|hour)\s*$")
+_RATE_PERIOD_S = {"s": 1, "sec": 1, "second": 1, "min": 60, "minute": 60, "h": 3600, "hour": 3600}
+
+
+def parse_rate(text: str) -> float:
+    """Calls per second of a rate such as ``100/s`` or ``6000/min``; ``ValueError`` naming
+    the rule when it does not parse or is not above 0."""
+    match = _RATE.match(text)
+    if match is None or float(match.group(1)) <= 0:
+        raise ValueError(f"{text!r} is not a rate above 0 such as 100/s or 6000/min")
+    return float(match.group(1)) / _RATE_PERIOD_S[match.group(2)]
+
+
 class Downstream(_Strict):
     """A resource the handlers share, e.g. PostgreSQL connections or a partner's call limit.
 
@@ -173,17 +188,49 @@ class Downstream(_Strict):
       capacity: what the resource can hold in total.
       reserved: held back for the API, admin and migrations (default 0).
       per_process: what one worker process holds: ``db_pool_size`` or ``concurrency``.
+      rate: the calls a second (``"100/s"``, ``"6000/min"``) the resource allows across
+        every pool that uses it (default: none); enforced at the fetch (:mod:`.flow`).
+      burst: calls that may start at once after a quiet spell (default: one second's worth
+        of ``rate``, at least 1); only with ``rate``.
+
+    ``capacity - reserved`` is the run-time budget of jobs in flight across every process
+    of every pool that ``uses`` the resource (:func:`budgets`); the infra's capacity guard
+    checks the static worst case against the same number.
     """
 
     capacity: PositiveInt
     reserved: Annotated[int, Field(ge=0)] = 0
     per_process: Literal["db_pool_size", "concurrency"] = "db_pool_size"
+    rate: str | None = None
+    burst: PositiveInt | None = None
 
     @model_validator(mode="after")
     def _reserved_below_capacity(self) -> Downstream:
         if self.reserved >= self.capacity:
             raise ValueError(f"reserved ({self.reserved}) must be below capacity ({self.capacity})")
+        if self.rate is not None:
+            parse_rate(self.rate)
+        elif self.burst is not None:
+            raise ValueError("burst is set without a rate")
         return self
+
+    @property
+    def budget(self) -> int:
+        """Jobs in flight at once across every pool using it: ``capacity - reserved``."""
+        return self.capacity - self.reserved
+
+    @property
+    def calls_per_s(self) -> float | None:
+        """``rate`` in calls a second (None: no rate)."""
+        return None if self.rate is None else parse_rate(self.rate)
+
+    @property
+    def effective_burst(self) -> int:
+        """``burst``, by default one second of ``rate`` (at least 1); 0 without a rate."""
+        calls = self.calls_per_s
+        if calls is None:
+            return 0
+        return self.burst if self.burst is not None else max(1, math.ceil(calls))
 
 
 class Pool(_Strict):
@@ -485,6 +532,61 @@ class PoolsFile(_Strict):
             if queue in pool.queues:
                 return name
         return None
+
+
+#: The numbers of a ``[downstream.<name>]`` table an environment may override
+#: (:func:`downstream_env`); a value's rule is the table's own.
+DOWNSTREAM_ENV_FIELDS = ("capacity", "reserved", "rate")
+
+
+def downstream_env(name: str, field: str) -> str:
+    """The variable that overrides ``field`` of downstream ``name`` in an environment:
+    ``DOWNSTREAM_<NAME>_<FIELD>`` (NAME upper-cased, ``-`` as ``_``)."""
+    return f"DOWNSTREAM_{name.upper().replace('-', '_')}_{field.upper()}"
+
+
+def effective_downstreams(
+    file: PoolsFile, env: Mapping[str, str], names: Iterable[str] | None = None
+) -> dict[str, Downstream]:
+    """The downstream resources ``names`` (default: all) of ``file`` with the environment's
+    overrides (:func:`downstream_env`) applied, each validated by :class:`Downstream`.
+    Raises :class:`PoolsFileError`, one line per bad variable (its name, value and the
+    rule): a number that is not one, a budget of zero or less, a rate that does not parse.
+    A variable naming a resource the file does not have is not read."""
+    found: dict[str, Downstream] = {}
+    problems: list[str] = []
+    for name in file.downstream if names is None else names:
+        base = file.downstream[name]
+        values = base.model_dump(exclude_unset=True)
+        given = {
+            field: env[downstream_env(name, field)]
+            for field in DOWNSTREAM_ENV_FIELDS
+            if downstream_env(name, field) in env
+        }
+        bad = False
+        for field, raw in given.items():
+            if field == "rate":
+                values[field] = raw.strip()
+                continue
+            try:
+                values[field] = int(raw.strip())
+            except ValueError:
+                problems.append(f"{downstream_env(name, field)}={raw!r}: not a whole number")
+                bad = True
+        if bad:
+            continue
+        try:
+            found[name] = Downstream.model_validate(values)
+        except ValidationError as error:
+            shown = ", ".join(f"{downstream_env(name, f)}={v!r}" for f, v in given.items())
+            for problem in error.errors():
+                field = ".".join(str(part) for part in problem["loc"])
+                message = str(problem["msg"]).removeprefix("Value error, ")
+                where = shown or f"downstream.{name}"
+                problems.append(f"{where}: {field + ': ' if field else ''}{message}")
+    if problems:
+        raise PoolsFileError("\n".join(problems))
+    return found
 
 
 class PoolsFileError(Exception):

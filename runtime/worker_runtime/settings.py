@@ -31,10 +31,12 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from . import contract
 from .boards import DEFAULT_STALLED_AFTER_S, default_state_dir
 from .exitcodes import EX_CONFIG
+from .layout import Gate, admission_lease_ms
 from .pools import (
     POOLS_FILE_ENV,
     Concurrency,
     DbPoolSize,
+    Downstream,
     JobTimeoutMs,
     MaxAttempts,
     Pool,
@@ -44,6 +46,7 @@ from .pools import (
     Processes,
     ShutdownTimeoutMs,
     derived_env_defaults,
+    effective_downstreams,
     load_pools,
     pool_holds_every_handler,
     prefetch_feeds_every_thread,
@@ -307,6 +310,28 @@ class WorkerSettings(BaseSettings):
         """The pools.toml entry of ``worker_pool``."""
         return load_pools().pools[self.worker_pool]
 
+    @cached_property
+    def downstreams(self) -> dict[str, Downstream]:
+        """The downstream resources this pool ``uses``, with this environment's overrides
+        (``DOWNSTREAM_<NAME>_CAPACITY|RESERVED|RATE``); raises :class:`PoolsFileError`
+        naming each bad variable (:func:`load_settings` refuses to boot on it)."""
+        return effective_downstreams(load_pools(), os.environ, self.pool.uses)
+
+    @property
+    def gates(self) -> dict[str, tuple[Gate, ...]]:
+        """Each queue this process serves -> the downstream budgets its deliveries hold
+        (the pool's ``uses``), enforced at the fetch (:mod:`.layout.flow`)."""
+        gates = tuple(
+            Gate(name, resource.budget, resource.calls_per_s or 0.0, resource.effective_burst)
+            for name, resource in self.downstreams.items()
+        )
+        return {queue: gates for queue in self.worker_queues} if gates else {}
+
+    @property
+    def admission_lease_ms(self) -> int:
+        """How long a downstream slot stays taken when nothing frees it (ms)."""
+        return admission_lease_ms(self.worker_job_timeout_ms, self.worker_heartbeat_timeout_ms)
+
     def masked(self) -> dict[str, Any]:
         """The effective config as JSON-ready values (defaults resolved), secrets masked."""
         shown: dict[str, Any] = {}
@@ -439,10 +464,12 @@ def load_redis_settings() -> RedisSettings:
 
 def load_settings() -> WorkerSettings:
     """The service's settings (its ``Settings`` class: the runtime's and its own variables),
-    validated, or exit 78 with one line per bad variable."""
+    validated, or exit 78 with one line per bad variable (the downstream overrides of the
+    pool's resources included)."""
     try:
         kind: type[WorkerSettings] = current().settings_class() or WorkerSettings
         settings = kind()  # type: ignore[call-arg]  # the values come from the environment
+        settings.downstreams  # noqa: B018  (validated now, at boot)
         return settings
     except (ValidationError, PoolsFileError) as error:
         refuse(config_errors(error))

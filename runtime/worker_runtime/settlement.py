@@ -70,6 +70,9 @@ RESET_SIGNAL: Final = "broker_reset"
 #: ``after_reject_message(broker, queue, actor, reason=...)`` of the middleware that
 #: define it (``queue`` canonical, ``actor`` a declared actor or :data:`UNKNOWN_ACTOR`).
 REJECT_SIGNAL: Final = "reject_message"
+#: The broker's signal for a fetch that left messages queued for want of a downstream slot
+#: or token (``after_throttle(broker, queue, reason, count)``; :mod:`.layout.flow`).
+THROTTLE_SIGNAL: Final = "throttle"
 
 
 @dataclasses.dataclass(frozen=True)

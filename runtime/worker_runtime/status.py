@@ -25,13 +25,16 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import layout
 from .backlog import read_backlog
 from .cli.args import command_parser
 from .exitcodes import EX_FAILURE, EX_OK
+from .flow import DownstreamStatus, FlowState, read_flow
+from .flow import render as render_flow
+from .pools import PoolsFile, PoolsFileError
 
 if TYPE_CHECKING:
     import redis
@@ -48,6 +51,8 @@ class QueueStatus:
     oldest_due_s: float
     inflight: int
     dead_letters: int
+    paused: bool = False
+    throttled: str = ""
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,7 @@ class Status:
     now_ms: int
     queues: list[QueueStatus]
     processes: list[ProcessStatus]
+    downstreams: list[DownstreamStatus] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -126,8 +132,12 @@ def _process(now_ms: int, member: layout.FleetMember) -> ProcessStatus:
     )
 
 
-def read_status(client: redis.Redis, queues: Sequence[str]) -> Status:
-    """The status of ``queues`` and of every worker process of their namespaces."""
+def read_status(
+    client: redis.Redis, queues: Sequence[str], file: PoolsFile | None = None
+) -> Status:
+    """The status of ``queues`` and of every worker process of their namespaces; with
+    ``file`` (pools.toml), the flow state too (:func:`.flow.read_flow`: each queue's
+    ``paused`` and ``throttled``, the downstream budgets in use)."""
     now_ms, fleet = layout.read_fleet(client, queues)
     inflight: dict[str, int] = {}
     for member in fleet:
@@ -135,6 +145,9 @@ def read_status(client: redis.Redis, queues: Sequence[str]) -> Status:
             name = layout.canonical(queue)
             inflight[name] = inflight.get(name, 0) + held
     backlog = read_backlog(client, queues, now=now_ms / 1000)
+    flow = None
+    if file is not None:
+        flow = read_flow(client, file, {each.queue: each.depth for each in backlog})
     return Status(
         now_ms=now_ms,
         queues=[
@@ -145,6 +158,8 @@ def read_status(client: redis.Redis, queues: Sequence[str]) -> Status:
                 oldest_due_s=round(max(each.oldest_s, each.delayed_overdue_s), 3),
                 inflight=inflight.get(each.queue, 0),
                 dead_letters=each.dead_letters,
+                paused=flow is not None and each.queue in flow.paused,
+                throttled="" if flow is None else flow.throttled(each.queue),
             )
             for each in backlog
         ],
@@ -156,6 +171,7 @@ def read_status(client: redis.Redis, queues: Sequence[str]) -> Status:
             ),
             key=lambda process: (process.silent, process.pool, process.host, process.pid or 0),
         ),
+        downstreams=[] if flow is None else flow.downstreams,
     )
 
 
@@ -201,6 +217,9 @@ def render(status: Status) -> str:
         for q in status.queues
     ]
     lines = [table(queues), ""]
+    flow = render_flow(FlowState(status.now_ms, {}, status.downstreams))
+    paused = [f"paused: {q.queue}" for q in status.queues if q.paused]
+    lines += [*paused, flow, ""] if paused or flow else []
     if not status.processes:
         lines.append("no worker process has a heartbeat in Redis")
         return "\n".join(lines)
@@ -237,6 +256,13 @@ def pools_queues() -> list[str]:
     return [name for pool in pools().pools.values() for name in pool.queues]
 
 
+def pools_file() -> PoolsFile:
+    """pools.toml, validated (exit 78 when it is not)."""
+    from .settings import pools
+
+    return pools()
+
+
 def connect() -> tuple[redis.Redis, str]:
     """A Redis client for ``REDIS_URL`` and the URL with its password masked."""
     from .redisclient import connect as redis_connect
@@ -249,9 +275,13 @@ def connect() -> tuple[redis.Redis, str]:
 def _status(args: argparse.Namespace) -> int:
     import redis
 
+    from .settings import config_errors, refuse
+
     client, url = connect()
     try:
-        status = read_status(client, pools_queues())
+        status = read_status(client, pools_queues(), pools_file())
+    except PoolsFileError as error:
+        refuse(config_errors(error))
     except redis.RedisError as error:
         print(f"status: Redis at {url} failed: {error}", file=sys.stderr)
         return EX_FAILURE

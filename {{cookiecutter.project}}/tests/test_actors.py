@@ -57,8 +57,14 @@ def test_report_checkpoints_and_stops_on_shutdown(
         build_report("r-2", rows=50, chunk=10)
 
 
-def test_partner_calls_are_rate_limited(jobs: Jobs) -> None:
-    from {{ cookiecutter.package }}.actors.partner import limiter, sync_customer
+def test_partner_limits_come_from_pools_toml_alone(jobs: Jobs) -> None:
+    """The partner's budget and rate live in pools.toml, enforced at the fetch: the actor
+    module holds no limit of its own (issue #42)."""
+    from worker_runtime.pools import load_pools
 
-    sync_customer(1)
-    assert limiter().limit == 20
+    from {{ cookiecutter.package }}.actors import partner
+
+    partner.sync_customer(1)
+    resource = load_pools().downstream["partner_api"]
+    assert resource.budget == 56 and resource.calls_per_s == 50
+    assert not [name for name in vars(partner) if "LIMIT" in name or "CALLS" in name]

@@ -45,6 +45,11 @@ CONTRACT = {
     "broker_resets_total",
     "jobs_lost_total",
     "broker_full",
+    # flow control (DESIGN 7, issue #42)
+    "queue_paused",
+    "downstream_in_use",
+    "downstream_limit",
+    "jobs_throttled_total",
 }
 DATABASE_ONLY = {"db_pool_in_use", "db_pool_size"}
 #: Read by the OOM-kill alert from kube-state-metrics, not exported by this service.

@@ -12,6 +12,7 @@ Run as ``python -m <package>`` or as the console script ``<project>``:
     scheduler                           fire the schedules of pools.toml (leader-elected)
     schedules [--json]                  each schedule: next fire times, last run
     status [--json]                     queues and worker processes, from Redis
+    pause <queue> / resume <queue>      stop / restart every worker fetching a queue
     console [--host H] [--port P]       the web console (read-only unless CONSOLE_TOKEN)
 
 Imports are local to each command: ``healthcheck live`` must stay fast and must
@@ -162,6 +163,8 @@ PLUGGED = {
     "dlq": ("worker_runtime.deadletters.store", "add_commands"),
     "capacity": ("worker_runtime.capacity", "add_command"),
     "status": ("worker_runtime.status", "add_command"),
+    "pause": ("worker_runtime.pausing", "add_pause"),
+    "resume": ("worker_runtime.pausing", "add_resume"),
     "console": ("worker_runtime.console.server", "add_command"),
 }
 

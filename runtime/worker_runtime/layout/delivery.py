@@ -17,6 +17,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
+from .flow import (
+    ADMIT,
+    ADMITTED,
+    RELEASE,
+    Admission,
+    Gate,
+    flow_args,
+    flow_keys,
+    gated_name,
+)
 from .keys import (
     QueueKeys,
     acks_key,
@@ -26,6 +36,7 @@ from .keys import (
     delay_queue,
     due_key,
     epoch_key,
+    gates_key,
     heartbeats_key,
     message_index_key,
     namespace_of,
@@ -67,15 +78,18 @@ end
 
 #: Requeue a held message. Only the caller that removes the id from the acks set moves it,
 #: and only while its holder has been silent for ARGV[4] ms (0: whatever it did, see
-#: :data:`SILENT`).
-#: KEYS: acks set, bodies of the queue, the queue, heartbeats.  ARGV: redis id, new body or
-#: '', the holder's broker id, silent ms.
+#: :data:`SILENT`); it frees the downstream slots the delivery held (:data:`.flow.RELEASE`).
+#: KEYS: acks set, bodies of the queue, the queue, heartbeats, the gates hash.  ARGV: redis
+#: id, new body or '', the holder's broker id, silent ms, the queue's name ('' for a delay
+#: queue).
 REQUEUE: Final = (
     CLOCK
     + SILENT
+    + RELEASE
     + """
 if not silent(KEYS[4], ARGV[3], tonumber(ARGV[4])) then return 0 end
 if redis.call('srem', KEYS[1], ARGV[1]) == 1 then
+  release(KEYS[5], ARGV[5], ARGV[1])
   if redis.call('hexists', KEYS[2], ARGV[1]) == 1 then
     if ARGV[2] ~= '' then redis.call('hset', KEYS[2], ARGV[1], ARGV[2]) end
     redis.call('rpush', KEYS[3], ARGV[1])
@@ -102,16 +116,19 @@ end
 """
 
 #: Dead-letter a held message: the same guards, then the zset and bodies, as Dramatiq's
-#: nack; its index entry goes with it.
+#: nack; its index entry and its downstream slots (:data:`.flow.RELEASE`) go with it.
 #: KEYS: acks set, bodies of the queue, dead zset, dead bodies, the message index,
-#: heartbeats.  ARGV: id, body, message id ('': not known), the holder's broker id, silent ms.
+#: heartbeats, the gates hash.  ARGV: id, body, message id ('': not known), the holder's
+#: broker id, silent ms, the queue's name ('' for a delay queue).
 DEAD_LETTER: Final = (
     CLOCK
     + INDEX
     + SILENT
+    + RELEASE
     + """
 if not silent(KEYS[6], ARGV[4], tonumber(ARGV[5])) then return 0 end
 if redis.call('srem', KEYS[1], ARGV[1]) == 1 then
+  release(KEYS[7], ARGV[6], ARGV[1])
   redis.call('zadd', KEYS[3], now_ms(), ARGV[1])
   redis.call('hset', KEYS[4], ARGV[1], ARGV[2])
   redis.call('hdel', KEYS[2], ARGV[1])
@@ -165,16 +182,27 @@ end
 """
 
 #: Fetch up to ARGV[1] messages with their ids (Dramatiq's fetch returns bodies only, so a
-#: body that does not decode could not be dead-lettered by id), then heartbeat (after the
-#: pops, which free: a full Redis still lets a worker fetch and beat).
-#: KEYS: the queue, its bodies, this worker's acks set, heartbeats.
-#: ARGV: how many, broker id.  Returns [id1, body1, id2, body2, ...] (false: no body).
+#: body that does not decode could not be dead-lettered by id), as many as flow control
+#: admits (:mod:`.flow`: none from a paused queue, within each gate's budget and rate),
+#: then heartbeat (after the pops, which free: a full Redis still lets a worker fetch and
+#: beat).
+#: KEYS: the queue, its bodies, this worker's acks set, heartbeats, then
+#: :func:`.flow.flow_keys` (the paused hash, the gates hash, each gate's two keys).
+#: ARGV: how many, broker id, then :func:`.flow.flow_args` (queue name, lease ms, each
+#: gate's limit, rate, burst).
+#: Returns [reason, deferred, wait ms, id1, body1, id2, body2, ...] (false: no body;
+#: :class:`.flow.Admission`).
 FETCH: Final = (
     _TAKE
     + CLOCK
+    + ADMIT
     + """
-local out = take(KEYS[1], KEYS[2], KEYS[3], tonumber(ARGV[1]), {})
-beat(KEYS[4], ARGV[2], now_ms())
+local now = now_ms()
+local allowed, reason, left, wait, buckets =
+  admission(now, KEYS[1], KEYS[5], ARGV[3], tonumber(ARGV[1]), 7, 5)
+local out = take(KEYS[1], KEYS[2], KEYS[3], allowed, {reason, left, wait})
+charge(now, out, 4, KEYS[6], ARGV[3], tonumber(ARGV[4]), 7, buckets)
+beat(KEYS[4], ARGV[2], now)
 return out
 """
 )
@@ -222,20 +250,25 @@ return redis.call('zrangebyscore', KEYS[1], 0, now_ms() - tonumber(ARGV[1]))
 #: The message index (:func:`message_index_key`) follows the message when its id is given:
 #: a retry copy is its new place, an ack or a dead letter of the place it names removes it
 #: (a delayed message moved to its queue was indexed there by its enqueue, before the ack).
+#: The settled delivery's downstream slots are freed (in its queue's gates, given in KEYS)
+#: and the refill is admitted as FETCH's is (:mod:`.flow`).
 #: KEYS: acks set, bodies of the queue, target list, target bodies, dead zset, dead bodies,
-#: heartbeats, the queue, the message index.  ARGV: kind (ack, retry, requeue,
-#: dead_letter), redis id, body (retry copy, dead letter; '' keeps the stored one), target
-#: id (retry copy), broker id, how many to take, message id ('': not indexed).
-#: Returns [settled (1 or 0), id1, body1, id2, body2, ...].
+#: heartbeats, the queue, the message index, then :func:`.flow.flow_keys`.  ARGV: kind
+#: (ack, retry, requeue, dead_letter), redis id, body (retry copy, dead letter; '' keeps the
+#: stored one), target id (retry copy), broker id, how many to take, message id ('': not
+#: indexed), then :func:`.flow.flow_args`.
+#: Returns [settled (1 or 0), reason, deferred, wait ms, id1, body1, id2, body2, ...].
 SETTLE: Final = (
     _TAKE
     + CLOCK
     + INDEX
+    + ADMIT
     + """
 local function unindex() drop_place(KEYS[9], ARGV[7], KEYS[2] .. ' ' .. ARGV[2]) end
 local settled = redis.call('srem', KEYS[1], ARGV[2])
 local now = now_ms()
 if settled == 1 then
+  unhold(12, ARGV[2])
   local kind = ARGV[1]
   if kind == 'ack' then
     redis.call('hdel', KEYS[2], ARGV[2])
@@ -261,7 +294,11 @@ if settled == 1 then
   end
 end
 beat(KEYS[7], ARGV[5], now)
-return take(KEYS[8], KEYS[2], KEYS[1], tonumber(ARGV[6]), {settled})
+local allowed, reason, left, wait, buckets =
+  admission(now, KEYS[8], KEYS[10], ARGV[8], tonumber(ARGV[6]), 12, 10)
+local out = take(KEYS[8], KEYS[2], KEYS[1], allowed, {settled, reason, left, wait})
+charge(now, out, 5, '', ARGV[8], tonumber(ARGV[9]), 12, buckets)
+return out
 """
 )
 
@@ -391,17 +428,36 @@ def move_due(script: Any, queue: str) -> DueStep:
     return DueStep(int(moved), bool(more), None if int(next_due) < 0 else int(next_due), int(now))
 
 
-def fetch_keys(broker_id: str, queue: str) -> list[str]:
-    """The KEYS of :data:`FETCH` for ``broker_id`` fetching from ``queue``."""
+def fetch_keys(broker_id: str, queue: str, gates: Sequence[Gate] = ()) -> list[str]:
+    """The KEYS of :data:`FETCH` for ``broker_id`` fetching from ``queue`` gated by ``gates``."""
     heartbeats = heartbeats_key(namespace_of(queue))
-    return [queue_key(queue), bodies_key(queue), acks_key(broker_id, queue), heartbeats]
+    own = [queue_key(queue), bodies_key(queue), acks_key(broker_id, queue), heartbeats]
+    return [*own, *flow_keys(queue, gates)]
+
+
+def fetch_args(
+    count: int, broker_id: str, queue: str, gates: tuple[Gate, ...] = (), lease_ms: int = 0
+) -> list[Any]:
+    """The ARGV of :data:`FETCH`: take up to ``count`` for ``broker_id`` from ``queue``
+    gated by ``gates``, each slot leased ``lease_ms`` (:func:`.flow.admission_lease_ms`)."""
+    return [count, broker_id, *flow_args(queue, gates, lease_ms)]
+
+
+def taken(raw: list[Any], head: int = 0) -> tuple[Admission, list[tuple[str, bytes | None]]]:
+    """A FETCH reply (or SETTLE's after its first ``head`` fields): its
+    :class:`.flow.Admission` and the (redis id, body or None) pairs it took."""
+    admission = ADMITTED if not raw[head] else Admission.of(raw[head : head + 3])
+    rest = raw[head + 3 :]
+    return admission, [(text(rest[i]), rest[i + 1]) for i in range(0, len(rest), 2)]
 
 
 @functools.lru_cache(maxsize=1024)
-def settle_keys(broker_id: str, queue: str, target: str) -> tuple[str, ...]:
-    """The KEYS of :data:`SETTLE` for a delivery held on ``queue``; ``target`` is the queue
-    of a retry copy or requeue (``queue`` itself for a requeue). Kept once made: every
-    delivery is settled with them, and a worker holds a few queues."""
+def settle_keys(
+    broker_id: str, queue: str, target: str, gates: tuple[Gate, ...] = ()
+) -> tuple[str, ...]:
+    """The KEYS of :data:`SETTLE` for a delivery held on ``queue`` gated by ``gates``;
+    ``target`` is the queue of a retry copy or requeue (``queue`` itself for a requeue).
+    Kept once made: every delivery is settled with them, and a worker holds a few queues."""
     return (
         acks_key(broker_id, queue),
         bodies_key(queue),
@@ -411,7 +467,22 @@ def settle_keys(broker_id: str, queue: str, target: str) -> tuple[str, ...]:
         heartbeats_key(namespace_of(queue)),
         queue_key(queue),
         message_index_key(namespace_of(queue)),
+        *flow_keys(queue, gates),
     )
+
+
+def settle_args(
+    settlement: tuple[str, str, bytes | str, str],
+    broker_id: str,
+    take: int,
+    message_id: str,
+    queue: str,
+    gates: tuple[Gate, ...] = (),
+    lease_ms: int = 0,
+) -> list[Any]:
+    """The ARGV of :data:`SETTLE`: ``settlement`` (kind, redis id, body, target id), then
+    take up to ``take`` for ``broker_id`` from ``queue`` gated by ``gates``."""
+    return [*settlement, broker_id, take, message_id, *flow_args(queue, gates, lease_ms)]
 
 
 #: What :data:`BACKLOG` returns per queue, in order (its record width is the length).
@@ -499,8 +570,10 @@ def requeue_held(
         bodies_key(queue),
         queue_key(queue),
         heartbeats_key(namespace_of(queue)),
+        gates_key(namespace_of(queue)),
     )
-    return bool(client.eval(REQUEUE, len(keys), *keys, redis_id, body, broker_id, silent_ms))
+    name = gated_name(queue)
+    return bool(client.eval(REQUEUE, len(keys), *keys, redis_id, body, broker_id, silent_ms, name))
 
 
 def dead_letter_held(
@@ -522,9 +595,13 @@ def dead_letter_held(
         *dead_letter_keys(queue),
         message_index_key(namespace_of(queue)),
         heartbeats_key(namespace_of(queue)),
+        gates_key(namespace_of(queue)),
     )
+    name = gated_name(queue)
     return bool(
-        client.eval(DEAD_LETTER, len(keys), *keys, redis_id, body, message_id, broker_id, silent_ms)
+        client.eval(
+            DEAD_LETTER, len(keys), *keys, redis_id, body, message_id, broker_id, silent_ms, name
+        )
     )
 
 

@@ -273,3 +273,31 @@ def message_place(queue: str, redis_id: str) -> str:
 #: Channel on which a cancellation is announced (the message id), so that a running job
 #: is interrupted at once; a worker that (re)subscribes reads :data:`CANCELLED` after.
 CANCEL_CHANNEL: Final = f"{NAMESPACE}:__cancel__"
+
+
+# -- flow control: pause, downstream budgets and rates (ours; issue #42) -----------------
+
+
+def paused_key(namespace: str = NAMESPACE) -> str:
+    """The hash queue -> when it was paused (Redis time, ms) of ``namespace``: FETCH and
+    SETTLE take nothing from a queue it names (``pause``/``resume``, :mod:`.flow`)."""
+    return f"{namespace}:__paused__"
+
+
+def gates_key(namespace: str = NAMESPACE) -> str:
+    """The hash queue -> the in-flight sets (:func:`downstream_key`, space-separated) its
+    deliveries take a slot of, as the last fetch that charged them wrote it: the scripts
+    that end a holding without knowing the pools (REQUEUE, DEAD_LETTER, hence recovery of
+    a dead worker) free the slots there."""
+    return f"{namespace}:__gates__"
+
+
+def downstream_key(name: str) -> str:
+    """The in-flight set of downstream ``name``: zset redis id -> the lease's end (Redis
+    time, ms); its size is the budget in use across every pool that uses it."""
+    return f"{NAMESPACE}:__downstream__.{name}"
+
+
+def downstream_rate_key(name: str) -> str:
+    """The token bucket of downstream ``name``'s rate: hash ``tokens``, ``at`` (ms)."""
+    return f"{NAMESPACE}:__downstream__.{name}.rate"

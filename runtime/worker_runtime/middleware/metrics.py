@@ -116,6 +116,7 @@ class Instruments:
     concurrency: Gauge
     lost: Counter
     resets: Counter
+    throttled: Counter
 
 
 @dataclass(frozen=True)
@@ -225,6 +226,13 @@ def instruments() -> Instruments:
                     ["queue"],
                 ),
                 resets=Counter("broker_resets", "Times this process saw Redis lose its data."),
+                throttled=Counter(
+                    "jobs_throttled",
+                    "Messages a fetch left queued for want of a downstream slot (reason "
+                    "budget) or token (rate); a message waiting through several fetches "
+                    "counts at each.",
+                    ["queue", "reason"],
+                ),
             )
         return _instruments
 
@@ -475,6 +483,12 @@ class Metrics(Middleware):
         """The broker saw Redis lose its data (:data:`..settlement.RESET_SIGNAL`; the broker
         logs it): count ``broker_resets_total``."""
         instruments().resets.inc()
+
+    def after_throttle(self, broker: Broker, queue: str, reason: str, count: int) -> None:
+        """A fetch left ``count`` messages of ``queue`` queued (the broker's
+        :data:`..settlement.THROTTLE_SIGNAL`): count ``jobs_throttled_total{queue,reason}``
+        (at most a fetch per poll: not the hot path)."""
+        instruments().throttled.labels(queue, reason).inc(count)
 
     def after_reject_message(self, broker: Broker, queue: str, actor: str, *, reason: str) -> None:
         """A malformed message was dead-lettered before any handler saw it (the broker's

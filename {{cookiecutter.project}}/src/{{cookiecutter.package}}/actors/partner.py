@@ -1,27 +1,19 @@
-"""External pool: calls to a partner API that allows a limited number of calls at once."""
+"""External pool: calls to a partner API that allows a limited number of calls at once and
+a rate of calls.
+
+Both limits live in pools.toml (``[downstream.partner_api]``: ``capacity - reserved`` calls
+in flight, ``rate`` calls a second; ``DOWNSTREAM_PARTNER_API_*`` override them per
+environment) and are enforced before the fetch, across every process, replica and pool
+that ``uses`` it: a job over the limit stays queued, never fetched, rejected and retried,
+and spends no attempt on waiting. The handler holds no limiter of its own.
+"""
 
 from __future__ import annotations
 
 import time
 
-import dramatiq
-from dramatiq.rate_limits import ConcurrentRateLimiter
-from dramatiq.rate_limits.backends import RedisBackend
 from pydantic import Field
 from worker_runtime.typed import JobArguments, actor
-
-# The partner allows this many calls in flight across every replica (pools.toml partner_api).
-PARTNER_CONCURRENT_CALLS = 20
-_limiter: ConcurrentRateLimiter | None = None
-
-
-def limiter() -> ConcurrentRateLimiter:
-    """The shared limiter, on the broker's Redis (created on first use)."""
-    global _limiter
-    if _limiter is None:
-        backend = RedisBackend(client=dramatiq.get_broker().client)  # type: ignore[attr-defined]
-        _limiter = ConcurrentRateLimiter(backend, "partner-api", limit=PARTNER_CONCURRENT_CALLS)
-    return _limiter
 
 
 class CustomerSync(JobArguments):
@@ -32,6 +24,5 @@ class CustomerSync(JobArguments):
 
 @actor(queue_name="partner", max_retries=5, min_backoff=1_000)
 def sync_customer(job: CustomerSync) -> None:
-    """Push a customer to the partner; over the limit, raise so CrashAwareRetries backs off."""
-    with limiter().acquire():
-        time.sleep(0.01)  # stands in for the HTTP call; pass an idempotency key to the partner
+    """Push a customer to the partner (admitted within its budget and rate)."""
+    time.sleep(0.01)  # stands in for the HTTP call; pass an idempotency key to the partner
