@@ -133,6 +133,9 @@ def bake_at(revision: str, root: Path) -> Path:
 
 def start(project: Path, server: Any, root: Path, name: str, **settings: str) -> Any:
     env = _workers.worker_env(project, server.url, root / f"state-{name}", **settings)
+    runtime = project.parents[1] / "template" / "runtime"
+    if runtime.is_dir():  # a baseline bake runs on its own revision's runtime, not this one
+        env["PYTHONPATH"] = f"{env['PYTHONPATH']}{os.pathsep}{runtime}"
     (root / f"state-{name}").mkdir(parents=True, exist_ok=True)
     process = _workers.start_worker(project, env, root / f"{name}.log")
     client = redis.Redis.from_url(server.url)
