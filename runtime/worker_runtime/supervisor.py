@@ -154,17 +154,23 @@ class Supervisor:
             settings.redis_url.get_secret_value(), socket_timeout=5, socket_connect_timeout=2
         )
 
+    def _refuse_credentials(self, url: str) -> None:
+        """Exit 78 in one line when Redis or its Sentinels refuse the credentials of ``url``."""
+        refused = redisclient.credentials_problem(url, self.redis)
+        if refused is not None:
+            refuse([refused])
+
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         url = self.settings.redis_url.get_secret_value()
+        # Credentials first: Sentinels that refuse them make the primary look unreachable,
+        # and that is a configuration error (78), not an outage to wait out. Nothing
+        # answering is no refusal, so they are checked again once Redis answers.
+        self._refuse_credentials(url)
         if not outage.wait_until_answering(self.redis, outage.Outage(url), lambda: self.stopping):
             return self._stopped_before_start("before Redis answered")
-        refused = redisclient.credentials_problem(
-            self.settings.redis_url.get_secret_value(), self.redis
-        )
-        if refused is not None:
-            refuse([refused])
+        self._refuse_credentials(url)
         refusals = brokerstate.check_config(
             self.redis,
             self.settings.redis_allow_eviction,
