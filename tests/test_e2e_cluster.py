@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -123,24 +124,30 @@ def test_the_pulumi_scenarios_pass_on_the_real_engines(tmp_path: Path) -> None:
     """scripts/e2e/run.py end to end (its docstring lists the steps and assertions): every
     step reports ok, and no process it started is left."""
     require_engines("k8s", "kwok", "pulumi", "provider")
+    run_steps(E2E / "run.py", tmp_path, (run.PREFLIGHT, *run.SCENARIOS))
+    assert not started_under(tmp_path), started_under(tmp_path)
+
+
+def run_steps(script: Path, tmp_path: Path, steps: Iterable[str]) -> None:
+    """``script`` (run.py, pods.py) to its end, its step lines printed as they come (make
+    e2e runs pytest -s): it succeeds, and says ``ok`` for each of ``steps``."""
     proc = subprocess.Popen(
-        [sys.executable, str(E2E / "run.py")],
+        [sys.executable, str(script)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "TMPDIR": str(tmp_path)},
     )
     assert proc.stdout is not None
     lines = []
     try:
-        for line in proc.stdout:  # the step lines as they come (make e2e runs pytest -s)
+        for line in proc.stdout:
             lines.append(line)
             if line.startswith("e2e:"):
                 print(line, end="", flush=True)
-    finally:  # a timeout or Ctrl-C here: run.py stops its cluster on SIGTERM
+    finally:  # a timeout or Ctrl-C here: the script stops its cluster on SIGTERM
         if proc.poll() is None:
             proc.terminate()
-            proc.wait(60)
+            proc.wait(120)
     text = "".join(lines)
     assert proc.wait() == 0, text[-8000:]
-    for name in (run.PREFLIGHT, *run.SCENARIOS):
+    for name in steps:
         assert f"e2e: {name} ok in" in text, name
-    assert not started_under(tmp_path), started_under(tmp_path)

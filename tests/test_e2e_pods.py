@@ -7,13 +7,13 @@ machine's PostgreSQL (the pools that use the database are Ready only when it ans
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from bakery import TEMPLATE
+from test_e2e_cluster import run_steps
 from test_e2e_node import host_state, require_node
 
 E2E = TEMPLATE / "scripts" / "e2e"
@@ -28,24 +28,5 @@ def test_the_scenarios_pass_on_real_pods(tmp_path: Path) -> None:
     require_node()
     subprocess.run([sys.executable, str(E2E / "cluster.py"), "--sweep"], check=True)
     before = host_state()
-    proc = subprocess.Popen(
-        [sys.executable, str(E2E / "pods.py")],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "TMPDIR": str(tmp_path)},
-    )
-    assert proc.stdout is not None
-    lines = []
-    try:
-        for line in proc.stdout:
-            lines.append(line)
-            if line.startswith("e2e:"):
-                print(line, end="", flush=True)
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            proc.wait(120)
-    text = "".join(lines)
-    assert proc.wait() == 0, text[-8000:]
-    for name in pods.SCENARIOS:
-        assert f"e2e: {name} ok in" in text, name
+    run_steps(E2E / "pods.py", tmp_path, pods.SCENARIOS)
     assert host_state() == before

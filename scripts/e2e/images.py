@@ -55,6 +55,9 @@ PTH_LINE = "/usr/local/lib/python3/dist-packages\n"
 #: the hard limits it may not raise).
 ULIMITS = ("--ulimit", "nofile=10000:10000", "--ulimit", "nproc=5000:5000")
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+#: Where a build finds the runtime's wheel (:func:`runtime_wheels`).
+WHEELS = "/e2e-wheels"
+TEMPLATE = HERE.parents[1]
 
 
 def recipe_key() -> str:
@@ -179,10 +182,43 @@ def pause_image(cache: Path) -> str:
     return ref
 
 
+def runtime_wheels(cache: Path, work: Path) -> Path:
+    """A folder with the wheel of this checkout's ``runtime/`` (worker-runtime, which a bake
+    pins and no index serves), and a ``pip.conf`` that makes pip look there."""
+    wheels = work / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    source = work / "runtime"  # a copy: a build writes build/ beside its sources
+    shutil.copytree(
+        TEMPLATE / "runtime",
+        source,
+        ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__", "tests", "docs"),
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--wheel-dir",
+            str(wheels),
+            str(source),
+        ],
+        check=True,
+        stdout=sys.stderr,
+    )
+    (work / "pip.conf").write_text(f"[global]\nfind-links = {WHEELS}\n")
+    return work
+
+
 def bake_image(cache: Path, project: Path, ref: str) -> str:
-    """The bake's Dockerfile built on the local base as ``ref``."""
+    """The bake's Dockerfile built on the local base as ``ref``: the Dockerfile as baked, its
+    ``pip install`` finding worker-runtime in this checkout's wheel (mounted with a
+    ``/etc/pip.conf`` for the build only, not in the image)."""
     base = base_image(cache)
     started = time.monotonic()
+    extra = runtime_wheels(cache, project.parent / "e2e-wheels")
     buildah(
         cache,
         "bud",
@@ -192,6 +228,10 @@ def bake_image(cache: Path, project: Path, ref: str) -> str:
         "--layers",
         "--volume",
         f"{CA_BUNDLE}:{CA_BUNDLE}:ro",
+        "--volume",
+        f"{extra / 'wheels'}:{WHEELS}:ro",
+        "--volume",
+        f"{extra / 'pip.conf'}:/etc/pip.conf:ro",
         "--build-arg",
         f"BASE_IMAGE={base}",
         "--tag",

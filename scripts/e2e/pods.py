@@ -34,7 +34,6 @@ import secrets
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
@@ -83,7 +82,7 @@ import time
 
 import redis
 
-from ..typed import JobArguments, actor
+from worker_runtime.typed import JobArguments, actor
 
 
 class LedgerJob(JobArguments):
@@ -521,20 +520,31 @@ class Scenarios:
             300,
         )
         self.numbers["wedge to restart s"] = round(time.monotonic() - started, 1)
-        events = run.api_list(
-            self.cluster,
-            f"/api/v1/namespaces/{run.NAMESPACE}/events"
-            f"?fieldSelector=involvedObject.uid={uid}",
-        )
-        unhealthy = [
-            e["message"]
-            for e in events
-            if e.get("reason") == "Unhealthy" and "Liveness" in e.get("message", "")
-        ]
-        check(
-            any("made no progress" in m for m in unhealthy),
-            f"no liveness failure naming the stalled handler: {unhealthy}",
-        )
+
+        def liveness_failures() -> list[str]:
+            events = run.api_list(
+                self.cluster,
+                f"/api/v1/namespaces/{run.NAMESPACE}/events"
+                f"?fieldSelector=involvedObject.uid={uid}",
+            )
+            return [
+                e["message"]
+                for e in events
+                if e.get("reason") == "Unhealthy" and "Liveness" in e.get("message", "")
+            ]
+
+        try:  # the kubelet records its events after the restart, not before
+            run.wait_until(
+                "a liveness failure naming the stalled handler",
+                lambda: any("made no progress" in m for m in liveness_failures()),
+                60,
+            )
+        except Failed:
+            last = self.cluster.api("GET", path)["status"]["containerStatuses"][0]
+            raise Failed(
+                f"no liveness failure naming the stalled handler: {liveness_failures()}; "
+                f"the container's last state: {last.get('lastState')}"
+            ) from None
         run.wait_until(
             "the wedged job done on its next delivery",
             lambda: self.h.redis.hget("e2e:done", "w-1") == "1",
@@ -560,11 +570,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     times: dict[str, float] = {}
     with contextlib.ExitStack() as stack:
-        if args.keep:
-            work = args.keep
-            work.mkdir(parents=True, exist_ok=True)
-        else:
-            work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="e2e-")))
+        work = run.work_folder(stack, args.keep)
         harness = Harness(work, stack)
         harness.bake(times)
         cluster = harness.cluster_up(times, dirs)
@@ -581,11 +587,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except Failed as failure:
-        say(f"e2e: FAILED: {failure}")
-        sys.exit(1)
-    except KeyboardInterrupt:
-        say("e2e: interrupted; every process started was stopped")
-        sys.exit(130)
+    sys.exit(run.exit_code(main))

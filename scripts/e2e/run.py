@@ -760,11 +760,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     times: dict[str, float] = {}
     with contextlib.ExitStack() as stack:
-        if args.keep:
-            work = args.keep
-            work.mkdir(parents=True, exist_ok=True)
-        else:
-            work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="e2e-")))
+        work = work_folder(stack, args.keep)
         with step("bake", times):
             project = bake(work / "bake")
         with step("cluster up", times):
@@ -784,12 +780,26 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def work_folder(stack: contextlib.ExitStack, keep: Path | None) -> Path:
+    """``keep`` (made, left at the end), or a temporary folder removed at the end."""
+    if keep:
+        keep.mkdir(parents=True, exist_ok=True)
+        return keep
+    return Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="e2e-")))
+
+
+def exit_code(main: Callable[[], int]) -> int:
+    """``main()``'s exit code; a failed assertion is 1, Ctrl-C (or SIGTERM) 130, each said in
+    one line (every process started is stopped on the way out)."""
     try:
-        sys.exit(main())
+        return main()
     except Failed as failure:
         say(f"e2e: FAILED: {failure}")
-        sys.exit(1)
+        return 1
     except KeyboardInterrupt:
         say("e2e: interrupted; every process started was stopped")
-        sys.exit(130)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(exit_code(main))
