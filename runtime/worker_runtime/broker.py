@@ -23,7 +23,7 @@ from dramatiq.middleware import (
     TimeLimit,
 )
 
-from . import layout, redisclient
+from . import layout, redisclient, timing
 from .consumer import SettlingRedisBroker
 from .middleware import MessageSize, Pipelines, StoredResults, Tracing
 from .middleware.groups import GroupCompletion
@@ -54,8 +54,8 @@ def _redis_broker(
     ``state_dir`` (None: a producer's, which does not)."""
     client = redisclient.connect(
         redis_url,
-        socket_timeout=10,
-        socket_connect_timeout=5,
+        socket_timeout=timing.REDIS_SOCKET_TIMEOUT_S,
+        socket_connect_timeout=timing.REDIS_SOCKET_TIMEOUT_S / 2,
         health_check_interval=30,
         max_connections=max_connections,
     )

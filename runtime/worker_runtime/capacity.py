@@ -71,7 +71,8 @@ from worker_runtime.cli.args import command_parser, positive_int
 from worker_runtime.exitcodes import EX_FAILURE, EX_INTERRUPTED, EX_OK
 from worker_runtime.layout import QueueKeys
 from worker_runtime.parentdeath import stop_with_parent
-from worker_runtime.pools import KILL_AFTER_DRAIN_S, Concurrency, bounds
+from worker_runtime.pools import Concurrency, bounds
+from worker_runtime.timing import KILL_AFTER_DRAIN_S
 
 if TYPE_CHECKING:
     import dramatiq

@@ -94,22 +94,13 @@ from .settlement import (
     ending,
     mark_lost,
 )
+from .timing import CLOCK_FRESH_S, ORPHAN_AFTER_S
 
 logger = logging.getLogger(__name__)
 #: Attribute of a MessageProxy: the resets this process had seen when it was fetched.
 _RESETS_AT_FETCH = "_resets_at_fetch"
 #: Attribute of a MessageProxy: a settlement of it was sent and failed (it may have run).
 _SETTLE_TRIED = "_settle_tried"
-
-#: How long a message this worker holds in Redis must stay unknown in memory before
-#: :meth:`SettlingConsumer.reclaim_orphans` requeues it: longer than any fetch or
-#: settlement can be on its way (the client's socket timeout is 10 s), so a take whose
-#: reply is still coming is never mistaken for an orphan.
-ORPHAN_AFTER_S = 60.0
-
-#: How old (s) the measured offset of Redis's clock may be before :meth:`redis_millis`
-#: reads ``TIME`` again (a worker's heartbeat measures it every 5 s at most).
-CLOCK_FRESH_S = 10.0
 
 #: Longest pause (ms) between two fetches of an empty queue (Dramatiq's default timeout);
 #: a wake-up (:class:`WakeUps`) or the drain ends it at once.

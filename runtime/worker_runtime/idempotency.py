@@ -48,6 +48,7 @@ import redis
 import redis.client
 
 from . import layout
+from .timing import SEVEN_DAYS_MS
 
 if TYPE_CHECKING:
     import psycopg
@@ -55,7 +56,7 @@ if TYPE_CHECKING:
 #: How long a lease outlives a silent holder (a worker that died while holding it).
 LEASE_S = 10.0
 #: How long a done key is kept, so a late redelivery still finds it (7 days).
-KEEP_S = 7 * 86_400
+KEEP_S = SEVEN_DAYS_MS // 1000
 #: Pause between two looks at a lease another delivery holds.
 POLL_S = 0.05
 DONE = layout.IDEMPOTENCY_DONE

@@ -21,6 +21,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from .layout import NAMESPACE, SANDBOX_NAMESPACE, SANDBOX_QUEUE
 from .scheduling.schedules import Schedule, ScheduleName
 
+# The timing rule and kill-after, re-exported for the pool model's readers (worker_infra).
+from .timing import KILL_AFTER_DRAIN_S as KILL_AFTER_DRAIN_S
+from .timing import timing_problems as timing_problems
+
 POOLS_FILE_ENV = "WORKER_POOLS_FILE"
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$")
 _CPU = re.compile(r"^[0-9]+(\.[0-9]+)?m?$")
@@ -90,53 +94,6 @@ def cpu_millis(quantity: str) -> int:
     if quantity.endswith("m"):
         return int(float(quantity[:-1]))
     return int(float(quantity) * 1000)
-
-
-#: How long past the drain window (``WORKER_SHUTDOWN_TIMEOUT_MS``) the supervisor kills a
-#: worker process that has not exited and recovers its messages at once (past the process's
-#: own bound: its consumers' stop, the interrupt grace, the requeue). The pod's grace period
-#: must outlast it (:func:`timing_problems`); the infra program hands it to worker_infra.
-KILL_AFTER_DRAIN_S = 10.0
-
-
-def timing_problems(
-    job_timeout_ms: int,
-    shutdown_timeout_ms: int,
-    grace_s: float | None = None,
-    kill_after_s: float = KILL_AFTER_DRAIN_S,
-) -> list[str]:
-    """The timing rule (DESIGN 2.8), one function for the settings, the pool model and the
-    infra's timing guard: ``job timeout < drain window < drain window + kill-after < grace``.
-
-    A running job can finish within the drain window; a process still running past it is
-    killed ``kill_after_s`` later and its messages recovered, before the kubelet's SIGKILL
-    ends the pod at the end of its grace period.
-
-    Parameters:
-      job_timeout_ms: ``WORKER_JOB_TIMEOUT_MS``.
-      shutdown_timeout_ms: ``WORKER_SHUTDOWN_TIMEOUT_MS``, the drain window.
-      grace_s: the pod's ``terminationGracePeriodSeconds``; None (the default) checks only
-        what the service knows (job < drain): the grace period exists only in the infra.
-      kill_after_s: the supervisor's kill after the drain window (default
-        :data:`KILL_AFTER_DRAIN_S`).
-
-    Returns:
-      list[str]: one line per broken leg, naming the numbers; empty when the rule holds.
-    """
-    problems = []
-    if not job_timeout_ms < shutdown_timeout_ms:
-        problems.append(
-            f"job_timeout_ms ({job_timeout_ms}) must be below "
-            f"shutdown_timeout_ms ({shutdown_timeout_ms})"
-        )
-    if grace_s is not None and not shutdown_timeout_ms + kill_after_s * 1000 < grace_s * 1000:
-        problems.append(
-            f"grace period {grace_s:g} s must exceed shutdown_timeout_ms ({shutdown_timeout_ms}) "
-            f"+ the supervisor's kill after {kill_after_s:g} s = "
-            f"{shutdown_timeout_ms / 1000 + kill_after_s:g} s: the kubelet's SIGKILL would come "
-            "before the supervisor kills a late process and recovers its messages"
-        )
-    return problems
 
 
 def prefetch_feeds_every_thread(prefetch: int, concurrency: int) -> bool:

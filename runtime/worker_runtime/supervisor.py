@@ -61,10 +61,10 @@ from . import accounting as recovery
 from . import brokerstate, outage, probe, redisclient
 from .boards import PROCESS_BYTES, progress_dir, read_board, space_problem, unwritable
 from .exitcodes import EX_CONFIG, EX_FAILURE, EX_OK
-from .pools import KILL_AFTER_DRAIN_S
 from .service import current
 from .settings import WorkerSettings, refuse
 from .stopsignals import SIGNAL_DEBOUNCE_S
+from .timing import KILL_AFTER_DRAIN_S
 
 if TYPE_CHECKING:
     from .exporter import Mounts

@@ -36,18 +36,9 @@ from .outage import ConsumerNoise
 from .parentdeath import die_with_parent
 from .settings import WorkerSettings, refuse
 from .stopsignals import StopSignals
+from .timing import CONSUMER_STOP_S, DRAIN_REDIS_TIMEOUT_S, INTERRUPT_GRACE_S
 
 logger = logging.getLogger(__name__)
-#: How long interrupted handlers get to unwind before the process exits without them.
-INTERRUPT_GRACE_S = 2.0
-#: How long the consumers get to stop fetching (one fetch of ``FETCH_TIMEOUT_MS`` at most,
-#: plus the hand-back of their prefetch caches) before the drain goes on without them.
-CONSUMER_STOP_S = 2.0
-#: The longest any Redis call of the drain waits (to connect or for a reply): a Redis that
-#: stopped answering (a blackholed path) costs each drain step this much, not the client's
-#: whole socket timeout, so the drain ends in its window and what it could not settle stays
-#: held for recovery.
-DRAIN_REDIS_TIMEOUT_S = 2.0
 #: How long a drain step waits on one thread before it looks at the others and ticks.
 JOIN_POLL_S = 0.05
 #: Seconds between two ticks of the main loop on the progress board (liveness reads them).

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 from worker_runtime.pools import load_pools
+from worker_runtime.timing import COMPOSE_GRACE_MARGIN_S, compose_grace_s
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = "{{ cookiecutter.project }}"
@@ -48,9 +49,10 @@ def test_each_worker_outlasts_its_drain_window(compose: dict[str, Any]) -> None:
     for name, service in workers(compose).items():
         pool = pools[name.removeprefix("worker-")]
         grace = seconds(service["stop_grace_period"])
-        assert grace * 1000 > pool.shutdown_timeout_ms, (
-            f"{name}: stop_grace_period {service['stop_grace_period']} is not above "
-            f"shutdown_timeout_ms {pool.shutdown_timeout_ms}: docker would SIGKILL mid-drain"
+        assert grace == compose_grace_s(pool.shutdown_timeout_ms), (
+            f"{name}: stop_grace_period {service['stop_grace_period']} is not the pool's "
+            f"shutdown_timeout_ms {pool.shutdown_timeout_ms} + {COMPOSE_GRACE_MARGIN_S} s "
+            "(worker_runtime.timing.compose_grace_s): docker would SIGKILL mid-drain"
         )
 
 

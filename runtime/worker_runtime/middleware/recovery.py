@@ -23,6 +23,7 @@ from ..layout import REDIS_MESSAGE_ID
 from ..lifecycle import Lost
 from ..outage import Outage, unreachable
 from ..settlement import SettlingBroker
+from ..timing import HEARTBEAT_INTERVAL_MAX_S
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ class Recovery(Middleware):
         self.heartbeat_timeout_ms = heartbeat_timeout_ms
         self.max_attempts = max_attempts
         self.dead_message_ttl_ms = dead_message_ttl_ms
-        self.interval_s = interval_s or min(5.0, heartbeat_timeout_ms / 5000)
+        self.interval_s = interval_s or min(HEARTBEAT_INTERVAL_MAX_S, heartbeat_timeout_ms / 5000)
         self._stopped = threading.Event()
         self._expired_at: float | None = None
         #: The :attr:`..holds.HoldWatch.epoch` the last pass saw.
