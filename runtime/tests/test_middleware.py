@@ -18,7 +18,7 @@ from dramatiq.brokers.stub import StubBroker
 
 from worker_runtime.boards import ProgressBoard, read_boards
 from worker_runtime.lifecycle import Lifecycle, Requeue
-from worker_runtime.middleware import GracefulShutdown, Progress
+from worker_runtime.middleware import GracefulShutdown, ProgressRecorder
 from worker_runtime.middleware.attempts import SuspectGate
 from worker_runtime.settlement import ACK, REQUEUE
 
@@ -46,7 +46,7 @@ def lifecycle(tmp_path: Path) -> Iterator[Lifecycle]:
 def test_progress_marks_the_slot_busy_while_a_job_runs(
     lifecycle: Lifecycle, tmp_path: Path
 ) -> None:
-    broker = StubBroker(middleware=[Progress(lifecycle)])
+    broker = StubBroker(middleware=[ProgressRecorder(lifecycle)])
     seen: list[float] = []
 
     @dramatiq.actor(broker=broker)

@@ -41,7 +41,7 @@ class Cancelled(Interrupt):
 
 class Lifecycle:
     """One worker process's shutdown flag and progress board, shared by the runtime (which
-    requests the shutdown and attaches the board), the Progress middleware (which gives each
+    requests the shutdown and attaches the board), the ProgressRecorder middleware (which gives each
     handler thread a slot) and the handlers (``checkpoint()``).
 
     The process has one: :data:`LIFECYCLE`. Tests build their own.

@@ -118,7 +118,7 @@ class WorkerProcess:
       settings: the validated settings (queues, concurrency, timeouts).
       broker: the broker with the whole middleware stack (:func:`.broker.build_broker`).
       shutdown: the broker's :class:`.GracefulShutdown`, which knows the handlers in flight.
-      lifecycle: the shutdown flag and progress board the handlers and the Progress
+      lifecycle: the shutdown flag and progress board the handlers and the ProgressRecorder
         middleware share (default: this process's).
       load_actors: declares the actors on ``broker``; called once the process has booted.
     """

@@ -82,7 +82,7 @@ end
 #: KEYS: acks set, bodies of the queue, the queue, heartbeats, the gates hash.  ARGV: redis
 #: id, new body or '', the holder's broker id, silent ms, the queue's name ('' for a delay
 #: queue).
-REQUEUE: Final = (
+REQUEUE_SCRIPT: Final = (
     CLOCK
     + SILENT
     + RELEASE
@@ -573,7 +573,7 @@ def requeue_held(
         gates_key(namespace_of(queue)),
     )
     name = gated_name(queue)
-    return bool(client.eval(REQUEUE, len(keys), *keys, redis_id, body, broker_id, silent_ms, name))
+    return bool(client.eval(REQUEUE_SCRIPT, len(keys), *keys, redis_id, body, broker_id, silent_ms, name))
 
 
 def dead_letter_held(

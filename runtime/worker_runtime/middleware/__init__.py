@@ -20,7 +20,7 @@ from .holds import HeldCheck
 from .message_size import MessageSize, MessageTooLargeError
 from .metrics import Metrics
 from .pipelines import Pipelines
-from .progress import Progress
+from .progress import ProgressRecorder
 from .recovery import Recovery
 from .results import StoredResults
 from .retries import CrashAwareRetries
@@ -45,7 +45,7 @@ __all__ = [
     "MessageTooLargeError",
     "Metrics",
     "Pipelines",
-    "Progress",
+    "ProgressRecorder",
     "Recovery",
     "StoredResults",
     "Tracing",
@@ -78,7 +78,7 @@ def default_stack(settings: WorkerSettings, client: redis.Redis) -> list[Middlew
         ArgumentModels(),
         ScheduleLock(),
         Metrics(settings.worker_concurrency, queues=settings.worker_queues),
-        Progress(),
+        ProgressRecorder(),
         GracefulShutdown(),
         ClockedAgeLimit(),
         Callbacks(),

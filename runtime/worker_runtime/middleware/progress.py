@@ -1,4 +1,4 @@
-"""Progress: records on the process's progress board when each handler starts and ends."""
+"""ProgressRecorder: records on the process's progress board when each handler starts and ends."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from ..layout import REDIS_MESSAGE_ID
 from ..lifecycle import LIFECYCLE, Lifecycle
 
 
-class Progress(Middleware):
+class ProgressRecorder(Middleware):
     """Gives each handler thread a slot on the board; marks job starts and ends.
 
     ``healthcheck live`` reads the board: a slot busy with no progress for longer
