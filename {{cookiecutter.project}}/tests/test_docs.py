@@ -21,7 +21,7 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 COMMANDS_DOC = README.parent / "docs" / "commands.md"
 #: Command -> the module whose docstring is its whole text.
 COMMAND_MODULES = {
-    "dlq": "worker_runtime.deadletters.store",
+    "dlq": "worker_runtime.deadletters.cli",
     "capacity": "worker_runtime.capacity",
     "status": "worker_runtime.status",
     "pause": "worker_runtime.pausing",

@@ -160,7 +160,7 @@ def _schedules(args: argparse.Namespace) -> int:
 #: runs, or when the whole list is needed (``--help``, a mistyped command). ``status`` then
 #: imports neither capacity's models nor the console's pages.
 PLUGGED = {
-    "dlq": ("worker_runtime.deadletters.store", "add_commands"),
+    "dlq": ("worker_runtime.deadletters.cli", "add_commands"),
     "capacity": ("worker_runtime.capacity", "add_command"),
     "status": ("worker_runtime.status", "add_command"),
     "pause": ("worker_runtime.pausing", "add_pause"),

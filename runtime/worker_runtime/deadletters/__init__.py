@@ -1,1 +1,1 @@
-"""Dead letters: the store and the ``dlq`` commands (:mod:`.store`)."""
+"""Dead letters: the store (:mod:`.store`) and the ``dlq`` commands (:mod:`.cli`)."""
