@@ -145,13 +145,13 @@ def _ready(args: argparse.Namespace) -> int:
 
 
 def _scheduler(args: argparse.Namespace) -> int:
-    from ..scheduling.loop import run
+    from ..scheduling.cli import run
 
     return run()
 
 
 def _schedules(args: argparse.Namespace) -> int:
-    from ..scheduling.loop import list_schedules
+    from ..scheduling.cli import list_schedules
 
     return list_schedules(as_json=args.json, count=args.next)
 

@@ -1,2 +1,2 @@
 """Schedules (pools.toml ``[schedules.*]``): the model and tick arithmetic (:mod:`.schedules`),
-the leader loop and its commands (:mod:`.loop`)."""
+the leader loop (:mod:`.loop`) apart from the commands (:mod:`.cli`)."""
