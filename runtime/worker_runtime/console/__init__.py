@@ -1,1 +1,2 @@
-"""The web console (``console``, ``CONSOLE_IN_EXPORTER``): :mod:`.server`."""
+"""The web console (``console``, ``CONSOLE_IN_EXPORTER``): the pages (:mod:`.pages`) and
+their server (:mod:`.server`)."""
