@@ -573,7 +573,9 @@ def requeue_held(
         gates_key(namespace_of(queue)),
     )
     name = gated_name(queue)
-    return bool(client.eval(REQUEUE_SCRIPT, len(keys), *keys, redis_id, body, broker_id, silent_ms, name))
+    return bool(
+        client.eval(REQUEUE_SCRIPT, len(keys), *keys, redis_id, body, broker_id, silent_ms, name)
+    )
 
 
 def dead_letter_held(
