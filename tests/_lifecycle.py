@@ -39,6 +39,7 @@ TEST_ACTORS = '''\
 from __future__ import annotations
 
 import os
+import re
 import time
 
 import dramatiq
@@ -122,6 +123,37 @@ def lc_overrun_declared(job_id: str, seconds: float) -> None:
     """Like lc_overrun, declaring a time limit far above the worker's."""
     _record("start", job_id)
     _nap(seconds)
+    _record("done", job_id)
+
+
+@dramatiq.actor(queue_name="notifications", min_backoff=100, max_backoff=200)
+def lc_swallow(job_id: str, seconds: float, always: bool = False) -> None:
+    """Works in 50 ms steps with checkpoints inside a bare ``except:``: swallows the first
+    interruption and works on (``always``: swallows every one, for ``seconds``)."""
+    _record("start", job_id)
+    deadline = time.monotonic() + seconds
+    while always and time.monotonic() < deadline:
+        try:
+            _nap(deadline - time.monotonic(), check=True)
+        except:  # noqa: E722
+            pass
+    if always:
+        _record("done", job_id)
+        return
+    try:
+        _nap(seconds, check=True)
+    except:  # noqa: E722
+        _record("swallowed", job_id)
+    _nap(seconds, check=True)
+    _record("done", job_id)
+
+
+@dramatiq.actor(queue_name="notifications", min_backoff=100, max_backoff=200)
+def lc_regex(job_id: str, size: int) -> None:
+    """A catastrophic regular expression: one C call that holds the interpreter lock for
+    about 2**size steps."""
+    _record("start", job_id)
+    re.match(r"(a+)+$", "a" * size + "b")
     _record("done", job_id)
 
 

@@ -16,6 +16,11 @@ does not count the lost delivery. Here recovery is deterministic and counted:
 A recovered message carries ``options["crashes"]``; once ``retries + crashes``
 reaches ``WORKER_MAX_ATTEMPTS`` it is dead-lettered with the reason instead of
 being delivered again. Nothing here runs per message: the hot path is untouched.
+
+A held message whose job ran past its time limit and would not stop (:mod:`.overrun`: its
+thread abandoned, or its process killed by the supervisor) is charged as a failed attempt
+(``options["retries"]``), not as a crash: :func:`charge_time_limit`, dead-lettered with
+:data:`.settlement.TIME_LIMIT_REASON` once its attempts are used up.
 """
 
 from __future__ import annotations
@@ -27,8 +32,9 @@ from typing import Any
 import redis
 from dramatiq.message import Message
 
-from . import layout
+from . import layout, overrun
 from .messages import dead_letter_body, indexed_id, inspect
+from .settlement import TIME_LIMIT_REASON
 from .telemetry import record_lost_delivery
 
 logger = logging.getLogger(__name__)
@@ -89,6 +95,7 @@ def recover_worker(
     max_attempts: int,
     running: set[str] | None = None,
     silent_ms: int = 0,
+    timed_out: set[str] | None = None,
 ) -> tuple[int, int]:
     """Recover every message a dead worker held on ``queues`` (and their delay queues).
 
@@ -98,9 +105,10 @@ def recover_worker(
       running: redis message ids that were running when it died (counted as a
         crash); None when unknown, and then every held message counts as one,
         except those of delay queues (they wait for their time and never run there).
-
       silent_ms: > 0 when it was judged dead for a heartbeat this old: each message moves
         only while it still is (a worker that was frozen and woke keeps what it holds).
+      timed_out: redis message ids whose job was past its time limit when the supervisor
+        killed the process for it (charged as a time limit, :func:`charge_time_limit`).
 
     Returns:
       (requeued, dead_lettered)
@@ -109,6 +117,10 @@ def recover_worker(
     for queue in layout.with_delay_queues(queues):
         for raw_id in client.smembers(layout.acks_key(broker_id, queue)):
             redis_id = layout.text(raw_id)
+            if timed_out and redis_id in timed_out:
+                moved, died = charge_time_limit(client, broker_id, queue, redis_id, max_attempts)
+                requeued, dead = requeued + moved, dead + died
+                continue
             delayed = queue == layout.delay_queue(queue)
             crashed = not delayed if running is None else redis_id in running
             body = layout.raw_bytes(client.hget(layout.bodies_key(queue), redis_id))
@@ -176,6 +188,37 @@ def _recover_crashed(
     requeued = layout.requeue_held(client, broker_id, queue, redis_id, message.encode(), silent_ms)
     if requeued:
         record_lost_delivery(message, queue, None)
+    return int(requeued), 0
+
+
+def charge_time_limit(
+    client: redis.Redis, broker_id: str, queue: str, redis_id: str, max_attempts: int
+) -> tuple[int, int]:
+    """Charge the held ``redis_id``, whose job ran past its time limit and would not stop, as
+    a failed attempt: requeued with ``retries`` + 1, or dead-lettered with
+    :data:`.settlement.TIME_LIMIT_REASON` once its attempts are used up; counted in
+    ``jobs_time_limit_exceeded_total``. Returns (requeued, dead_lettered)."""
+    body = layout.raw_bytes(client.hget(layout.bodies_key(queue), redis_id))
+    _, message, _ = inspect(body or b"", queue, redis_id, None)
+    if message is None:  # no body, or not a message: nothing to charge
+        return int(layout.requeue_held(client, broker_id, queue, redis_id)), 0
+    retries = int(message.options.get(layout.RETRIES) or 0) + 1
+    message = message.copy(options={layout.RETRIES: retries, layout.REDIS_MESSAGE_ID: redis_id})
+    overrun.count(layout.canonical(queue), message.actor_name)
+    if deliveries(message) >= max_attempts:
+        return 0, int(dead_letter(client, broker_id, queue, message, TIME_LIMIT_REASON))
+    requeued = layout.requeue_held(client, broker_id, queue, redis_id, message.encode())
+    if requeued:
+        logger.warning(
+            "requeued a job that would not stop after its time limit",
+            extra={
+                "job_id": message.message_id,
+                "queue": layout.canonical(queue),
+                "actor": message.actor_name,
+                "outcome": "retry",
+                "retries": retries,
+            },
+        )
     return int(requeued), 0
 
 

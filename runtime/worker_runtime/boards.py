@@ -12,8 +12,11 @@ one line (:class:`StateDirError`). :func:`space_problem` is the check the superv
 runs at boot and liveness runs all along.
 
 Layout: a header ``(started, tick, broker id)`` then one slot per handler thread
-``(job started, last progress, redis message id, queue)``; times are
-``time.monotonic()`` seconds (one clock for every process of the host), 0 = idle.
+``(job started, last progress, redis message id, queue, deadline)``; times are
+``time.monotonic()`` seconds (one clock for every process of the host), 0 = idle (a
+deadline of 0: none). The deadline is the job's time limit: ``checkpoint()`` raises past it,
+and the supervisor kills a process whose main loop stopped ticking with a job past it (a
+handler holding the interpreter lock).
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ from . import contract
 from .service import current
 
 HEADER = struct.Struct("<dd36s")
-SLOT = struct.Struct("<dd36s64s")
+SLOT = struct.Struct("<dd36s64sd")
+#: Where a slot's deadline is, from the slot's start.
+_DEADLINE_AT = SLOT.size - 8
 ENV_STATE_DIR = "WORKER_STATE_DIR"
 ENV_STALLED_AFTER = "HEALTH_STALLED_AFTER_S"
 #: Defaults of the two variables, here so ``healthcheck live`` need not import the settings.
@@ -96,6 +101,7 @@ class Slot:
     last_progress: float
     message_id: str
     queue: str
+    deadline: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -144,7 +150,18 @@ class ProgressBoard:
     def start(self, slot: int, message_id: str, queue: str) -> None:
         """Handler thread ``slot`` started a job."""
         now = time.monotonic()
-        SLOT.pack_into(self._map, self._offset(slot), now, now, message_id.encode(), queue.encode())
+        SLOT.pack_into(
+            self._map, self._offset(slot), now, now, message_id.encode(), queue.encode(), 0.0
+        )
+
+    def set_deadline(self, slot: int, deadline: float) -> None:
+        """The job of handler thread ``slot`` must end by ``deadline`` (0: none)."""
+        struct.pack_into("<d", self._map, self._offset(slot) + _DEADLINE_AT, deadline)
+
+    def past_deadline(self, slot: int) -> bool:
+        """True when the job of handler thread ``slot`` ran past its deadline."""
+        deadline: float = struct.unpack_from("<d", self._map, self._offset(slot) + _DEADLINE_AT)[0]
+        return 0 < deadline <= time.monotonic()
 
     def progress(self, slot: int) -> None:
         """Handler thread ``slot`` made progress (a ``checkpoint()``)."""
@@ -152,7 +169,7 @@ class ProgressBoard:
 
     def finish(self, slot: int) -> None:
         """Handler thread ``slot`` is idle again."""
-        SLOT.pack_into(self._map, self._offset(slot), 0.0, time.monotonic(), b"", b"")
+        SLOT.pack_into(self._map, self._offset(slot), 0.0, time.monotonic(), b"", b"", 0.0)
 
     def close(self) -> None:
         """Remove the board (the process is exiting cleanly)."""
@@ -174,8 +191,8 @@ def read_board(path: Path) -> Snapshot | None:
         return None
     started, tick, broker_id = HEADER.unpack_from(data, 0)
     slots = tuple(
-        Slot(job, last, message.rstrip(b"\0").decode(), queue.rstrip(b"\0").decode())
-        for job, last, message, queue in (
+        Slot(job, last, message.rstrip(b"\0").decode(), queue.rstrip(b"\0").decode(), deadline)
+        for job, last, message, queue, deadline in (
             SLOT.unpack_from(data, offset) for offset in range(HEADER.size, len(data), SLOT.size)
         )
     )

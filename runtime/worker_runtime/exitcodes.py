@@ -19,6 +19,11 @@ EX_USAGE: Final = 2
 #: its confinement. ``sandbox/_child.py`` runs with the standard library only, so it
 #: repeats the value as ``SETUP_FAILED``; a test checks that the two agree.
 EX_SOFTWARE: Final = 70
+#: A worker process asks its supervisor to replace it (sysexits ``EX_TEMPFAIL``): a handler
+#: would not stop after its time limit; the process drained the rest, charged that job as a
+#: time limit and left its thread behind (:mod:`.overrun`). The supervisor starts another at
+#: once; it never exits with this code itself.
+EX_REPLACE: Final = 75
 #: Bad configuration (sysexits ``EX_CONFIG``): a bad variable or pools.toml, an actor on
 #: a queue no pool serves, an actor module that does not import, a busy ``METRICS_PORT``.
 #: One line per problem on stderr, no traceback. The supervisor exits with it too when a

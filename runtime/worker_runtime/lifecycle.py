@@ -9,7 +9,9 @@
 ``checkpoint()`` raises :class:`Requeue` once the worker is shutting down, so the
 handler stops between chunks and its message goes back to the queue (it is not
 counted as a failed attempt). Handlers that must clean up first can poll
-``shutdown_requested()`` and raise :class:`Requeue` themselves.
+``shutdown_requested()`` and raise :class:`Requeue` themselves. Past the job's time limit
+``checkpoint()`` raises ``TimeLimitExceeded``, at every call, even after a handler
+swallowed the first one.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import contextvars
 import threading
 
 from dramatiq.middleware.threading import Interrupt
+from dramatiq.middleware.time_limit import TimeLimitExceeded
 
 from .boards import ProgressBoard
 
@@ -77,10 +80,13 @@ class Lifecycle:
         return self._slot.get()
 
     def checkpoint(self) -> None:
-        """Record progress of the current handler; raise :class:`Requeue` if shutting down."""
+        """Record progress of the current handler; raise :class:`Requeue` if shutting down,
+        ``TimeLimitExceeded`` once its job ran past its time limit."""
         slot = self.current_slot()
         if self.board is not None and slot is not None:
             self.board.progress(slot)
+            if self.board.past_deadline(slot):
+                raise TimeLimitExceeded("the job ran past its time limit: stopping at a checkpoint")
         if self._shutdown.is_set():
             raise Requeue("shutdown requested: stopping at a checkpoint")
 
@@ -95,5 +101,6 @@ def shutdown_requested() -> bool:
 
 
 def checkpoint() -> None:
-    """Record progress of the current handler; raise :class:`Requeue` if shutting down."""
+    """Record progress of the current handler; raise :class:`Requeue` if shutting down,
+    ``TimeLimitExceeded`` once its job ran past its time limit."""
     LIFECYCLE.checkpoint()

@@ -10,6 +10,13 @@ Each worker process slot is in one :class:`ChildState`:
   the messages it held recovered at once (the one it was running counted as a
   crash, see :mod:`.recovery`) and is replaced after a back-off that doubles from
   0.2 s to at most 30 s, and starts again from 0.2 s once a process ran a minute;
+* a process that exits ``EX_REPLACE`` (75) gave up a handler that would not stop after
+  its time limit (it drained the rest and charged that job, :mod:`.overrun`): it is
+  replaced at once, without a crash's back-off;
+* a process whose main loop stopped ticking its progress board while one of its jobs is
+  past its deadline (a handler holding the interpreter lock, :func:`.overrun.overdue`) is
+  killed: that job is charged as a time limit (not a crash), the others it held are
+  requeued uncharged, and the process is replaced;
 * a process that exits ``EX_CONFIG`` (78) cannot boot (a bad setting, an actor
   module that does not import, an actor on a queue no pool serves): replacing it
   would fail the same way forever, so the supervisor logs the child's one-line
@@ -58,9 +65,9 @@ from typing import TYPE_CHECKING
 import redis
 
 from . import accounting as recovery
-from . import brokerstate, outage, probe, redisclient
+from . import brokerstate, outage, overrun, probe, redisclient
 from .boards import PROCESS_BYTES, progress_dir, read_board, space_problem, unwritable
-from .exitcodes import EX_CONFIG, EX_FAILURE, EX_OK
+from .exitcodes import EX_CONFIG, EX_FAILURE, EX_OK, EX_REPLACE
 from .service import current
 from .settings import WorkerSettings, refuse
 from .stopsignals import SIGNAL_DEBOUNCE_S
@@ -111,6 +118,8 @@ class Child:
     started: float = field(default_factory=time.monotonic)
     backoff: float = RESTART_BACKOFF_S[0]
     restart_at: float = 0.0
+    #: Redis ids of the jobs past their time limit it was killed for (none: not killed so).
+    timed_out: set[str] = field(default_factory=set)
 
     def clean_exit(self) -> bool:
         """The slot ended without losing work: its process drained (exit 0), was stopped
@@ -118,7 +127,7 @@ class Child:
         died earlier and its messages were recovered while it waited for its replacement."""
         if self.state is ChildState.WAITING:
             return True
-        return self.process.returncode in (0, -signal.SIGTERM)
+        return self.process.returncode in (EX_OK, EX_REPLACE, -signal.SIGTERM)
 
     def boot_failure(self) -> str:
         """The one-line reason the process gave for refusing to boot."""
@@ -308,10 +317,13 @@ class Supervisor:
                 if now >= child.restart_at and not self.stopping:
                     child.process = self._spawn(child.report)
                     child.state, child.started = ChildState.RUNNING, now
+                    child.timed_out = set()
                     if self.stopping:  # the signal came while it was spawned: not told yet
                         child.process.send_signal(signal.SIGTERM)
                 continue
             code = child.process.poll()
+            if child.state is ChildState.RUNNING and code is None:
+                self._kill_past_limit(child, now)
             if child.state is not ChildState.RUNNING or code is None:
                 continue
             if code == EX_CONFIG:
@@ -320,11 +332,40 @@ class Supervisor:
                 child.state = ChildState.STOPPED
                 if not child.clean_exit():
                     self._bury(child, code)
+            elif code == EX_REPLACE:
+                child.state, child.restart_at = ChildState.WAITING, now
+                self._bury(child, code, restart_in_s=0.0)
             else:
                 pause, child.backoff = next_backoff(child.backoff, now - child.started)
                 child.state, child.restart_at = ChildState.WAITING, now + pause
                 self._bury(child, code, restart_in_s=pause)
         self._record_live()
+
+    def _kill_past_limit(self, child: Child, now: float) -> None:
+        """Kill ``child`` when one of its jobs is past its deadline and its main loop stopped
+        ticking (:func:`.overrun.overdue`: the interpreter lock is held, nothing in the
+        process can stop the job); :meth:`_bury` charges that job as a time limit."""
+        if child.timed_out:
+            return
+        board = read_board(
+            progress_dir(self.settings.worker_state_dir) / f"{child.process.pid}.bin"
+        )
+        late = overrun.overdue(board, now) if board is not None else []
+        if not late:
+            return
+        child.timed_out = {slot.message_id for slot in late}
+        logger.error(
+            "a job holds its worker process past its time limit (its interpreter does not "
+            "answer); killing the process",
+            extra={
+                "event": "time_limit_kill",
+                "slot": child.index,
+                "pid": child.process.pid,
+                "redis_ids": sorted(child.timed_out),
+                "past_limit_s": round(max(now - slot.deadline for slot in late), 1),
+            },
+        )
+        child.process.kill()
 
     def _kill_overdue(self) -> None:
         """Kill every process still running past :attr:`kill_at` (a drain that cannot end:
@@ -406,7 +447,11 @@ class Supervisor:
         board = read_board(board_path)
         requeued = dead = 0
         if board is not None:
-            running = {slot.message_id for slot in board.slots if slot.job_started}
+            # Killed for a job past its time limit: that job is charged as one, the others
+            # it held did not kill it (requeued uncharged).
+            running = (
+                set() if child.timed_out else {s.message_id for s in board.slots if s.job_started}
+            )
             try:
                 requeued, dead = recovery.recover_worker(
                     self.redis,
@@ -414,6 +459,7 @@ class Supervisor:
                     self.settings.worker_queues,
                     self.settings.worker_max_attempts,
                     running,
+                    timed_out=child.timed_out,
                 )
                 recovery.forget_worker(self.redis, board.broker_id, self.settings.worker_queues)
             except redis.RedisError as error:
@@ -424,10 +470,19 @@ class Supervisor:
         multiprocess.mark_process_dead(pid, str(self.metrics_dir))
         if code == EX_CONFIG:
             return
+        if code == EX_REPLACE:
+            what, event = (
+                "worker process replaced: a job would not stop after its time limit",
+                "process_replaced",
+            )
+        elif child.timed_out:
+            what, event = "worker process killed for a job past its time limit", "time_limit_killed"
+        else:
+            what, event = "worker process died", "process_died"
         logger.error(
-            "worker process died" + ("" if restart_in_s is None else "; replacing it"),
+            what + ("" if restart_in_s is None else "; replacing it"),
             extra={
-                "event": "process_died",
+                "event": event,
                 "slot": child.index,
                 "pid": pid,
                 "exit_code": code,

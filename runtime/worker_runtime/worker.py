@@ -6,6 +6,11 @@ prefetched messages back, lets in-flight handlers finish within
 is requeued, not failed), requeues anything still held in its acks sets, closes
 the database pool and the broker, logs a drain summary and exits 0. A second
 signal, at least a second after the first, closes the drain window at once.
+
+A handler thread abandoned past its time limit (:mod:`.overrun`: the time-limit middleware
+sends the process SIGTERM) is not waited for: its job is charged as a time limit
+(:func:`.recovery.charge_time_limit`) and the process exits ``EX_REPLACE`` once the others
+are drained; the supervisor starts another at once.
 """
 
 from __future__ import annotations
@@ -29,9 +34,9 @@ from . import accounting as recovery
 from . import layout
 from .boards import ProgressBoard, StateDirError
 from .consumer import SettlingRedisBroker
-from .exitcodes import EX_OK
+from .exitcodes import EX_OK, EX_REPLACE
 from .lifecycle import LIFECYCLE, Lifecycle
-from .middleware import GracefulShutdown
+from .middleware import CappedTimeLimit, GracefulShutdown
 from .outage import ConsumerNoise
 from .parentdeath import die_with_parent
 from .settings import WorkerSettings, refuse
@@ -59,13 +64,14 @@ def _join(
     deadline: float,
     stop: Callable[[], bool],
     board: ProgressBoard,
+    given_up: Callable[[threading.Thread], bool] = lambda thread: False,
 ) -> bool:
-    """Wait until ``threads`` end, ``deadline`` passes or ``stop()`` is true; True if all
-    ended."""
-    pending = [thread for thread in threads if thread.is_alive()]
+    """Wait until ``threads`` end (or are ``given_up``), ``deadline`` passes or ``stop()`` is
+    true; True if all ended."""
+    pending = [thread for thread in threads if thread.is_alive() and not given_up(thread)]
     while pending and time.monotonic() < deadline and not stop():
         pending[0].join(timeout=JOIN_POLL_S)
-        pending = [thread for thread in pending if thread.is_alive()]
+        pending = [thread for thread in pending if thread.is_alive() and not given_up(thread)]
         board.tick()
     return not pending
 
@@ -121,6 +127,8 @@ class WorkerProcess:
       lifecycle: the shutdown flag and progress board the handlers and the ProgressRecorder
         middleware share (default: this process's).
       load_actors: declares the actors on ``broker``; called once the process has booted.
+      time_limit: the broker's :class:`.CappedTimeLimit`, which lists the handler threads
+        it abandoned (None: none are).
     """
 
     def __init__(
@@ -130,8 +138,10 @@ class WorkerProcess:
         shutdown: GracefulShutdown,
         lifecycle: Lifecycle = LIFECYCLE,
         load_actors: Callable[[], object] = lambda: None,
+        time_limit: CappedTimeLimit | None = None,
     ) -> None:
         self.settings = settings
+        self.time_limit = time_limit
         self.broker = broker
         self.shutdown = shutdown
         self.lifecycle = lifecycle
@@ -188,10 +198,18 @@ class WorkerProcess:
         _join(worker.consumers.values(), started + CONSUMER_STOP_S, lambda: signals.hurried, board)
         handed_back = _unless_redis_down(lambda: self._requeue_prefetched(worker), "hand back")
 
+        abandoned = self.time_limit.abandoned if self.time_limit is not None else {}
+
+        def given_up(thread: threading.Thread) -> bool:
+            return thread.ident in abandoned
+
         interrupted = 0
-        if not _join(worker.workers, deadline, lambda: signals.hurried, board):
+        if not _join(worker.workers, deadline, lambda: signals.hurried, board, given_up):
             interrupted = shutdown.interrupt()
-            _join(worker.workers, time.monotonic() + INTERRUPT_GRACE_S, lambda: False, board)
+            grace = time.monotonic() + INTERRUPT_GRACE_S
+            _join(worker.workers, grace, lambda: False, board, given_up)
+        given = list(abandoned.values())
+        _unless_redis_down(lambda: self._charge_time_limits(broker, given), "charge")
         swept = _unless_redis_down(lambda: self._sweep(broker), "requeue")
         broker.emit_after("worker_shutdown", worker)
         broker.close()
@@ -202,10 +220,19 @@ class WorkerProcess:
                 "finished": shutdown.finished - finished_before,
                 "requeued": shutdown.requeued + handed_back + swept,
                 "interrupted": interrupted,
+                "abandoned": len(given),
                 "elapsed_s": round(time.monotonic() - started, 3),
             },
         )
-        return EX_OK
+        return EX_REPLACE if given else EX_OK
+
+    def _charge_time_limits(self, broker: RedisBroker, given: list[tuple[str, str]]) -> int:
+        """Charge the jobs of abandoned threads (queue, redis id) as time limits."""
+        for queue, redis_id in given:
+            recovery.charge_time_limit(
+                broker.client, broker.broker_id, queue, redis_id, self.settings.worker_max_attempts
+            )
+        return len(given)
 
     def _requeue_prefetched(self, worker: dramatiq.Worker) -> int:
         """Hand the messages waiting in the work queue back to Redis."""

@@ -58,7 +58,7 @@ def _worker_process(settings: WorkerSettings) -> int:
     the process's lifecycle, and the actors to declare once it has booted."""
     from ..broker import middleware_of
     from ..lifecycle import LIFECYCLE
-    from ..middleware import GracefulShutdown
+    from ..middleware import CappedTimeLimit, GracefulShutdown
     from ..worker import WorkerProcess
 
     service = current()
@@ -69,6 +69,7 @@ def _worker_process(settings: WorkerSettings) -> int:
         shutdown=middleware_of(broker, GracefulShutdown),
         lifecycle=LIFECYCLE,
         load_actors=lambda: importlib.import_module(service.actors_package),
+        time_limit=middleware_of(broker, CappedTimeLimit),
     ).run()
 
 

@@ -11,9 +11,10 @@ decided by :func:`..settlement.job_outcome` after Retries and GracefulShutdown, 
 
 ``success``      the handler returned.
 ``retry``        the handler raised; a delayed copy will run again.
-``failure``      the handler raised an exception listed in the actor's ``throws``:
-                 aborted on purpose, not retried (Dramatiq then keeps the message
-                 with the dead letters; it is not counted as ``dead_letter``).
+``failure``      the handler raised an exception listed in the actor's ``throws``, or
+                 returned a result that cannot be stored (not JSON): not retried
+                 (Dramatiq then keeps the message with the dead letters; it is not
+                 counted as ``dead_letter``).
 ``dead_letter``  the handler raised and its retries are used up, or the message was
                  refused before running (over ``WORKER_MAX_ATTEMPTS``, or past its
                  age limit): it went to the dead letters.
@@ -44,6 +45,10 @@ message whose worker process crashed and that recovery dead-letters never
 reaches a handler and is not counted here (``queue_dead_letters`` shows it).
 ``job_duration_seconds`` observes every run of a handler (not refused messages).
 
+A handler interrupted by its time limit is also counted in
+``jobs_time_limit_exceeded_total{queue,actor}`` (:mod:`..overrun`, its owner: a job whose
+thread is abandoned, or whose process the supervisor kills, is counted where it is charged).
+
 The metric files are prometheus-client's, mapped into memory; their space is reserved
 before a page is used (:class:`ReservedMmapedDict`), so a ``WORKER_STATE_DIR`` filled
 while the worker runs drops the samples it has no room for (one log line per file)
@@ -67,11 +72,12 @@ from typing import Any
 
 from dramatiq import Broker, Middleware
 from dramatiq.broker import MessageProxy
+from dramatiq.middleware.time_limit import TimeLimitExceeded
 from dramatiq.worker import Worker
 from prometheus_client import Counter, Gauge, Histogram, values
 from prometheus_client.mmap_dict import MmapedDict
 
-from .. import logs
+from .. import logs, overrun
 from ..layout import DEAD_LETTER_REASON, RETRIES, canonical
 from ..settings import database_enabled
 from ..settlement import job_outcome, lost_reason, skip_outcome
@@ -400,6 +406,8 @@ class Metrics(Middleware):
         exception: BaseException | None = None,
     ) -> None:
         self._end(broker, message, self._outcome(broker, message, exception), ran=True)
+        if isinstance(exception, TimeLimitExceeded):  # given up or killed: counted where charged
+            overrun.count(canonical(message.queue_name), message.actor_name)
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
         self._end(broker, message, skip_outcome(message), ran=False)

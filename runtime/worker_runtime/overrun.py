@@ -1,0 +1,64 @@
+"""Jobs that run past their time limit and will not stop: the rules, and their count.
+
+Dramatiq's time limit raises ``TimeLimitExceeded`` once into the handler's thread: a handler
+that swallows it (a bare ``except:``) runs on, and one inside a C call that holds the
+interpreter lock (a catastrophic regular expression) cannot receive it at all. Here:
+
+* in the worker process the time-limit watchdog (:mod:`.middleware.time_limit`) raises it
+  again every :data:`REPEAT_S` while the job runs, and ``checkpoint()`` raises it at each
+  call; :data:`ABANDON_AFTER_S` past the limit the thread is abandoned: the process drains
+  the rest, charges the job as a time limit (:func:`.recovery.charge_time_limit`) and exits
+  ``EX_REPLACE``; the supervisor starts another at once;
+* the supervisor kills a worker process whose main loop has not ticked its progress board
+  for :data:`STALLED_TICK_S` while one of its jobs is past its deadline (:func:`overdue`):
+  the interpreter lock is held. That job is charged as a time limit, not as a crash, and
+  its dead-letter reason says so; the others it held are requeued uncharged.
+
+Each delivery ended by its time limit (interrupted, abandoned or killed) is counted once in
+``jobs_time_limit_exceeded_total{queue,actor}`` (:func:`count`): by the worker process's
+Metrics middleware, or where it is charged. The counter is made on first use, once
+``PROMETHEUS_MULTIPROC_DIR`` is set (the supervisor sets it before it starts anything).
+
+This module imports neither Dramatiq nor the actors.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Final
+
+from .boards import Slot, Snapshot
+
+#: Seconds between two raises of ``TimeLimitExceeded`` into a job past its limit.
+REPEAT_S: Final = 1.0
+#: Seconds past its limit after which a job's thread is abandoned and its process replaced.
+ABANDON_AFTER_S: Final = 5.0
+#: Seconds without a tick of a process's main loop (it ticks every second, and every 50 ms
+#: while it drains) after which a job past its deadline is taken to hold the interpreter.
+STALLED_TICK_S: Final = 3.0
+
+_counter: Any = None
+_counter_lock = threading.Lock()
+
+
+def count(queue: str, actor: str) -> None:
+    """Add one to ``jobs_time_limit_exceeded_total{queue,actor}``."""
+    global _counter
+    with _counter_lock:
+        if _counter is None:
+            from prometheus_client import Counter
+
+            _counter = Counter(
+                "jobs_time_limit_exceeded",
+                "Deliveries ended by their time limit: interrupted, abandoned or killed.",
+                ["queue", "actor"],
+            )
+    _counter.labels(queue, actor).inc()
+
+
+def overdue(board: Snapshot, now: float) -> list[Slot]:
+    """The jobs of ``board`` past their deadline while its main loop has not ticked for
+    :data:`STALLED_TICK_S` (``now``: ``time.monotonic()``): its process will not stop them."""
+    if now - board.tick < STALLED_TICK_S:
+        return []
+    return [slot for slot in board.slots if slot.job_started and 0 < slot.deadline <= now]
