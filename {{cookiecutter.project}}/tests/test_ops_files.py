@@ -50,6 +50,8 @@ CONTRACT = {
     "downstream_in_use",
     "downstream_limit",
     "jobs_throttled_total",
+    # handlers that would not stop at their time limit (#39 item 5)
+    "jobs_time_limit_exceeded_total",
 }
 DATABASE_ONLY = {"db_pool_in_use", "db_pool_size"}
 #: Read by the OOM-kill alert from kube-state-metrics, not exported by this service.
