@@ -204,7 +204,7 @@ def charge_time_limit(
         return int(layout.requeue_held(client, broker_id, queue, redis_id)), 0
     retries = int(message.options.get(layout.RETRIES) or 0) + 1
     message = message.copy(options={layout.RETRIES: retries, layout.REDIS_MESSAGE_ID: redis_id})
-    overrun.count(layout.canonical(queue), message.actor_name)
+    overrun.count_time_limit(layout.canonical(queue), message.actor_name)
     if deliveries(message) >= max_attempts:
         return 0, int(dead_letter(client, broker_id, queue, message, TIME_LIMIT_REASON))
     requeued = layout.requeue_held(client, broker_id, queue, redis_id, message.encode())

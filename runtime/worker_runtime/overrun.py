@@ -15,7 +15,7 @@ interpreter lock (a catastrophic regular expression) cannot receive it at all. H
   its dead-letter reason says so; the others it held are requeued uncharged.
 
 Each delivery ended by its time limit (interrupted, abandoned or killed) is counted once in
-``jobs_time_limit_exceeded_total{queue,actor}`` (:func:`count`): by the worker process's
+``jobs_time_limit_exceeded_total{queue,actor}`` (:func:`count_time_limit`): by the worker process's
 Metrics middleware, or where it is charged. The counter is made on first use, once
 ``PROMETHEUS_MULTIPROC_DIR`` is set (the supervisor sets it before it starts anything).
 
@@ -41,7 +41,7 @@ _counter: Any = None
 _counter_lock = threading.Lock()
 
 
-def count(queue: str, actor: str) -> None:
+def count_time_limit(queue: str, actor: str) -> None:
     """Add one to ``jobs_time_limit_exceeded_total{queue,actor}``."""
     global _counter
     with _counter_lock:

@@ -407,7 +407,7 @@ class Metrics(Middleware):
     ) -> None:
         self._end(broker, message, self._outcome(broker, message, exception), ran=True)
         if isinstance(exception, TimeLimitExceeded):  # given up or killed: counted where charged
-            overrun.count(canonical(message.queue_name), message.actor_name)
+            overrun.count_time_limit(canonical(message.queue_name), message.actor_name)
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
         self._end(broker, message, skip_outcome(message), ran=False)
