@@ -25,6 +25,7 @@ This module imports neither Dramatiq nor the actors.
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any, Final
 
 from .boards import Slot, Snapshot
@@ -58,7 +59,18 @@ def count_time_limit(queue: str, actor: str) -> None:
 
 def overdue(board: Snapshot, now: float) -> list[Slot]:
     """The jobs of ``board`` past their deadline while its main loop has not ticked for
-    :data:`STALLED_TICK_S` (``now``: ``time.monotonic()``): its process will not stop them."""
-    if now - board.tick < STALLED_TICK_S:
+    :data:`STALLED_TICK_S` (``now``: ``time.monotonic()``) and its process is not stopped
+    (SIGSTOP, a debugger: that is no handler holding the interpreter; the drain window
+    deals with it): its process will not stop them."""
+    if now - board.tick < STALLED_TICK_S or _stopped(board.pid):
         return []
     return [slot for slot in board.slots if slot.job_started and 0 < slot.deadline <= now]
+
+
+def _stopped(pid: int) -> bool:
+    """True when process ``pid`` is stopped or traced (its state in ``/proc/<pid>/stat``)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[:1] in (["T"], ["t"])

@@ -322,8 +322,8 @@ class Supervisor:
                         child.process.send_signal(signal.SIGTERM)
                 continue
             code = child.process.poll()
-            if child.state is ChildState.RUNNING and code is None:
-                self._kill_past_limit(child, now)
+            if child.state is ChildState.RUNNING and code is None and not self.stopping:
+                self._kill_past_limit(child, now)  # stopping: the drain window kills it
             if child.state is not ChildState.RUNNING or code is None:
                 continue
             if code == EX_CONFIG:
