@@ -339,6 +339,9 @@ class Metrics(Middleware):
         metrics.concurrency.set(self.concurrency)
         for queue in self.queues:  # a series from 0, so an alert sees its first increase
             metrics.lost.labels(canonical(queue))
+        for actor in broker.actors.values():
+            if actor.queue_name in self.queues:
+                overrun.show_time_limits(canonical(actor.queue_name), actor.actor_name)
         self._stop.clear()
         threading.Thread(target=self._publish_loop, name="metrics", daemon=True).start()
 
