@@ -156,7 +156,13 @@ class CappedTimeLimit(TimeLimit):
         result: Any = None,
         exception: BaseException | None = None,
     ) -> None:
+        me, watchdog = threading.get_ident(), self.manager
+        unsaid = isinstance(exception, TimeLimitExceeded) and (
+            isinstance(watchdog, _Watchdog) and me not in watchdog.overdue
+        )  # a checkpoint raised it before the watchdog saw the job overrun
         self._arm(None)
+        if unsaid:
+            self.overran(me)
 
     def _arm(self, limit_ms: float | None) -> None:
         """Set the current thread's deadline ``limit_ms`` from now (None: disarm it): its
