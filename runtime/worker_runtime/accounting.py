@@ -65,17 +65,22 @@ def dead_letter(
         client, broker_id, queue, redis_id, message.encode(), message.message_id, silent_ms
     )
     if moved:
-        logger.warning(
-            "dead-lettered message",
-            extra={
-                "job_id": message.message_id,
-                "queue": layout.canonical(queue),
-                "actor": message.actor_name,
-                "outcome": "dead_letter",
-                "reason": reason,
-            },
-        )
+        _said("dead-lettered message", message, queue, "dead_letter", reason=reason)
     return moved
+
+
+def _said(what: str, message: Message[Any], queue: str, outcome: str, **more: Any) -> None:
+    """Log (warning) what recovery did to ``message`` of ``queue``: its ids and ``outcome``."""
+    logger.warning(
+        what,
+        extra={
+            "job_id": message.message_id,
+            "queue": layout.canonical(queue),
+            "actor": message.actor_name,
+            "outcome": outcome,
+            **more,
+        },
+    )
 
 
 def requeue(
@@ -209,16 +214,8 @@ def charge_time_limit(
         return 0, int(dead_letter(client, broker_id, queue, message, TIME_LIMIT_REASON))
     requeued = layout.requeue_held(client, broker_id, queue, redis_id, message.encode())
     if requeued:
-        logger.warning(
-            "requeued a job that would not stop after its time limit",
-            extra={
-                "job_id": message.message_id,
-                "queue": layout.canonical(queue),
-                "actor": message.actor_name,
-                "outcome": "retry",
-                "retries": retries,
-            },
-        )
+        what = "requeued a job that would not stop after its time limit"
+        _said(what, message, queue, "retry", retries=retries)
     return int(requeued), 0
 
 
