@@ -120,7 +120,8 @@ def test_a_handler_that_never_stops_is_abandoned_and_its_process_replaced_after_
     wait_for(lambda: time_limits(worker.metrics(), "lc_swallow") == 2, 10, "counted")
     jobs.enqueue("lc_quick", "after")
     wait_for(lambda: jobs.dones("after"), 30, "a job on the replaced process")
-    assert not jobs.queued() and not jobs.delayed() and not jobs.stranded()
+    wait_for(lambda: not jobs.stranded(), 10, "its settlement")
+    assert not jobs.queued() and not jobs.delayed()
     assert worker.stop() == 0
 
 
