@@ -186,8 +186,12 @@ class Downstream(_Strict):
         """``burst``, by default one second of ``rate`` (at least 1); 0 without a rate."""
         calls = self.calls_per_s
         if calls is None:
-            return 0
-        return self.burst if self.burst is not None else max(1, math.ceil(calls))
+            burst = 0
+        elif self.burst is not None:
+            burst = self.burst
+        else:
+            burst = max(1, math.ceil(calls))
+        return burst
 
 
 class Pool(_Strict):
