@@ -130,6 +130,9 @@ def test_serialized_handler_stops_rising(service: Path, redis_url: str) -> None:
     report = measured(capacity(service, redis_url, "--actor", "wait_in_line", "--args", "[0.02]",
                                "--jobs", "40", "--concurrency", "1,2,4", "--json"))
     assert report["rounds"] == 3 and isinstance(report["noisy"], list)
+    # The lines the command prints beside the table are kept for the console's page.
+    assert isinstance(report["verdict"], str) and report["verdict"]
+    assert len(report["warnings"]) == (1 if report["noisy"] else 0), report
     assert report["stops_rising_at"] in (1, 2, 4, None), report
     for level in report["levels"]:  # type: ignore[union-attr]
         assert len(level["rounds"]) == 3 and level["jobs_per_s"] == max(level["rounds"]), level

@@ -10,6 +10,7 @@ headers.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -95,10 +96,10 @@ def consoles(lc_project: Path, redis_url: str, tmp_path: Path) -> Iterator[Any]:
 
 
 def kill_letter(client: redis.Redis, queue: str, actor: str, *args: Any, reason: str,
-                traceback: str | None = None) -> str:
+                traceback: str | None = None, kwargs: dict[str, Any] | None = None) -> str:
     """A dead letter of ``queue`` as the worker leaves one; returns its redis id."""
-    message: Message[Any] = Message(queue_name=queue, actor_name=actor, args=args, kwargs={},
-                                    options={})
+    message: Message[Any] = Message(queue_name=queue, actor_name=actor, args=args,
+                                    kwargs=kwargs or {}, options={})
     redis_id = message.message_id
     options = {"redis_message_id": redis_id, "dead_letter_reason": reason, "retries": 4}
     if traceback:
@@ -121,30 +122,39 @@ def replay_in(page: Any, url: str, redis_id: str, token: str) -> int:
     return int(response.value.status)
 
 
+@contextlib.contextmanager
+def one_job_running(project: Path, redis_url: str, folder: Path, jobs: Jobs, count: int,
+                    heartbeat_ms: str) -> Iterator[Worker]:
+    """A worker of one thread running the first of ``count`` long jobs (the others wait);
+    killed on the way out."""
+    for process in started(lambda: Worker(project, redis_url, folder, WORKER_CONCURRENCY="1",
+                                          WORKER_PREFETCH="1",
+                                          WORKER_HEARTBEAT_TIMEOUT_MS=heartbeat_ms)):
+        worker = process()
+        wait_for(lambda: worker.children(), 30, "the worker process")
+        jobs.many("lc_long", count, 60)
+        wait_for(lambda: jobs.starts("j0"), 30, "the first job to start")
+        yield worker
+
+
 def test_the_overview_shows_a_queue_depth_and_a_running_job(
         browser: Any, consoles: Any, lc_project: Path, redis_url: str, tmp_path: Path) -> None:
     jobs = Jobs(redis_url)
-    for process in started(lambda: Worker(lc_project, redis_url, tmp_path / "w",
-                                          WORKER_CONCURRENCY="1", WORKER_PREFETCH="1",
-                                          WORKER_HEARTBEAT_TIMEOUT_MS="2000")):
-        worker = process()
-        wait_for(lambda: worker.children(), 30, "the worker process")
-        jobs.many("lc_long", 4, 60)
-        wait_for(lambda: jobs.starts("j0"), 30, "the first job to start")
+    with one_job_running(lc_project, redis_url, tmp_path / "w", jobs, 4, "2000") as worker:
         console = consoles()
         page = browser.new_page()
         try:
             def shown() -> bool:
                 page.goto(console.url + "/")
                 row = page.locator("table").first.locator("tr", has_text=QUEUE)
-                return ("lc_long for" in page.inner_text("body")
-                        and row.locator("td").nth(1).inner_text() == "3")
+                return ("lc_long " in page.inner_text("body")
+                        and row.locator("td").nth(3).inner_text() == "3")
             wait_for(shown, 15, "the overview to show 3 waiting and lc_long running")
             body = page.inner_text("body")
             assert "interactive" in body and str(worker.children()[0]) in body
             assert "Read-only: set CONSOLE_TOKEN" in body
             in_flight = page.locator("table").first.locator("tr", has_text=QUEUE).locator("td")
-            assert in_flight.nth(4).inner_text() == "1"
+            assert in_flight.nth(6).inner_text() == "1"
         finally:
             page.close()
 
@@ -196,6 +206,190 @@ def test_a_dead_letter_is_replayed_with_the_token_and_refused_without_it(
         page.close()
 
 
+def test_typed_arguments_show_and_one_failure_of_many_jobs_is_one_row(
+        browser: Any, consoles: Any, redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    for number in range(5):
+        kill_letter(client, "notifications", "send_notification",
+                    reason=f"ValueError: template 'promo-{number}' of user {100 + number} failed",
+                    kwargs={"user_id": 100 + number, "template": f"promo-{number}"})
+    console = consoles()
+    page = browser.new_page()
+    try:
+        page.goto(f"{console.url}/dead?queue=notifications")
+        cells = page.locator("table tbody tr td:nth-child(6)")
+        assert cells.count() == 5
+        assert cells.first.inner_text() == 'user_id=100, template="promo-0"'
+        page.fill("input[name=find]", "PROMO-3")  # any case, in the reason
+        page.click("text=Filter")
+        assert page.locator("table tbody tr").count() == 1
+        assert "5 dead letters on notifications; 1 of them match 'PROMO-3'" in (
+            page.inner_text("body"))
+        assert 'template="promo-3"' in page.inner_text("table tbody tr")
+        page.goto(f"{console.url}/dead/summary?queue=notifications")
+        rows = page.locator("table tbody tr")
+        assert rows.count() == 1
+        assert [rows.first.locator("td").nth(i).inner_text() for i in range(1, 5)] == [
+            "5", "send_notification", "ValueError", "template '…' of user <n> failed"]
+    finally:
+        page.close()
+
+
+#: Where the page tests leave their screenshots (beside the test's own files: tmp_path).
+WIDTHS = (1400, 390)
+
+
+def test_every_page_fits_both_widths_in_light_and_dark_and_refreshes_without_script(
+        browser: Any, consoles: Any, lc_project: Path, redis_url: str, tmp_path: Path) -> None:
+    client = redis.Redis.from_url(redis_url)
+    jobs = Jobs(redis_url)
+    kill_letter(client, "notifications", "send_notification", reason="ValueError: user 7 gone",
+                kwargs={"user_id": 7, "template": "welcome"})
+    jobs.broker.enqueue(Message(queue_name="partner", actor_name="call_partner", args=(),
+                                kwargs={"order_id": "o-1", "amount": 12.5}, options={}))
+    retry = Message(queue_name="notifications", actor_name="lc_quick", args=("r1",), kwargs={},
+                    options={"retries": 2})
+    jobs.broker.enqueue(retry, delay=600_000)
+    with one_job_running(lc_project, redis_url, tmp_path / "w", jobs, 2, "5000"):
+        console = consoles()
+        pages = {
+            "overview": "/?refresh=5",
+            "waiting": "/jobs?queue=partner",
+            "delayed": "/jobs?queue=notifications&kind=delayed",
+            "dead": "/dead?queue=notifications",
+            "summary": "/dead/summary?queue=notifications",
+            "show": "/dead/show?queue=notifications&id=" + client.zrange(
+                "dramatiq:notifications.XQ", 0, 0)[0].decode(),
+            "schedules": "/schedules",
+            "capacity": "/capacity",
+            "activity": "/activity",
+        }
+        for width in WIDTHS:
+            for scheme in ("light", "dark"):
+                context = browser.new_context(viewport={"width": width, "height": 900},
+                                              color_scheme=scheme)
+                page = context.new_page()
+                try:
+                    for name, path in pages.items():
+                        response = page.goto(console.url + path)
+                        assert response is not None and response.status == 200, path
+                        assert page.locator("script").count() == 0, path
+                        overflow = page.evaluate(
+                            "document.documentElement.scrollWidth - window.innerWidth")
+                        assert overflow <= 0, f"{name} at {width} px overflows by {overflow} px"
+                        background = page.evaluate(
+                            "getComputedStyle(document.body).backgroundColor")
+                        dark = background == "rgb(22, 24, 28)"
+                        assert dark == (scheme == "dark"), (name, scheme, background)
+                        page.screenshot(path=str(tmp_path / f"{name}-{width}-{scheme}.png"),
+                                        full_page=True)
+                    page.goto(console.url + pages["overview"])
+                    body = page.inner_text("body")
+                    assert "Unserved: queue partner (pool external): 1 waiting" in body
+                    assert "lc_long " in body and "Auto-refresh every 5 s" in body
+                    refresh = page.locator("meta[http-equiv=refresh]")
+                    assert refresh.get_attribute("content") == "5"
+                    if width == 390:  # a row is a card: every value under its column's name
+                        cell = page.locator("td[data-label='dead letters']").first
+                        assert cell.is_visible() and cell.bounding_box()["x"] < 390
+                    page.goto(console.url + pages["waiting"])
+                    assert 'order_id="o-1", amount=12.5' in page.inner_text("body")
+                    page.goto(console.url + pages["delayed"])
+                    row = page.locator("table tbody tr", has_text="lc_quick").inner_text()
+                    assert "retry 2" in row and "from now" in row, row
+                finally:
+                    context.close()
+        page = browser.new_page()
+        try:
+            page.goto(console.url + "/")
+            assert page.locator("meta[http-equiv=refresh]").count() == 0
+            page.click("text=5 s")
+            assert page.url.endswith("/?refresh=5")
+        finally:
+            page.close()
+
+
+def test_the_activity_page_charts_the_last_hour_from_the_workers_counts(
+        browser: Any, consoles: Any, workers: Any, redis_url: str) -> None:
+    jobs = Jobs(redis_url)
+    worker = workers(WORKER_HEARTBEAT_TIMEOUT_MS="2000")
+    wait_for(lambda: worker.children(), 30, "the worker process")
+    jobs.many("lc_quick", 6)
+    jobs.enqueue("lc_sleep", "no-seconds")  # a TypeError: failed, then retried
+    wait_for(lambda: jobs.done_count() == 6, 30, "the 6 jobs")
+    console = consoles()
+    page = browser.new_page()
+    try:
+        def charted() -> bool:
+            page.goto(console.url + "/activity")
+            section = page.locator("section.activity", has_text=QUEUE)
+            said = section.locator("p").inner_text()
+            return said.startswith("Last hour: 6 done, ") and " 0 failed" not in said
+        wait_for(charted, 30, "the last hour's counts on the page", step=0.5)
+        chart = page.locator("section.activity", has_text=QUEUE).locator("svg")
+        assert chart.locator("rect.done").count() >= 1
+        assert chart.locator("rect.failed").count() >= 1
+        assert chart.locator("polyline.age").count() == 1
+        assert page.locator("script").count() == 0
+        quiet = page.locator("section.activity", has_text="reports").locator("p").inner_text()
+        assert quiet.startswith("Last hour: 0 done, 0 failed"), quiet
+    finally:
+        page.close()
+
+
+def sign_and_press(page: Any, button: str, token: str, posted: str) -> int:
+    """Sign the page's action form as alice with ``token``, confirm, press ``button``: the
+    status of the answer to ``posted``."""
+    page.fill("input[name=who]", "alice")
+    page.fill("input[name=token]", token)
+    page.check("input[name=confirm]")
+    with page.expect_response(lambda r: r.url.endswith(posted)) as response:
+        page.click(f"button[value={button}]")
+    return int(response.value.status)
+
+
+def test_a_group_is_replayed_and_a_waiting_job_cancelled_with_the_token(
+        browser: Any, consoles: Any, redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    for number in range(5):
+        kill_letter(client, "reports", "build_report", number,
+                    reason=f"KeyError: 'q{number}' in report {number}")
+    other = kill_letter(client, "reports", "build_report", 9, reason="ValueError: no rows")
+    waiting = Message(queue_name="partner", actor_name="call_partner", args=(), kwargs={},
+                      options={})
+    Jobs(redis_url).broker.enqueue(waiting)
+    console = consoles(CONSOLE_TOKEN=TOKEN)
+    page = browser.new_page()
+    try:
+        page.goto(f"{console.url}/dead/summary?queue=reports")
+        group = page.locator("tr", has_text="KeyError").locator("input[name=group]")
+        group.check()
+        assert sign_and_press(page, "replay-group", "wrong", "/dead/act") == 403
+        assert client.zcard("dramatiq:reports.XQ") == 6
+        page.locator("tr", has_text="KeyError").locator("input[name=group]").check()
+        assert sign_and_press(page, "replay-group", TOKEN, "/dead/act") == 200
+        assert "Replayed 5 dead letters of the group build_report / KeyError" in (
+            page.inner_text("body"))
+        assert client.zrange("dramatiq:reports.XQ", 0, -1) == [other.encode()]
+        assert client.llen("dramatiq:reports") == 5
+
+        page.goto(f"{console.url}/jobs?queue=partner")
+        page.check(f"input[name=id][value='{waiting.message_id}']")
+        assert sign_and_press(page, "cancel", TOKEN, "/jobs/act") == 200
+        # Sent by bare Dramatiq, it is not in the message index: cancelled all the same.
+        assert "Cancelled 1 selected jobs (0 found queued, delayed or running)" in (
+            page.inner_text("body"))
+        assert client.zscore("dramatiq:__cancelled__", waiting.message_id) is not None
+        actions = [r for r in console.records() if r.get("event") == "console_action"]
+        assert [(r["action"], r["outcome"], r.get("count")) for r in actions] == [
+            ("replay-group", "refused", None), ("replay-group", "replayed", 5),
+            ("cancel", "cancelled", 1)]
+        assert actions[1]["group"][:3] == ["reports", "build_report", "KeyError"]
+        assert actions[2]["ids"] == [waiting.message_id] and actions[2]["who"] == "alice"
+    finally:
+        page.close()
+
+
 def test_a_hostile_argument_and_traceback_are_shown_inert(
         browser: Any, consoles: Any, redis_url: str) -> None:
     client = redis.Redis.from_url(redis_url)
@@ -214,7 +408,8 @@ def test_a_hostile_argument_and_traceback_are_shown_inert(
             assert headers["content-security-policy"].startswith("default-src 'none'"), path
             assert headers["x-frame-options"] == "DENY"
             assert headers["x-content-type-options"] == "nosniff"
-            assert "<script>document.title='pwned'" in page.inner_text("body"), path
+            # shown as text (the summary masks its quoted value: one row per kind)
+            assert "<script>document.title='" in page.inner_text("body"), path
             assert page.locator("script").count() == 0, path
             assert page.locator("img").count() == 0, path
             assert page.title() != "pwned" and page.evaluate("window.pwned") is None, path
@@ -224,6 +419,15 @@ def test_a_hostile_argument_and_traceback_are_shown_inert(
         assert dialogs == []
     finally:
         page.close()
+
+
+def test_the_console_logs_as_log_format_says(consoles: Any) -> None:
+    desk = consoles(LOG_FORMAT="console")
+    [line] = [line for line in desk.log_path.read_text().splitlines() if "console on" in line]
+    assert not line.startswith("{") and " INFO    console on http://127.0.0.1:" in line, line
+    assert "event=console_start" in line, line
+    production = consoles()
+    assert [r["event"] for r in production.records()] == ["console_start"]
 
 
 def test_the_console_binds_localhost_and_names_a_busy_port(lc_project: Path,
@@ -246,12 +450,17 @@ def test_the_console_binds_localhost_and_names_a_busy_port(lc_project: Path,
     assert f"console: cannot listen on 127.0.0.1:{port}" in refused.stderr
 
 
+NOISE = ("the rounds of concurrency 2 differ by up to 198%: something else ran on this "
+         "machine, and the verdict may be wrong; measure again where nothing else runs")
+
+
 def capacity_result(actor: str, levels: list[Any], knee: Any) -> bytes:
     """A stored ``capacity`` result as the command writes it (tests/test_capacity.py checks
     the command writes this shape at this key)."""
     return json.dumps({"actor": actor, "queue": "reports", "pool": "batch", "jobs": 64,
                        "rounds": 3, "min_gain": 0.1, "levels": levels, "stops_rising_at": knee,
-                       "noisy": [], "measured_at_ms": 1_700_000_000_000}).encode()
+                       "noisy": [2], "warnings": [NOISE], "verdict": "throughput stops rising",
+                       "measured_at_ms": 1_700_000_000_000}).encode()
 
 
 def test_the_capacity_page_charts_the_stored_result_inert(
@@ -292,6 +501,7 @@ def test_the_capacity_page_charts_the_stored_result_inert(
         assert len((chart.locator("polyline.best").get_attribute("points") or "").split()) == 3
         body = page.inner_text("body")
         assert "Throughput stops rising at concurrency 2." in body and "2023-11-14T" in body
+        assert f"Warning: {NOISE}." in body  # what the command printed beside its verdict
         assert "<script>document.title='pwned'" in body  # the hostile actor name, as text
         assert page.locator("script").count() == 0 and page.locator("img").count() == 0
         assert page.title() != "pwned" and page.evaluate("window.pwned") is None

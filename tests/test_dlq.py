@@ -89,11 +89,15 @@ def test_list_shows_every_queues_dead_letters_with_their_reasons(project: Path,
     assert "KeyError: 'q3'" in rows[1]
     assert rows[2].endswith("…") and "x" * 80 not in rows[2]
     assert lines[-1] == "3 dead letters"
-    summary = lines[lines.index("BY QUEUE, ACTOR AND REASON") + 1:-2]
-    assert summary[0].split() == ["COUNT", "QUEUE", "ACTOR", "REASON"]
-    assert [row.split()[:3] for row in summary[1:]] == [
-        ["1", "notifications", "send_notification"], ["1", "reports", "build_report"],
-        ["1", "notifications", "send_notification"]]
+    summary = lines[lines.index(
+        "BY QUEUE, ACTOR, EXCEPTION AND REASON (numbers, ids and quoted values masked)") + 1:-2]
+    assert summary[0].split() == ["COUNT", "QUEUE", "ACTOR", "EXCEPTION", "REASON"]
+    assert [row.split()[:4] for row in summary[1:]] == [
+        ["1", "notifications", "send_notification", "ValueError"],
+        ["1", "reports", "build_report", "KeyError"],
+        ["1", "notifications", "send_notification", "-"]]
+    assert "template '…' is not defined" in summary[1]
+    assert "its worker process died during <n> of <n> deliveries" in summary[3]
 
     only_reports = dlq(project, redis_url, "list", "--queue", "reports", "--json")
     entries = json.loads(only_reports.stdout)
@@ -224,7 +228,7 @@ def test_unknown_ids_are_refused_before_anything_moves(project: Path, redis_url:
         assert result.returncode == 1, args
         assert result.stderr.strip().endswith(
             "no dead letter 'no-such-id' on queue(s) notifications, reports, partner, payments, "
-            "untrusted")
+            "untrusted (as a redis id or a job id)")
         assert "Traceback" not in result.stderr
     assert client.zcard("dramatiq:notifications.XQ") == 1
     assert client.llen("dramatiq:notifications") == 0
@@ -238,7 +242,7 @@ def test_usage_errors(project: Path, redis_url: str) -> None:
     for args in (("replay",), ("purge", "--yes"), ("replay", "--all", "some-id")):
         result = dlq(project, redis_url, *args)
         assert result.returncode == 2, args
-        assert "give either --all or redis ids" in result.stderr
+        assert "give either --all or ids" in result.stderr
 
 
 def test_redis_down_is_one_line_and_exit_1(project: Path) -> None:
@@ -343,7 +347,8 @@ def test_more_than_a_page_is_listed_merged_summarised_replayed_and_purged(
     lines = listed.stdout.splitlines()
     assert [line.split()[1] for line in lines[1:5]] == [late[0], early[0], late[1], early[1]]
     assert lines[-1] == "4 of 1,400 dead letters"
-    summary = lines[lines.index("BY QUEUE, ACTOR AND REASON") + 2:-2]
+    summary = lines[lines.index(
+        "BY QUEUE, ACTOR, EXCEPTION AND REASON (numbers, ids and quoted values masked)") + 2:-2]
     assert [row.split()[:3] for row in summary] == [
         ["700", "reports", "build_report"], ["699", "partner", "call_partner"],
         ["1", "partner", "-"]]
@@ -364,3 +369,55 @@ def test_more_than_a_page_is_listed_merged_summarised_replayed_and_purged(
     purged = dlq(project, redis_url, "purge", "--all", "--yes")
     assert purged.stdout.strip() == "purged 1 dead letter"
     assert client.zcard("dramatiq:partner.XQ") == 0 == client.hlen("dramatiq:partner.XQ.msgs")
+
+
+def test_show_and_replay_take_the_job_id_the_logs_print(project: Path, redis_url: str,
+                                                        client: redis.Redis) -> None:
+    """The job id every log line prints is the message_id, not the redis id the dead
+    letters are kept under: ``dlq show`` and ``replay`` take either."""
+    dead = kill_letter(redis_url, "notifications", "send_notification", 7, "welcome", "n-1",
+                       reason="ValueError: template 'welcome' is not defined")
+    other = kill_letter(redis_url, "notifications", "send_notification", 8, "bye", "n-2",
+                        reason="ValueError: template 'bye' is not defined")
+    redis_id = dead.options["redis_message_id"]
+    assert dead.message_id != redis_id
+    for job_id in (dead.message_id, redis_id):
+        shown = dlq(project, redis_url, "show", job_id, "--json")
+        assert shown.returncode == 0, shown.stderr
+        assert json.loads(shown.stdout)["redis_id"] == redis_id
+
+    replayed = dlq(project, redis_url, "replay", dead.message_id)
+    assert replayed.returncode == 0 and replayed.stdout.strip() == "replayed 1 dead letter"
+    [new_id] = client.lrange("dramatiq:notifications", 0, -1)
+    assert Message.decode(client.hget("dramatiq:notifications.msgs", new_id)).message_id == (
+        dead.message_id)
+    assert client.zrange("dramatiq:notifications.XQ", 0, -1) == [
+        other.options["redis_message_id"].encode()]
+
+    # A job that is queued (the message index knows it) is said not to be dead.
+    live = Message(queue_name="notifications", actor_name="send_notification", args=(9,),
+                   kwargs={}, options={})
+    client.hset("dramatiq:__where__", live.message_id, "dramatiq:notifications.msgs x")
+    again = dlq(project, redis_url, "show", live.message_id)
+    assert again.returncode == 1
+    assert again.stderr.strip() == (
+        f"dlq show: job {live.message_id!r} is not a dead letter: it is queued, delayed or "
+        "running (see `status`)")
+
+
+def test_the_summary_groups_one_failure_of_many_jobs_in_one_row(project: Path,
+                                                               redis_url: str) -> None:
+    for number in range(5):
+        kill_letter(redis_url, "reports", "build_report", number,
+                    traceback=f"Traceback...\nKeyError: 'q{number}' (report {1000 + number}, "
+                    f"id 3f2a9c1e-0b7d-4d43-9c55-2b1f7c9e0a1{number})")
+    kill_letter(redis_url, "reports", "build_report", 9,
+                traceback="Traceback...\nValueError: report 9 has no rows")
+    table = dlq(project, redis_url, "list", "--queue", "reports")
+    lines = table.stdout.splitlines()
+    start = lines.index(
+        "BY QUEUE, ACTOR, EXCEPTION AND REASON (numbers, ids and quoted values masked)")
+    rows = [line.split(None, 4) for line in lines[start + 2:-2]]
+    assert rows == [
+        ["5", "reports", "build_report", "KeyError", "'…' (report <n>, id <id>)"],
+        ["1", "reports", "build_report", "ValueError", "report <n> has no rows"]], lines

@@ -93,8 +93,13 @@ def test_a_new_queue_gets_its_alert_without_a_hand_edit(service: ServiceSpec) ->
     grown = dataclasses.replace(first, queues=(*first.queues, "receipts"), backlog_age_target_s=7)
     pools = (grown, *service.pools[1:])
     rules = rules_of(alert_groups("p", pools, database=False, namespace="ns"))
-    (receipts,) = [r for r in rules if r["labels"].get("queue") == "receipts"]
+    by_alert = {r["alert"]: r for r in rules if r["labels"].get("queue") == "receipts"}
+    assert sorted(by_alert) == ["WorkerBacklogAgeOverSLO", "WorkerQueueUnserved"]
+    receipts = by_alert["WorkerBacklogAgeOverSLO"]
     assert receipts["expr"].endswith("> 7") and receipts["labels"]["pool"] == first.name
+    unserved = by_alert["WorkerQueueUnserved"]
+    assert 'queue_unserved{' in unserved["expr"] and 'queue="receipts"' in unserved["expr"]
+    assert unserved["for"] and unserved["labels"]["pool"] == first.name
     assert "WorkerDbPoolSaturated" not in {r["alert"] for r in rules}
 
 

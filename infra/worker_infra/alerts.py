@@ -36,6 +36,9 @@ DELAYED_OVERDUE_S = 300
 #: How long a pool may have a backlog and no worker (KEDA wakes a pool in a polling
 #: interval plus a pod start) before it pages.
 NO_WORKER_FOR = "10m"
+#: How long a queue may hold work that no live process serves (``queue_unserved``) before
+#: it pages: longer than a reload, a rollout or a pod's restart takes.
+UNSERVED_FOR = "5m"
 #: Container name of every worker pod (see :mod:`.pool`).
 WORKER_CONTAINER = "worker"
 #: Metrics of kube-state-metrics the OOM alert reads (not exported by the service).
@@ -137,12 +140,39 @@ def throttled_rule(pool: PoolSpec, series: PoolSeries) -> Rule:
     }
 
 
+def unserved_rule(pool: PoolSpec, series: PoolSeries, queue: str, project: str) -> Rule:
+    """One queue has waiting or due delayed work and no live process serves it
+    (``queue_unserved``: what ``status --check`` says), for :data:`UNSERVED_FOR`: the pods
+    of its pool are up but serve other queues (``WORKER_QUEUES``), are frozen, or are gone."""
+    selector = series.backlog(f'queue="{queue}"')
+    return {
+        "alert": "WorkerQueueUnserved",
+        "expr": f"max by ({BY_POOL}, queue) (queue_unserved{{{selector}}}) == 1",
+        "for": UNSERVED_FOR,
+        "labels": _labels(
+            series.project, series.namespace, series.pool, severity="page", queue=queue
+        ),
+        "annotations": {
+            "summary": f"{series.project}/{series.pool}: queue {queue} has work and no live "
+            "worker process serves it",
+            "description": (
+                f"queue_unserved: messages wait on {queue} (pool {pool.name}) and no process "
+                "with a fresh heartbeat serves it. Run `"
+                f"{project} status --check`: are the pool's pods up (WorkerPoolHasNoWorker), "
+                "do they serve the queue (WORKER_QUEUES), are they frozen (stale)?"
+            ),
+        },
+    }
+
+
 def pool_backlog_rules(pool: PoolSpec, series: PoolSeries, project: str) -> list[Rule]:
-    """The pool's backlog alerts: each queue's age, overdue delayed messages, dead letters,
-    and a backlog that no worker serves (read from the scheduler's copy at zero pods)."""
+    """The pool's backlog alerts: each queue's age and whether a live process serves it,
+    overdue delayed messages, dead letters, and a backlog that no worker serves (read from
+    the scheduler's copy at zero pods)."""
     rules = [backlog_age_rule(pool, series, queue) for queue in pool.queues]
     if pool.uses:
         rules.append(throttled_rule(pool, series))
+    rules += [unserved_rule(pool, series, queue, project) for queue in pool.queues]
     delayed = series.backlog(f'queue=~"{queues_regex(pool.queues, DELAY_SUFFIX)}"')
     ready = series.backlog(f'queue=~"{queues_regex(pool.queues)}"')
     head = series.backlog(f'queue="{pool.queues[0]}"')

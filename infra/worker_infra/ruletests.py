@@ -17,7 +17,8 @@ Cases, for each pool (its neighbour: the next pool of the file):
   (no alert: more replicas are the answer, not a fetch bottleneck);
 - ``starved``: handlers idle while the backlog grows (the fetch bottleneck);
 - ``zero pods``: no pod of the pool, ready and overdue delayed messages (seen through the
-  scheduler's copy);
+  scheduler's copy), unserved;
+- ``unserved``: pods up but none serving the pool's queues while work waits;
 - ``failing``: failures, new dead letters, an OOM kill, a saturated database pool;
 - ``broker faults``: a Redis reset seen by its workers, settlements that lost their
   message, a full Redis (its backlog copies read ``broker_full`` 1);
@@ -94,6 +95,8 @@ class PoolState:
       broker_full: Redis refuses writes for being full (``broker_full`` 1).
       throttled_per_minute: messages a fetch left queued for a downstream budget, per
         minute per pod and queue.
+      unserved: work waits on each queue and no live process serves it (``queue_unserved``
+        1, ``queue_consumers`` 0).
     """
 
     pods: int = 2
@@ -112,6 +115,7 @@ class PoolState:
     lost_per_minute: float = 0
     broker_full: bool = False
     throttled_per_minute: float = 0
+    unserved: bool = False
 
 
 @dataclass
@@ -254,6 +258,8 @@ class _Builder:
             self.add("queue_oldest_message_seconds", q, constant(s.age_s))
             self.add("queue_oldest_message_seconds", dq, constant(s.overdue_s))
             self.add("queue_dead_letters", q, growing(3, s.dead_per_minute))
+            self.add("queue_unserved", q, constant(1 if s.unserved else 0))
+            self.add("queue_consumers", q, constant(0 if s.unserved else s.pods))
         self.add("broker_full", labels, constant(1 if s.broker_full else 0))
 
 
@@ -394,6 +400,12 @@ class RuleTests:
         ns = s.namespace if more.pop("own", "") else (s.service_namespace or s.namespace)
         return {"namespace": ns, POOL_SERIES_LABEL: pool.slug, **more}
 
+    def unserved(self, pool: PoolSpec) -> list[Expected]:
+        return [
+            Expected("WorkerQueueUnserved", self.by_pool(pool, queue=q), 1, pool.slug, q)
+            for q in pool.queues
+        ]
+
     def age(self, pool: PoolSpec, age_s: float) -> list[Expected]:
         return [
             Expected("WorkerBacklogAgeOverSLO", self.by_pool(pool, queue=q), age_s, pool.slug, q)
@@ -464,7 +476,11 @@ class RuleTests:
         depth = 5
         zero = ServiceState(
             ns,
-            {pool.name: PoolState(pods=0, depth=depth, age_s=over, overdue_s=600, delayed=2)},
+            {
+                pool.name: PoolState(
+                    pods=0, depth=depth, age_s=over, overdue_s=600, delayed=2, unserved=True
+                )
+            },
         )
         cases.append(
             self.case(
@@ -487,6 +503,24 @@ class RuleTests:
                         depth,
                         pool.slug,
                     ),
+                    *self.unserved(pool),
+                ],
+            )
+        )
+        cases.append(
+            self.case(
+                f"{pool.name}: pods up, none serving its queues (unserved), beside a busy "
+                "neighbour",
+                ServiceState(
+                    ns,
+                    {
+                        pool.name: PoolState(depth=depth, unserved=True),
+                        **({neighbour.name: busy} if neighbour else {}),
+                    },
+                ),
+                [
+                    *self.unserved(pool),
+                    Expected("WorkerNoProgress", self.by_pool(pool, **own), 0, pool.slug),
                 ],
             )
         )
@@ -598,6 +632,7 @@ class RuleTests:
             resets_per_minute=1,
             lost_per_minute=1,
             broker_full=True,
+            unserved=True,
         )
         other = ServiceState(
             OTHER_NAMESPACE, {p.name: broken for p in self.pools}, leader=False, late=True

@@ -57,5 +57,9 @@ def test_the_schedulers_copy_labels_every_series_with_its_pool(client: redis.Red
     delayed = 'queue="reports.DQ",' + POOL_SERIES_LABEL + '="big-jobs"'
     assert "queue_depth{" + ready + "} 1.0" in text
     assert "queue_depth{" + delayed + "} 0.0" in text
+    # No worker process: the waiting queue is unserved, the empty one is not.
+    assert "queue_consumers{" + ready + "} 0.0" in text
+    assert "queue_unserved{" + ready + "} 1.0" in text
+    assert 'queue_unserved{queue="reports",' + POOL_SERIES_LABEL + '="big-jobs"} 0.0' in text
     lines = [line for line in text.splitlines() if line.startswith("queue_")]
-    assert len(lines) == 10 and all(POOL_SERIES_LABEL in line for line in lines)
+    assert len(lines) == 14 and all(POOL_SERIES_LABEL in line for line in lines)

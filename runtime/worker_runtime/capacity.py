@@ -514,6 +514,8 @@ def run(args: argparse.Namespace) -> int:
         )
         return EX_INTERRUPTED
     levels = with_gains(measured)
+    warning = noise_warning(levels)
+    said = verdict(levels, args.min_gain, pools().pools[pool].concurrency)
     result = {
         "actor": args.actor,
         "queue": probe.queue,
@@ -524,14 +526,16 @@ def run(args: argparse.Namespace) -> int:
         "levels": [level.__dict__ for level in levels],
         "stops_rising_at": stops_rising_at(levels, args.min_gain),
         "noisy": noisy(levels),
+        "warnings": [warning] if warning else [],
+        "verdict": said,
     }
     store(client, result)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        if warning := noise_warning(levels):
+        if warning:
             print(f"\n{warning}")
-        print("\n" + verdict(levels, args.min_gain, pools().pools[pool].concurrency))
+        print("\n" + said)
     return EX_OK
 
 

@@ -36,6 +36,10 @@ this host's:
   at least 0; the earliest of the due set, :func:`.backlog.read_backlog`); above 0 for
   more than a moment means no worker moves due messages to their queue.
 * ``queue_dead_letters{queue="q"}``: ``ZCARD dramatiq:q.XQ``.
+* ``queue_consumers{queue="q"}``: live worker processes serving ``q`` (a fresh heartbeat,
+  read from their records as ``status`` reads them: two more round trips per scrape).
+* ``queue_unserved{queue="q"}``: 1 while ``q`` has waiting or due delayed messages and no
+  live process serves it (:func:`.status.is_unserved`, the rule of ``status --check``).
 * ``broker_full``: 1 while Redis refuses writes for being full (``maxmemory`` reached
   under ``noeviction``; :func:`.brokerstate.full_problem`, one write probe per scrape),
   else 0; one series per pool on the scheduler.
@@ -60,6 +64,7 @@ from prometheus_client.registry import Collector
 from . import brokerstate, contract, layout, redisclient
 from .backlog import read_backlog
 from .pools import pool_slug
+from .status import consumers_of, is_unserved, processes_of
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -82,8 +87,9 @@ POOL_SERIES_LABEL = contract.POOL_SERIES_LABEL
 
 
 class BacklogCollector(Collector):
-    """``queue_depth``, ``queue_oldest_message_seconds`` and ``queue_dead_letters``, read from
-    Redis at each scrape. When Redis does not answer, the three are absent from that scrape
+    """``queue_depth``, ``queue_oldest_message_seconds``, ``queue_dead_letters``,
+    ``queue_consumers`` and ``queue_unserved``, read from Redis at each scrape. When Redis
+    does not answer, they are absent from that scrape
     (an alert on ``absent()`` or on readiness catches it); the rest of /metrics still serves.
 
     Parameters:
@@ -107,10 +113,12 @@ class BacklogCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         try:
-            backlog = read_backlog(self.client, self.queues)
+            now_ms, fleet = layout.read_fleet(self.client, self.queues)
+            backlog = read_backlog(self.client, self.queues, now=now_ms / 1000)
         except redis.RedisError as error:
             logger.warning("backlog metrics unavailable: %s", error)
             return []
+        consumers = consumers_of(processes_of(now_ms, fleet), self.queues)
         names = ["queue"] if self.pools is None else ["queue", POOL_SERIES_LABEL]
         depth = GaugeMetricFamily(
             "queue_depth",
@@ -127,6 +135,17 @@ class BacklogCollector(Collector):
         dead = GaugeMetricFamily(
             "queue_dead_letters", "Dead-lettered messages (ZCARD dramatiq:q.XQ).", labels=names
         )
+        serving = GaugeMetricFamily(
+            "queue_consumers",
+            "Live worker processes serving the queue (heartbeat fresh, by their records).",
+            labels=names,
+        )
+        unserved = GaugeMetricFamily(
+            "queue_unserved",
+            "1 while the queue has waiting or due delayed messages and no live process "
+            "serves it, else 0.",
+            labels=names,
+        )
         for item in backlog:
             pool = [] if self.pools is None else [pool_slug(self.pools[item.queue])]
             delayed = [layout.delay_queue(item.queue), *pool]
@@ -135,6 +154,8 @@ class BacklogCollector(Collector):
             oldest.add_metric([item.queue, *pool], item.oldest_s)
             oldest.add_metric(delayed, item.delayed_overdue_s)
             dead.add_metric([item.queue, *pool], item.dead_letters)
+            serving.add_metric([item.queue, *pool], consumers[item.queue])
+            unserved.add_metric([item.queue, *pool], is_unserved(item, consumers[item.queue]))
         full = GaugeMetricFamily(
             "broker_full",
             "1 while Redis refuses writes for being full (OOM), else 0.",
@@ -145,7 +166,7 @@ class BacklogCollector(Collector):
             full.add_metric([], is_full)
         for name in sorted(set((self.pools or {}).values())):
             full.add_metric([pool_slug(name)], is_full)
-        return [depth, oldest, dead, full]
+        return [depth, oldest, dead, serving, unserved, full]
 
 
 class SettledMultiProcessCollector(MultiProcessCollector):

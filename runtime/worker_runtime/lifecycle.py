@@ -2,9 +2,10 @@
 
     from worker_runtime import checkpoint, shutdown_requested
 
-    for chunk in chunks:
+    for number, chunk in enumerate(chunks, 1):
         process(chunk)
-        checkpoint()      # progress for liveness; on shutdown, stops here and requeues
+        # progress for liveness; on shutdown, stops here and requeues
+        checkpoint(progress=number / len(chunks), note=f"chunk {number} of {len(chunks)}")
 
 ``checkpoint()`` raises :class:`Requeue` once the worker is shutting down, so the
 handler stops between chunks and its message goes back to the queue (it is not
@@ -12,17 +13,26 @@ counted as a failed attempt). Handlers that must clean up first can poll
 ``shutdown_requested()`` and raise :class:`Requeue` themselves. Past the job's time limit
 ``checkpoint()`` raises ``TimeLimitExceeded``, at every call, even after a handler
 swallowed the first one.
+
+``progress`` (0 to 1) and ``note`` (a short text, cut at :data:`NOTE_CHARS`) are optional:
+given, ``status`` and the console show them with the running job (published with the
+process's next heartbeat). A progress that is not a number from 0 to 1 raises
+``ValueError`` naming it: a handler's mistake, found by its first test.
 """
 
 from __future__ import annotations
 
 import contextvars
+import math
 import threading
 
 from dramatiq.middleware.threading import Interrupt
 from dramatiq.middleware.time_limit import TimeLimitExceeded
 
 from .boards import ProgressBoard
+
+#: Characters of a ``checkpoint()`` note kept (the rest is cut).
+NOTE_CHARS = 200
 
 
 class Requeue(Interrupt):
@@ -59,6 +69,8 @@ class Lifecycle:
             f"handler_slot_{id(self)}", default=None
         )
         self.board: ProgressBoard | None = None
+        #: The last ``checkpoint(progress, note)`` of each handler slot's current job.
+        self._reports: dict[int, tuple[float | None, str | None]] = {}
 
     def shutdown_requested(self) -> bool:
         """True once the worker has been asked to stop (SIGTERM or SIGINT)."""
@@ -79,16 +91,41 @@ class Lifecycle:
     def current_slot(self) -> int | None:
         return self._slot.get()
 
-    def checkpoint(self) -> None:
-        """Record progress of the current handler; raise :class:`Requeue` if shutting down,
+    def checkpoint(self, progress: float | None = None, note: str | None = None) -> None:
+        """Record progress of the current handler (and its ``progress`` from 0 to 1 and
+        ``note``, when given); raise :class:`Requeue` if shutting down,
         ``TimeLimitExceeded`` once its job ran past its time limit."""
         slot = self.current_slot()
+        if (progress is not None or note is not None) and slot is not None:
+            kept = None if note is None else str(note)[:NOTE_CHARS]
+            self._reports[slot] = (_fraction(progress), kept)
         if self.board is not None and slot is not None:
             self.board.progress(slot)
             if self.board.past_deadline(slot):
                 raise TimeLimitExceeded("the job ran past its time limit: stopping at a checkpoint")
         if self._shutdown.is_set():
             raise Requeue("shutdown requested: stopping at a checkpoint")
+
+    def clear_report(self) -> None:
+        """The current handler starts or ends a job: it has reported nothing of it yet."""
+        slot = self.current_slot()
+        if slot is not None:
+            self._reports.pop(slot, None)
+
+    def report_of(self, slot: int | None) -> tuple[float | None, str | None] | None:
+        """The last ``(progress, note)`` the job of handler ``slot`` gave, None: none."""
+        return None if slot is None else self._reports.get(slot)
+
+
+def _fraction(progress: float | None) -> float | None:
+    """``progress`` checked: None, or a number from 0 to 1."""
+    if progress is None:
+        return None
+    if isinstance(progress, bool) or not isinstance(progress, int | float):
+        raise ValueError(f"checkpoint(progress=...) takes a number from 0 to 1, not {progress!r}")
+    if math.isnan(progress) or not 0 <= progress <= 1:
+        raise ValueError(f"checkpoint(progress=...) takes a number from 0 to 1, not {progress!r}")
+    return round(float(progress), 4)
 
 
 #: This process's lifecycle.
@@ -100,7 +137,8 @@ def shutdown_requested() -> bool:
     return LIFECYCLE.shutdown_requested()
 
 
-def checkpoint() -> None:
-    """Record progress of the current handler; raise :class:`Requeue` if shutting down,
-    ``TimeLimitExceeded`` once its job ran past its time limit."""
-    LIFECYCLE.checkpoint()
+def checkpoint(progress: float | None = None, note: str | None = None) -> None:
+    """Record progress of the current handler (``progress`` from 0 to 1 and a ``note``,
+    shown with the running job by ``status`` and the console); raise :class:`Requeue` if
+    shutting down, ``TimeLimitExceeded`` once its job ran past its time limit."""
+    LIFECYCLE.checkpoint(progress, note)

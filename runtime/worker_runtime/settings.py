@@ -438,14 +438,16 @@ def warn_unknown_variables(environ: Mapping[str, str]) -> None:
 
 
 class RedisSettings(BaseSettings):
-    """Only ``REDIS_URL`` and ``MAX_MESSAGE_BYTES``: all that producers (an API enqueuing
-    jobs) and the ``dlq`` commands need; they never require worker settings such as
-    ``WORKER_POOL``."""
+    """Only ``REDIS_URL`` and ``MAX_MESSAGE_BYTES`` (and how to log, for the console): all
+    that producers (an API enqueuing jobs), the ``dlq`` commands and the console need; they
+    never require worker settings such as ``WORKER_POOL``."""
 
     model_config = SettingsConfigDict(case_sensitive=False, extra="ignore", frozen=True)
 
     redis_url: SecretStr = SecretStr("redis://localhost:6379/0")
     max_message_bytes: MaxMessageBytes = DEFAULT_MAX_MESSAGE_BYTES
+    log_level: LogLevel = DEFAULT_LOG_LEVEL
+    log_format: LogFormat = DEFAULT_LOG_FORMAT
 
     @field_validator("redis_url")
     @classmethod

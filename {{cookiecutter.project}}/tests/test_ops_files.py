@@ -36,6 +36,9 @@ CONTRACT = {
     "queue_depth",
     "queue_oldest_message_seconds",
     "queue_dead_letters",
+    # unserved work (DESIGN 7: status --check), exported beside the backlog
+    "queue_consumers",
+    "queue_unserved",
     # schedules (DESIGN 2.7), exported by the scheduler
     "schedule_runs_total",
     "schedule_last_success_timestamp_seconds",
@@ -137,6 +140,7 @@ def test_alert_rules_parse_and_name_only_exported_metrics() -> None:
         "queue_oldest_message_seconds",
         "queue_dead_letters",
         "queue_depth",
+        "queue_unserved",
         "worker_inflight_jobs",
         "worker_concurrency",
         "jobs_processed_total",
@@ -162,6 +166,7 @@ def test_the_alerts_cover_the_issue() -> None:
         "WorkerPoolHasNoWorker",
         "WorkerBacklogUnobserved",
         "WorkerDelayedMessagesOverdue",
+        "WorkerQueueUnserved",
     } <= names
     assert ("WorkerDbPoolSaturated" in names) == DATABASE_ENABLED
 

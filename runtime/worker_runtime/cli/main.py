@@ -233,5 +233,11 @@ def main(service: Service, argv: list[str] | None = None) -> int:
     use(service)
     words = sys.argv[1:] if argv is None else argv
     args = parser(words[0] if words else None).parse_args(words)
-    code: int = args.run(args)
+    try:
+        code: int = args.run(args)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `status | head`: the reader has what it wanted; end quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's last flush writes nowhere
+        return EX_OK
     return code

@@ -1,5 +1,6 @@
-"""The console's pages: HTML of the overview, the dead letters, a dead letter, the
-schedules and the capacity chart, and the actions a form asks for (:class:`Console`);
+"""The console's pages: HTML of the overview (with ``/status.json``), the waiting and
+delayed jobs, the activity of the last hour, the dead letters, a dead letter, the summary,
+the schedules and the capacity chart, and the actions a form asks for (:class:`Console`);
 :mod:`.server` serves them."""
 
 from __future__ import annotations
@@ -16,10 +17,19 @@ from typing import TYPE_CHECKING, Any, cast
 from .. import layout
 from ..deadletters import store as dlq
 from ..service import current
-from ..status import Status, duration, read_status
+from ..status import (
+    Status,
+    duration,
+    heartbeat_text,
+    job_text,
+    read_status,
+    unserved_text,
+)
 
 if TYPE_CHECKING:
     import redis
+
+    from ..pools import PoolsFile
 
 
 logger = logging.getLogger(__name__)
@@ -28,16 +38,39 @@ logger = logging.getLogger(__name__)
 TOKEN_ENV = "CONSOLE_TOKEN"  # noqa: S105  (a variable's name, not a secret)
 #: Dead letters per page of ``/dead``.
 PAGE_SIZE = 50
+#: Dead letters a filtered page reads at most (a search across more says so).
+FILTER_READS = 100_000
 STYLE = b"""
-body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
+:root { color-scheme: light dark; --fg: #222; --bg: #fff; --muted: #666; --line: #ddd;
+        --code: #f6f6f6; --bad: #a00; --ok: #070; --link: #1f5fa8; }
+@media (prefers-color-scheme: dark) {
+  :root { --fg: #ddd; --bg: #16181c; --muted: #999; --line: #333; --code: #22252b;
+          --bad: #ff7b72; --ok: #56d364; --link: #79b8ff; }
+}
+body { font-family: system-ui, sans-serif; margin: 1.5em; color: var(--fg);
+       background: var(--bg); }
+a { color: var(--link); }
 nav a { margin-right: 1em; }
 table { border-collapse: collapse; margin: 0.5em 0 1.5em; }
-th, td { border-bottom: 1px solid #ddd; padding: 0.25em 0.6em; text-align: left;
+th, td { border-bottom: 1px solid var(--line); padding: 0.25em 0.6em; text-align: left;
          vertical-align: top; }
 td.n, th.n { text-align: right; }
-pre { background: #f6f6f6; padding: 0.6em; overflow-x: auto; white-space: pre-wrap; }
-.note { color: #666; } .bad { color: #a00; } .ok { color: #070; }
+pre { background: var(--code); padding: 0.6em; overflow-x: auto; white-space: pre-wrap; }
+.note { color: var(--muted); } .bad { color: var(--bad); } .ok { color: var(--ok); }
 fieldset { margin-top: 1em; }
+svg.activity-chart { width: 100%; max-width: 600px; height: 120px; display: block; }
+@media (max-width: 640px) {
+  body { margin: 0.6em; }
+  nav a { display: inline-block; margin: 0 0.8em 0.4em 0; }
+  table, tbody, tr, td { display: block; width: 100%; box-sizing: border-box; }
+  thead { display: none; }
+  tr { border: 1px solid var(--line); margin-bottom: 0.6em; padding: 0.2em 0; }
+  td { border: none; padding: 0.15em 0.6em; overflow-wrap: anywhere; }
+  td.n { text-align: left; }
+  td[data-label]:not([data-label=""])::before { content: attr(data-label) ": ";
+    color: var(--muted); }
+  input, button { font-size: 1em; }
+}
 """
 
 
@@ -52,15 +85,23 @@ def q(**params: Any) -> str:
 
 
 def table(header: list[str], rows: list[list[str]], numeric: set[int] | None = None) -> str:
-    """An HTML table; the cells of ``rows`` are HTML already (escape what goes in)."""
+    """An HTML table; the cells of ``rows`` are HTML already (escape what goes in). Each
+    cell carries its column's name (``data-label``): a narrow screen shows the rows as
+    cards, each value under its name."""
     numeric = numeric or set()
 
     def cls(index: int) -> str:
         return ' class="n"' if index in numeric else ""
 
     head = "".join(f"<th{cls(i)}>{e(h)}</th>" for i, h in enumerate(header))
+    labels = [f' data-label="{e(h)}"' for h in header]
     body = "".join(
-        "<tr>" + "".join(f"<td{cls(i)}>{cell}</td>" for i, cell in enumerate(row)) + "</tr>"
+        "<tr>"
+        + "".join(
+            f"<td{cls(i)}{labels[i] if i < len(labels) else ''}>{cell}</td>"
+            for i, cell in enumerate(row)
+        )
+        + "</tr>"
         for row in rows
     )
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
@@ -76,6 +117,7 @@ class Console:
       max_bytes: ``MAX_MESSAGE_BYTES`` (a dead letter over it shows its size as its reason).
       prefix: the path the pages are served under (default ``""``: the root; the exporter
         mounts them under :data:`EXPORTER_PREFIX`).
+      file: pools.toml (each queue's pool; default: none known).
     """
 
     def __init__(
@@ -85,9 +127,11 @@ class Console:
         token: str | None,
         max_bytes: int | None = None,
         prefix: str = "",
+        file: PoolsFile | None = None,
     ) -> None:
         self.client = client
         self.queues = queues
+        self.file = file
         self.token = token or None
         self.max_bytes = max_bytes
         self.prefix = prefix.rstrip("/")
@@ -96,54 +140,112 @@ class Console:
         """The escaped href of page ``path`` with ``params`` (under :attr:`prefix`)."""
         return e(self.prefix + path + (f"?{q(**params)}" if params else ""))
 
-    def page(self, title: str, body: str) -> bytes:
-        """A whole page: ``title`` (escaped here) and ``body`` (HTML already)."""
+    def page(self, title: str, body: str, refresh_s: int | None = None) -> bytes:
+        """A whole page: ``title`` (escaped here) and ``body`` (HTML already); reloaded
+        every ``refresh_s`` seconds when given (a meta refresh: no script, the CSP holds)."""
         nav = "".join(
             f'<a href="{self.link(path)}">{e(name)}</a>'
             for path, name in (
                 ("/", "Queues and workers"),
+                ("/activity", "Activity"),
                 ("/schedules", "Schedules"),
                 ("/capacity", "Capacity"),
             )
         )
         return (
             "<!doctype html><html lang=en><head><meta charset=utf-8>"
-            f"<title>{e(title)} - {e(current().project)}</title>"
+            '<meta name=viewport content="width=device-width, initial-scale=1">'
+            + (f'<meta http-equiv=refresh content="{refresh_s}">' if refresh_s else "")
+            + f"<title>{e(title)} - {e(current().project)}</title>"
             f'<link rel=stylesheet href="{self.link("/console.css")}"></head><body>'
             f"<nav>{nav}</nav><h1>{e(title)}</h1>{body}</body></html>"
         ).encode()
 
     # -- pages ------------------------------------------------------------------------
 
-    def overview(self) -> bytes:
-        status: Status = read_status(self.client, self.queues)
+    def status(self) -> Status:
+        """What ``status`` reads (:func:`.status.read_status`): the console shows the same."""
+        return read_status(self.client, self.queues, self.file)
+
+    def status_json(self) -> bytes:
+        """``/status.json``: the :meth:`status` as ``status --json`` prints it."""
+        return json.dumps(self.status().as_dict()).encode()
+
+    def overview(self, params: dict[str, str] | None = None) -> bytes:
+        refresh_s = _refresh(params or {})
+        status = self.status()
         queues = table(
-            ["queue", "waiting", "delayed", "oldest due", "in flight", "dead letters"],
+            [
+                "queue",
+                "pool",
+                "consumers",
+                "waiting",
+                "delayed",
+                "oldest due",
+                "in flight",
+                "dead letters",
+            ],
             [
                 [
-                    e(q.queue),
-                    e(q.waiting),
-                    e(q.delayed),
-                    e(duration(q.oldest_due_s) if q.waiting else "-"),
+                    e(q.queue) + (' <strong class="bad">unserved</strong>' if q.unserved else ""),
+                    e(q.pool),
+                    e(q.consumers),
+                    f'<a href="{self.link("/jobs", queue=q.queue)}">{e(q.waiting)}</a>',
+                    f'<a href="{self.link("/jobs", queue=q.queue, kind="delayed")}">'
+                    f"{e(q.delayed)}</a>",
+                    e(duration(q.oldest_due_s) if q.waiting or q.oldest_due_s else "-"),
                     e(q.inflight),
                     f'<a href="{self.link("/dead", queue=q.queue)}">{e(q.dead_letters)}</a>',
                 ]
                 for q in status.queues
             ],
-            numeric={1, 2, 4, 5},
+            numeric={2, 3, 4, 6, 7},
+        )
+        flagged = "".join(
+            f'<p class="bad unserved">Unserved: {e(unserved_text(q))}.</p>' for q in status.unserved
         )
         rows = []
         for p in status.processes:
             jobs = "<br>".join(
-                f"{e(job.actor)} for {e(duration(job.running_s))} "
-                f'<span class="note">({e(job.queue)}, {e(job.message_id)})</span>'
+                f'<span class="job">{e(job_text(job))}</span> '
+                f'<span class="note">{e(job.message_id)}</span>'
+                + (
+                    f' <progress max=1 value="{job.progress:.4f}">{job.progress:.0%}</progress>'
+                    if job.progress is not None
+                    else ""
+                )
                 for job in p.jobs
             )
-            beat = duration(p.heartbeat_age_s) + " ago" + (" (silent)" if p.silent else "")
-            held = f"{p.held}/{p.concurrency}" if p.concurrency else str(p.held)
-            rows.append([e(p.pool), e(p.host), e(p.pid or "-"), e(held), e(beat), jobs or "-"])
+            running = f"{len(p.jobs)}/{p.concurrency}" if p.concurrency else str(len(p.jobs))
+            beat = heartbeat_text(p)
+            beat_cell = f'<span class="bad">{e(beat)}</span>' if not p.live else e(beat)
+            rows.append(
+                [
+                    e(p.pool),
+                    e(p.host),
+                    e(p.pid or "-"),
+                    e(running),
+                    e(p.prefetched),
+                    e(p.delayed),
+                    beat_cell,
+                    jobs or "-",
+                ]
+            )
         processes = (
-            table(["pool", "host", "pid", "held", "heartbeat", "running jobs"], rows)
+            table(
+                [
+                    "pool",
+                    "host",
+                    "pid",
+                    "running",
+                    "prefetched",
+                    "delayed",
+                    "heartbeat",
+                    "running jobs",
+                ],
+                rows,
+                numeric={3, 4, 5},
+            )
             if rows
             else '<p class="note">No worker process has a heartbeat in Redis.</p>'
         )
@@ -152,11 +254,134 @@ class Console:
             if self.token
             else "Read-only: set CONSOLE_TOKEN to enable replay and purge."
         )
+        toggle = (
+            f'Auto-refresh every {refresh_s} s: <a href="{self.link("/")}">stop</a>'
+            if refresh_s
+            else "Auto-refresh: "
+            + " ".join(
+                f'<a href="{self.link("/", refresh=every)}">{every} s</a>' for every in (5, 30)
+            )
+        )
         return self.page(
             "Queues and workers",
-            f'<p class="note">{e(mode)} Redis time {e(_iso_ms(status.now_ms))}.</p>'
-            f"<h2>Queues</h2>{queues}<h2>Worker processes</h2>{processes}",
+            f'<p class="note">{e(mode)} Redis time {e(_iso_ms(status.now_ms))}. {toggle}</p>'
+            f"<h2>Queues</h2>{flagged}{queues}<h2>Worker processes</h2>{processes}",
+            refresh_s,
         )
+
+    def jobs(self, params: dict[str, str], notice: str = "") -> bytes:
+        """``/jobs?queue=Q&kind=waiting|delayed&page=N``: the messages waiting on a queue (or
+        its delay queue: ``delay=`` and retries in their backoff), in line order,
+        :data:`PAGE_SIZE` a page, one round trip a page however many wait."""
+        queue = self._queue(params)
+        kind = "delayed" if params.get("kind") == "delayed" else "waiting"
+        number = _page_number(params)
+        listed = layout.delay_queue(queue) if kind == "delayed" else queue
+        total, entries = layout.waiting_page(self.client, listed, number * PAGE_SIZE, PAGE_SIZE)
+        now_ms = time.time() * 1000
+        rows = []
+        for index, (redis_id, body) in enumerate(entries, number * PAGE_SIZE + 1):
+            fields = layout.message_fields(body) if body is not None else None
+            options = (fields or {}).get("options")
+            options = options if isinstance(options, dict) else {}
+            retries = options.get(layout.RETRIES)
+            due = options.get("eta") or (fields or {}).get("message_timestamp")
+            when = (
+                duration(abs(now_ms - due) / 1000) + (" ago" if due <= now_ms else " from now")
+                if isinstance(due, int | float) and not isinstance(due, bool)
+                else "-"
+            )
+            message_id = str((fields or {}).get("message_id", ""))
+            rows.append(
+                [
+                    (
+                        f'<input type=checkbox name=id value="{e(message_id)}" '
+                        f'aria-label="select {e(message_id)}">'
+                        if self.token and message_id
+                        else ""
+                    ),
+                    e(index),
+                    e(redis_id),
+                    e(message_id or "-"),
+                    e((fields or {}).get("actor_name", "-")),
+                    e(f"retry {retries}" if isinstance(retries, int) and retries else "-"),
+                    e(("due " if kind == "delayed" else "sent ") + when),
+                    f"<code>{e(dlq.arguments_text(fields))}</code>"
+                    if body is not None
+                    else '<span class="note">(taken meanwhile)</span>',
+                ]
+            )
+        pages = max(1, -(-total // PAGE_SIZE))
+        links = [
+            f'<a href="{self.link("/jobs", queue=queue, kind=other)}">{e(other)}</a>'
+            for other in ("waiting", "delayed")
+            if other != kind
+        ]
+        if number > 0:
+            links.append(
+                f'<a href="{self.link("/jobs", queue=queue, kind=kind, page=number - 1)}">'
+                "previous</a>"
+            )
+        if number + 1 < pages:
+            links.append(
+                f'<a href="{self.link("/jobs", queue=queue, kind=kind, page=number + 1)}">next</a>'
+            )
+        header = ["", "#", "redis id", "message id", "actor", "retry", "when", "arguments"]
+        listing = (
+            table(header, rows) if rows else f'<p class="note">Nothing {e(kind)} on {e(queue)}.</p>'
+        )
+        acting = (
+            self._action_fields()
+            .replace("dead letters", "jobs")
+            .replace(
+                "<button name=action value=replay>Replay selected</button> "
+                "<button name=action value=purge>Purge selected</button>",
+                "<button name=action value=cancel>Cancel selected</button>",
+            )
+            if rows
+            else ""
+        )
+        return self.page(
+            f"{kind.capitalize()} jobs: {queue}",
+            (notice or "")
+            + f"<p>{e(total)} {e(kind)} on {e(queue)}; page {e(number + 1)} of {e(pages)}, "
+            f"{'in line order' if kind == 'waiting' else 'by due time'}. {' '.join(links)}</p>"
+            + f'<form method=post action="{self.link("/jobs/act")}">'
+            + f'<input type=hidden name=queue value="{e(queue)}">'
+            + f'<input type=hidden name=kind value="{e(kind)}">'
+            + listing
+            + acting
+            + "</form>",
+        )
+
+    def activity(self) -> bytes:
+        """``/activity``: each queue's last hour, a minute a bar: jobs done and failed (the
+        workers' passes count them, :func:`.layout.record_activity`) and the oldest due age
+        they saw; drawn here as inline SVG, one round trip for every queue."""
+        now_ms = layout.redis_now_ms(self.client)
+        found = layout.read_activity(self.client, self.queues, now_ms)
+        sections = []
+        for queue, minutes in found.items():
+            done = sum(m[1] for m in minutes)
+            failed = sum(m[2] for m in minutes)
+            ages = [m[3] for m in minutes if m[3] is not None]
+            said = (
+                f"Last hour: {done:,} done, {failed:,} failed"
+                + (f"; oldest due age up to {duration(max(ages) / 1000)}" if ages else "")
+                + "."
+            )
+            sections.append(
+                f'<section class="activity"><h2>{e(queue)}</h2><p>{e(said)}</p>'
+                + activity_chart(minutes)
+                + "</section>"
+            )
+        body = (
+            '<p class="note">A bar a minute, the last hour (Redis time): jobs done (blue) and '
+            "failed (red: retried or dead-lettered), and the oldest due message's age the "
+            "workers saw (grey line, its own scale). Workers add to it at each recovery pass, "
+            "idle ones once a minute.</p>" + "".join(sections)
+        )
+        return self.page("Activity, last hour", body)
 
     def _queue(self, params: dict[str, str]) -> str:
         queue = params.get("queue", "")
@@ -166,12 +391,16 @@ class Console:
 
     def dead(self, params: dict[str, str], notice: str = "") -> bytes:
         queue = self._queue(params)
-        try:
-            number = max(0, int(params.get("page", "0")))
-        except ValueError:
-            number = 0
+        number = _page_number(params)
+        sought = params.get("find", "").strip()[:200]
         total = dlq.count(self.client, queue)
-        letters = dlq.read_page(self.client, queue, number * PAGE_SIZE, PAGE_SIZE, self.max_bytes)
+        if sought:
+            letters, matching, read = self._matching(queue, sought, number)
+        else:
+            letters = dlq.read_page(
+                self.client, queue, number * PAGE_SIZE, PAGE_SIZE, self.max_bytes
+            )
+            matching, read = total, total
         rows = [
             [
                 f'<input type=checkbox name=id value="{e(letter.redis_id)}" '
@@ -181,26 +410,44 @@ class Console:
                 e(letter.actor),
                 e(letter.died),
                 e(_shorter(letter.reason, 120)),
-                f"<code>{e(_truncate_json(letter.fields, 'args'))}</code>",
+                f"<code>{e(dlq.arguments_text(letter.fields))}</code>",
             ]
             for letter in letters
         ]
-        pages = max(1, -(-total // PAGE_SIZE))
+        pages = max(1, -(-matching // PAGE_SIZE))
+        kept = {"find": sought} if sought else {}
         links = []
         if number > 0:
-            links.append(f'<a href="{self.link("/dead", queue=queue, page=number - 1)}">newer</a>')
+            previous = self.link("/dead", queue=queue, page=number - 1, **kept)
+            links.append(f'<a href="{previous}">newer</a>')
         if number + 1 < pages:
-            links.append(f'<a href="{self.link("/dead", queue=queue, page=number + 1)}">older</a>')
+            following = self.link("/dead", queue=queue, page=number + 1, **kept)
+            links.append(f'<a href="{following}">older</a>')
         links.append(f'<a href="{self.link("/dead/summary", queue=queue)}">summary</a>')
         listing = (
-            table(["", "redis id", "actor", "dead since", "reason", "args"], rows)
+            table(["", "redis id", "actor", "dead since", "reason", "arguments"], rows)
             if rows
             else '<p class="note">No dead letters here.</p>'
         )
+        found = (
+            f"{matching} of them match {sought!r}"
+            + (f" (of the oldest {read} read; narrow the search)" if read < total else "")
+            + "; "
+            if sought
+            else ""
+        )
+        search = (
+            f'<form method=get action="{self.link("/dead")}" class="search">'
+            f'<input type=hidden name=queue value="{e(queue)}">'
+            f'<label>Find <input name=find value="{e(sought)}" maxlength=200 '
+            'placeholder="actor, reason, job id or redis id"></label> '
+            "<button>Filter</button></form>"
+        )
         body = (
             (notice or "")
-            + f"<p>{e(total)} dead letters on {e(queue)}; page {e(number + 1)} of {e(pages)}, "
-            + "oldest first. "
+            + search
+            + f"<p>{e(total)} dead letters on {e(queue)}; {e(found)}page {e(number + 1)} of "
+            + f"{e(pages)}, oldest first. "
             + " ".join(links)
             + "</p>"
             + f'<form method=post action="{self.link("/dead/act")}">'
@@ -211,11 +458,32 @@ class Console:
         )
         return self.page(f"Dead letters: {queue}", body)
 
+    def _matching(
+        self, queue: str, sought: str, number: int
+    ) -> tuple[list[dlq.DeadLetter], int, int]:
+        """Page ``number`` of ``queue``'s dead letters whose actor, reason, job id or redis
+        id holds ``sought`` (any case), read oldest first, at most :data:`FILTER_READS`:
+        (the page, how many match, how many were read)."""
+        wanted = sought.casefold()
+        first = number * PAGE_SIZE
+        page: list[dlq.DeadLetter] = []
+        matching = read = 0
+        for letter in dlq.stream(self.client, queue, self.max_bytes):
+            read += 1
+            said = " ".join((letter.actor, letter.reason, letter.message_id, letter.redis_id))
+            if wanted in said.casefold():
+                if first <= matching < first + PAGE_SIZE:
+                    page.append(letter)
+                matching += 1
+            if read >= FILTER_READS:
+                break
+        return page, matching, read
+
     def _action_fields(self) -> str:
         if not self.token:
             return (
-                '<p class="note">Read-only: replay and purge need CONSOLE_TOKEN set where '
-                "the console runs.</p>"
+                '<p class="note">Read-only: actions (replay, purge, cancel) need CONSOLE_TOKEN '
+                "set where the console runs.</p>"
             )
         return (
             "<fieldset><legend>Act on the selected dead letters</legend>"
@@ -227,16 +495,47 @@ class Console:
             "<button name=action value=purge>Purge selected</button></fieldset>"
         )
 
-    def summary(self, params: dict[str, str]) -> bytes:
+    def summary(self, params: dict[str, str], notice: str = "") -> bytes:
         queue = self._queue(params)
         counted = dlq.Summary()
         for letter in dlq.stream(self.client, queue, self.max_bytes):
             counted.add(letter)
-        rows = [[e(f"{r['count']:,}"), e(r["actor"]), e(r["reason"])] for r in counted.rows(100)]
+        kinds = counted.rows(100)
+        rows = [
+            [
+                (
+                    f'<input type=radio name=group value="{e(_group_value(r))}" '
+                    f'aria-label="select this group" required>'
+                    if self.token and r["reason"] != dlq.Summary.OTHER
+                    else ""
+                ),
+                e(f"{r['count']:,}"),
+                e(r["actor"]),
+                e(r["exception"]),
+                e(r["reason"]),
+            ]
+            for r in kinds
+        ]
+        listing = table(["", "count", "actor", "exception", "reason"], rows, numeric={1})
+        fields = (
+            self._action_fields()
+            .replace("the selected dead letters", "every dead letter of the selected group")
+            .replace(
+                "<button name=action value=replay>Replay selected</button> "
+                "<button name=action value=purge>Purge selected</button>",
+                "<button name=action value=replay-group>Replay all of this group</button>",
+            )
+        )
         body = (
-            f"<p>{e(counted.total)} dead letters on {e(queue)}. "
+            (notice or "")
+            + f"<p>{e(counted.total)} dead letters on {e(queue)}, grouped by actor, exception "
+            "and reason (numbers, ids and quoted values masked). "
             f'<a href="{self.link("/dead", queue=queue)}">list</a></p>'
-            + table(["count", "actor", "reason"], rows, numeric={0})
+            + f'<form method=post action="{self.link("/dead/act")}">'
+            + f'<input type=hidden name=queue value="{e(queue)}">'
+            + listing
+            + fields
+            + "</form>"
         )
         return self.page(f"Dead letters by actor and reason: {queue}", body)
 
@@ -337,8 +636,13 @@ class Console:
                 ]
                 for c, rate, rounds in levels
             ]
+            warnings = "".join(
+                f'<p class="bad warning">Warning: {e(line)}.</p>' for line in _warnings(result)
+            )
+            verdict = result.get("verdict")
             sections.append(
-                f"<h2>{e(queue)}</h2><p>{e(said)}</p>"
+                f"<h2>{e(queue)}</h2><p>{e(said)}</p>{warnings}"
+                + (f'<p class="verdict">{e(verdict)}</p>' if isinstance(verdict, str) else "")
                 + capacity_chart(levels, knee if isinstance(knee, int) else None)
                 + table(["concurrency", "jobs/s", "rounds"], rows, numeric={0, 1})
             )
@@ -352,65 +656,152 @@ class Console:
     # -- actions ----------------------------------------------------------------------
 
     def act(self, form: dict[str, list[str]], remote: str) -> tuple[int, bytes]:
-        """Replay or purge the selected dead letters; (HTTP status, page)."""
+        """Replay or purge the selected dead letters, or replay a whole group of the
+        summary; (HTTP status, page)."""
         queue = self._queue({"queue": _one(form, "queue")})
         action = _one(form, "action")
         ids = list(dict.fromkeys(form.get("id", [])))
         who = _one(form, "who").strip()[:80]
         params = {"queue": queue}
-        refusal = self._refusal(form, action, ids, who)
+        group = _group(_one(form, "group"), queue) if action == "replay-group" else None
+        needs = "a group" if action == "replay-group" else "at least one dead letter"
+        chosen = group is not None if action == "replay-group" else bool(ids)
+        refusal = self._refusal(
+            form, action, ("replay", "purge", "replay-group"), chosen, who, needs
+        )
         logged = {"action": action, "queue": queue, "ids": ids, "who": who, "remote": remote}
+        if group is not None:
+            logged["group"] = list(group)
+        page = self.summary if action == "replay-group" else self.dead
         if refusal:
             status, why = refusal
             logger.warning(
                 "console action refused: %s", why, extra=_action_record(logged, "refused")
             )
-            return status, self.dead(params, notice=f'<p class="bad">Refused: {e(why)}</p>')
-        letters = [
-            letter
-            for redis_id in ids
-            for letter in _found(self.client, queue, redis_id, self.max_bytes)
-        ]
+            return status, page(params, notice=f'<p class="bad">Refused: {e(why)}</p>')
         problems: list[str] = []
-        if action == "replay":
-            done, problems = dlq.replay_page(self.client, queue, letters)
+        if group is not None:
+            done, problems = dlq.replay_group(self.client, group, self.max_bytes)
+            verb, what = "replayed", f"dead letters of the group {' / '.join(group[1:])}"
         else:
-            chosen = [letter.redis_id for letter in letters]
-            done = layout.purge_dead_letters(self.client, queue, chosen)
-        verb = "replayed" if action == "replay" else "purged"
+            letters = [
+                letter
+                for redis_id in ids
+                for letter in _found(self.client, queue, redis_id, self.max_bytes)
+            ]
+            if action == "replay":
+                done, problems = dlq.replay_page(self.client, queue, letters)
+            else:
+                done = layout.purge_dead_letters(
+                    self.client, queue, [letter.redis_id for letter in letters]
+                )
+            verb = "replayed" if action == "replay" else "purged"
+            what = f"of {len(ids)} selected dead letters"
         logger.info(
-            "console %s %d of %d selected dead letters of %s for %s",
+            "console %s %d %s of %s for %s",
             verb,
             done,
-            len(ids),
+            what,
             queue,
             who,
             extra=_action_record(logged, verb, count=done),
         )
-        said = f"{verb.capitalize()} {done} of {len(ids)} selected dead letters"
-        said += "".join(f"; {p}" for p in problems)
-        return 200, self.dead(params, notice=f'<p class="ok">{e(said)}.</p>')
+        said = f"{verb.capitalize()} {done} {what}" + "".join(f"; {p}" for p in problems)
+        return 200, page(params, notice=f'<p class="ok">{e(said)}.</p>')
+
+    def cancel(self, form: dict[str, list[str]], remote: str) -> tuple[int, bytes]:
+        """Cancel the selected jobs of ``/jobs`` (``producer.cancel``: skipped when taken,
+        interrupted when running, counted ``cancelled``); (HTTP status, page)."""
+        queue = self._queue({"queue": _one(form, "queue")})
+        kind = _one(form, "kind") or "waiting"
+        ids = list(dict.fromkeys(form.get("id", [])))
+        who = _one(form, "who").strip()[:80]
+        action = _one(form, "action")
+        refusal = self._refusal(form, action, ("cancel",), bool(ids), who, "at least one job")
+        logged = {"action": action, "queue": queue, "ids": ids, "who": who, "remote": remote}
+        params = {"queue": queue, "kind": kind}
+        if refusal:
+            status, why = refusal
+            logger.warning(
+                "console action refused: %s", why, extra=_action_record(logged, "refused")
+            )
+            return status, self.jobs(params, notice=f'<p class="bad">Refused: {e(why)}</p>')
+        found = sum(layout.record_cancel(self.client, message_id) for message_id in ids)
+        logger.info(
+            "console cancelled %d jobs of %s (%d found queued, delayed or running) for %s",
+            len(ids),
+            queue,
+            found,
+            who,
+            extra=_action_record(logged, "cancelled", count=len(ids), found=found),
+        )
+        said = f"Cancelled {len(ids)} selected jobs ({found} found queued, delayed or running)"
+        return 200, self.jobs(params, notice=f'<p class="ok">{e(said)}.</p>')
 
     def _refusal(
-        self, form: dict[str, list[str]], action: str, ids: list[str], who: str
+        self,
+        form: dict[str, list[str]],
+        action: str,
+        actions: tuple[str, ...],
+        chosen: bool,
+        who: str,
+        needs: str,
     ) -> tuple[int, str] | None:
+        """Why an action is refused (HTTP status, one line), None when it may run: the
+        token, a known action (of ``actions``), the confirmation, a name, and something
+        chosen (``needs`` says what)."""
         if not self.token:
             return 403, "the console is read-only (CONSOLE_TOKEN is not set)"
         if not hmac.compare_digest(_one(form, "token").encode(), self.token.encode()):
             return 403, "wrong or missing token; nothing was changed"
-        if action not in ("replay", "purge"):
+        if action not in actions:
             return 400, "unknown action"
         if _one(form, "confirm") != "yes":
             return 400, "tick the confirmation box; nothing was changed"
         if not who:
             return 400, "give your name (the action is logged with it); nothing was changed"
-        if not ids:
-            return 400, "select at least one dead letter; nothing was changed"
+        if not chosen:
+            return 400, f"select {needs}; nothing was changed"
         return None
 
 
 class NotFoundError(Exception):
     """A page of something that does not exist (an unknown queue or id)."""
+
+
+#: The auto-refresh periods a page accepts (``?refresh=S``), seconds.
+REFRESH_S = range(2, 601)
+
+
+def _group_value(row: dict[str, Any]) -> str:
+    """A summary row's group as a form carries it (JSON: queue, actor, exception, reason)."""
+    return json.dumps([row["queue"], row["actor"], row["exception"], row["reason"]])
+
+
+def _group(value: str, queue: str) -> tuple[str, str, str, str] | None:
+    """The group a form names (:func:`_group_value`) when it is one of ``queue``'s."""
+    try:
+        group = json.loads(value)
+    except ValueError:
+        return None
+    if not (isinstance(group, list) and len(group) == 4 and all(isinstance(g, str) for g in group)):
+        return None
+    return (group[0], group[1], group[2], group[3]) if group[0] == queue else None
+
+
+def _page_number(params: dict[str, str]) -> int:
+    """The page asked for (``?page=N``, from 0; anything else: the first)."""
+    page = params.get("page", "")
+    return int(page) if page.isdigit() else 0
+
+
+def _refresh(params: dict[str, str]) -> int | None:
+    """The page's ``refresh`` period (seconds) when it is one of :data:`REFRESH_S`."""
+    try:
+        every = int(params.get("refresh", ""))
+    except ValueError:
+        return None
+    return every if every in REFRESH_S else None
 
 
 def _iso_ms(ms: int) -> str:
@@ -439,8 +830,66 @@ def _levels(result: dict[str, Any] | None) -> list[tuple[int, float, list[float]
     return sorted(found)
 
 
+def _warnings(result: dict[str, Any]) -> list[str]:
+    """The warnings ``capacity`` printed with a stored result (its ``warnings``), or, for a
+    result stored before it kept them, a line naming its noisy levels."""
+    warnings = result.get("warnings")
+    if isinstance(warnings, list):
+        return [str(line) for line in warnings]
+    noisy = result.get("noisy")
+    if isinstance(noisy, list) and noisy:
+        levels = ", ".join(str(level) for level in noisy)
+        return [f"the rounds of concurrency {levels} differ widely: the verdict may be wrong"]
+    return []
+
+
 def _finite(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+#: The activity chart's size (SVG user units): a bar a minute.
+ACTIVITY_W, ACTIVITY_H, ACTIVITY_PAD = 600, 120, 14
+
+
+def activity_chart(minutes: list[tuple[int, int, int, int | None]]) -> str:
+    """A queue's last hour as inline SVG (no script, nothing fetched): a bar a minute of the
+    jobs done with the failed ones on top, and a line of the oldest due age on its own
+    scale; scales to its box (``viewBox``), every text escaped."""
+    top = max([done + failed for _, done, failed, _ in minutes] + [1])
+    oldest = max([age for *_, age in minutes if age is not None] + [1])
+    step = ACTIVITY_W / max(1, len(minutes))
+    height = ACTIVITY_H - 2 * ACTIVITY_PAD
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" role="img" viewBox="0 0 {ACTIVITY_W} '
+        f'{ACTIVITY_H}" class="activity-chart" preserveAspectRatio="none">'
+        f"<title>{e('jobs a minute and the oldest due age, last hour')}</title>",
+        f'<text x="2" y="11" font-size="10" fill="currentColor">{e(f"{top:,} a minute")}</text>',
+    ]
+    points = []
+    for index, (minute, done, failed, age) in enumerate(minutes):
+        x = index * step
+        base = ACTIVITY_PAD + height
+        done_h, failed_h = done / top * height, failed / top * height
+        label = f"{_iso_ms(minute * 60_000)}: {done} done, {failed} failed"
+        if done:
+            parts.append(
+                f'<rect class="done" x="{x:.1f}" y="{base - done_h:.1f}" width="{step * 0.8:.1f}" '
+                f'height="{done_h:.1f}" fill="#1f77b4"><title>{e(label)}</title></rect>'
+            )
+        if failed:
+            parts.append(
+                f'<rect class="failed" x="{x:.1f}" y="{base - done_h - failed_h:.1f}" '
+                f'width="{step * 0.8:.1f}" height="{failed_h:.1f}" fill="#d62728">'
+                f"<title>{e(label)}</title></rect>"
+            )
+        if age is not None:
+            points.append(f"{x + step * 0.4:.1f},{base - age / oldest * height:.1f}")
+    if points:
+        parts.append(
+            f'<polyline class="age" points="{" ".join(points)}" fill="none" stroke="#888"/>'
+        )
+    parts.append("</svg>")
+    return "".join(parts)
 
 
 #: The chart's size and margins (SVG user units).
@@ -523,11 +972,4 @@ def _found(
 
 def _shorter(text: str, width: int) -> str:
     text = " ".join(text.split())
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def _truncate_json(fields: dict[str, Any] | None, name: str, width: int = 80) -> str:
-    if not fields or name not in fields:
-        return "-"
-    text = json.dumps(fields[name])
     return text if len(text) <= width else text[: width - 1] + "…"

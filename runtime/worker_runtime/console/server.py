@@ -4,13 +4,21 @@
 
 Pages (plain HTML, no script, standard library ``http.server``):
 
-* ``/``: each queue (waiting, delayed, oldest due, in flight, dead letters) and each worker
-  process (pool, host, pid, held, heartbeat) with the jobs it runs (actor, running time):
-  what ``status`` prints, from Redis alone.
-* ``/dead?queue=Q&page=N``: the dead letters of a queue, oldest first, :data:`PAGE_SIZE` a
-  page, each with a box to select it; replay or purge the selected ones.
+* ``/``: each queue (its pool and live consumers, waiting, delayed, oldest due, in flight,
+  dead letters; unserved work flagged) and each worker process (pool, host, pid, running,
+  prefetched, delayed, heartbeat, stale) with the jobs it runs (actor, running time,
+  progress and note): what ``status`` prints, read by the same function, from Redis alone.
+* ``/status.json``: the same, as ``status --json`` prints it.
+* ``/jobs?queue=Q&kind=waiting|delayed&page=N``: the messages waiting on a queue, or on
+  its delay queue (``delay=``, retries in their backoff, marked), with their arguments,
+  :data:`PAGE_SIZE` a page, one round trip a page.
+* ``/dead?queue=Q&page=N&find=T``: the dead letters of a queue, oldest first,
+  :data:`PAGE_SIZE` a page, each with a box to select it; replay or purge the selected
+  ones; ``find``: only those whose actor, reason, job id or redis id holds ``T``.
 * ``/dead/summary?queue=Q``: the dead letters counted by actor and reason (read in pages).
 * ``/dead/show?queue=Q&id=ID``: one dead letter: reason, traceback as lines, message.
+* ``/activity``: each queue's last hour, a bar a minute: jobs done and failed, and the
+  oldest due age the workers saw (counters the workers keep in Redis, an hour of them).
 * ``/schedules``: each schedule of pools.toml, its next fire times and last runs.
 * ``/capacity``: each queue's last ``capacity`` result (:func:`.layout.capacity_key`) as a
   chart drawn here (inline SVG: jobs/s against concurrency, every round, where it stops
@@ -48,7 +56,7 @@ from typing import TYPE_CHECKING, Any
 from ..cli.args import command_parser
 from ..exitcodes import EX_CONFIG, EX_OK
 from ..service import current
-from ..status import pools_queues
+from ..status import pools_file, pools_queues
 from .pages import STYLE, TOKEN_ENV, Console, NotFoundError, e
 
 if TYPE_CHECKING:
@@ -88,15 +96,20 @@ def serve(handler: BaseHTTPRequestHandler, console: Console, method: str) -> Non
         return
     params = {k: v[0] for k, v in urllib.parse.parse_qs(url.query).items()}
     routes: dict[str, Callable[[], bytes]] = {
-        "/": console.overview,
+        "/": lambda: console.overview(params),
         "/dead": lambda: console.dead(params),
+        "/jobs": lambda: console.jobs(params),
         "/dead/summary": lambda: console.summary(params),
         "/dead/show": lambda: console.show(params),
         "/schedules": console.schedules,
         "/capacity": console.capacity,
+        "/activity": console.activity,
     }
     if path == "/console.css":
         send(handler, 200, STYLE, "text/css; charset=utf-8")
+        return
+    if path == "/status.json":
+        _answer(handler, console, console.status_json, kind="application/json")
         return
     route = routes.get(path or "")
     if route is None:
@@ -106,7 +119,8 @@ def serve(handler: BaseHTTPRequestHandler, console: Console, method: str) -> Non
 
 
 def _post(handler: BaseHTTPRequestHandler, console: Console, path: str | None) -> None:
-    if path != "/dead/act":
+    actions = {"/dead/act": console.act, "/jobs/act": console.cancel}
+    if path not in actions:
         send(handler, 404, console.page("Not found", "<p>No such page.</p>"))
         return
     try:
@@ -121,7 +135,7 @@ def _post(handler: BaseHTTPRequestHandler, console: Console, path: str | None) -
     result: dict[str, tuple[int, bytes]] = {}
 
     def act() -> bytes:
-        result["done"] = console.act(form, remote)
+        result["done"] = actions[path](form, remote)
         return result["done"][1]
 
     _answer(handler, console, act, status=lambda: result.get("done", (200, b""))[0])
@@ -132,6 +146,7 @@ def _answer(
     console: Console,
     route: Callable[[], bytes],
     status: Callable[[], int] = lambda: 200,
+    kind: str = "text/html; charset=utf-8",
 ) -> None:
     import redis
 
@@ -143,7 +158,7 @@ def _answer(
     except redis.RedisError as error:
         send(handler, 503, console.page("Redis failed", f'<p class="bad">{e(error)}</p>'))
         return
-    send(handler, status(), body)
+    send(handler, status(), body, kind)
 
 
 def send(
@@ -199,6 +214,7 @@ def exporter_mount(settings: WorkerSettings) -> dict[str, Mount]:
         os.environ.get(TOKEN_ENV),
         settings.max_message_bytes,
         prefix=EXPORTER_PREFIX,
+        file=pools_file(),
     )
     logger.info(
         "console mounted at %s/ on the metrics port (%s)",
@@ -215,9 +231,15 @@ def _console(args: argparse.Namespace) -> int:
     from ..status import connect
 
     settings = load_redis_settings()
-    logs.configure(f"{current().project}-console", "INFO")
+    logs.configure(f"{current().project}-console", settings.log_level, settings.log_format)
     client, url = connect()
-    console = Console(client, pools_queues(), os.environ.get(TOKEN_ENV), settings.max_message_bytes)
+    console = Console(
+        client,
+        pools_queues(),
+        os.environ.get(TOKEN_ENV),
+        settings.max_message_bytes,
+        file=pools_file(),
+    )
     try:
         server = ConsoleServer((args.host, args.port), console)
     except OSError as error:

@@ -2,18 +2,27 @@
 
     dlq list [--queue Q] [--limit N] [--json]     the oldest dead letters (a table: 100 unless
                                                   --limit), then a summary by actor and reason
-    dlq show <redis-id> [--queue Q] [--json]      one dead letter: its reason, its traceback
+    dlq show <id> [--queue Q] [--json]            one dead letter: its reason, its traceback
                                                   as lines, its message
-    dlq replay (<redis-id>... | --all --yes) [--queue Q] [--dry-run]
+    dlq replay (<id>... | --all --yes) [--queue Q] [--dry-run]
                                                   send them again, as a fresh run
-    dlq purge (--all | <redis-id>...) [--queue Q] --yes
+    dlq purge (--all | <id>...) [--queue Q] --yes
                                                   delete them (refused without --yes)
+
+An ``<id>`` is the job id every log line prints (``message_id``) or the dead letter's
+redis id (``dlq list`` shows both). A job id is looked for in the dead letters' bodies
+inside Redis, newest first, a page per call (:func:`.layout.dead_letter_candidates`: no
+body crosses the network): a job that just died is found in the first call; one that is
+not there reads them all (:data:`.layout.lookup.SCAN_PAGE` a call). A job that is not dead
+(queued, delayed, running) is said so, from the message index.
 
 Every command reads the dead letters in pages (:data:`PAGE` at a time), so a million
 take the memory of one page: ``list`` streams them oldest first across queues and
-counts them by queue, actor and reason as it goes; ``replay --all`` and ``purge --all``
-work page by page (one round trip per page) and say how far they are on stderr every
-second. ``replay --all``, like ``purge``, does nothing without ``--yes``.
+counts them by queue, actor, exception type and normalised reason as it goes (numbers,
+ids and quoted values masked: :func:`.store.normalised`, so one failure of many jobs is one
+row); ``replay --all`` and ``purge --all`` work page by page (one round trip per page)
+and say how far they are on stderr every second. ``replay --all``, like ``purge``, does
+nothing without ``--yes``.
 
 Without ``--queue`` the commands look at every queue of pools.toml: an operator
 looks across pools. Dead letters are kept where Dramatiq keeps them (see
@@ -207,10 +216,16 @@ def _list(client: redis.Redis, args: argparse.Namespace) -> int:
             print(_aligned(header, widths))
         print("\n".join(_aligned(row, widths) for row in batch))
     rows = summary.rows(SUMMARY_LINES)
-    print("\nBY QUEUE, ACTOR AND REASON")
-    table: list[tuple[str, ...]] = [("COUNT", "QUEUE", "ACTOR", "REASON")]
+    print("\nBY QUEUE, ACTOR, EXCEPTION AND REASON (numbers, ids and quoted values masked)")
+    table: list[tuple[str, ...]] = [("COUNT", "QUEUE", "ACTOR", "EXCEPTION", "REASON")]
     table += [
-        (f"{r['count']:,}", r["queue"], r["actor"], _truncate(r["reason"], REASON_WIDTH))
+        (
+            f"{r['count']:,}",
+            r["queue"],
+            r["actor"],
+            r["exception"],
+            _truncate(r["reason"], REASON_WIDTH),
+        )
         for r in rows
     ]
     print(_table(table))
@@ -366,7 +381,7 @@ def _command(
         import redis
 
         if getattr(args, "ids", None) is not None and bool(args.ids) == bool(args.all):
-            print(f"dlq {args.action}: give either --all or redis ids", file=sys.stderr)
+            print(f"dlq {args.action}: give either --all or ids", file=sys.stderr)
             return EX_USAGE
         client, url, args.max_message_bytes = _connect()
         try:
@@ -387,13 +402,14 @@ def _command(
 
 
 QUEUE_HELP = "one queue (default: every queue of pools.toml)"
+ID_HELP = "the job id the logs print (message_id) or the dead letter's redis id"
 
 
 def _selecting(actions: Any, name: str, help_text: str) -> argparse.ArgumentParser:
     """Sub-command ``name`` of ``dlq`` acting on a selection: redis ids, or ``--all`` (of
     ``--queue``)."""
     parser: argparse.ArgumentParser = actions.add_parser(name, help=help_text)
-    parser.add_argument("ids", nargs="*", metavar="redis-id")
+    parser.add_argument("ids", nargs="*", metavar="id", help=ID_HELP)
     parser.add_argument("--all", action="store_true", help="every dead letter of the queues")
     parser.add_argument("--queue", help=QUEUE_HELP)
     return parser
@@ -413,7 +429,7 @@ def add_commands(commands: Any) -> None:
     listing.set_defaults(run=_command(_list))
 
     show = actions.add_parser("show", help="one dead letter: reason, traceback, message")
-    show.add_argument("id", metavar="redis-id")
+    show.add_argument("id", metavar="id", help=ID_HELP)
     show.add_argument("--queue", help=QUEUE_HELP)
     show.add_argument("--json", action="store_true", help="the whole record as JSON")
     show.set_defaults(run=_command(_show))

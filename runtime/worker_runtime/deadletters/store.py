@@ -5,7 +5,9 @@ Dead letters are kept where Dramatiq keeps them (see :mod:`..layout`): the zset
 ``dramatiq:<queue>.XQ`` maps each redis message id to the time it died (ms), the hash
 ``dramatiq:<queue>.XQ.msgs`` holds its body, a Dramatiq message with
 ``options.dead_letter_reason`` (ours) and ``options.traceback`` (Dramatiq's Retries) when
-known. A replay is one Lua call per message (:mod:`.cli` says what it keeps).
+known. A replay is one Lua call per message (:mod:`.cli` says what it keeps). A dead letter
+is found by its redis id or by the job id the logs print (:func:`find`); the summary counts
+them by actor, exception type and normalised reason (:class:`Summary`, :func:`normalised`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import collections
 import dataclasses
 import functools
 import heapq
+import json
+import re
 import time
 import uuid
 from collections.abc import Iterable, Iterator
@@ -189,30 +193,103 @@ def stream_all(
     )
 
 
+#: A reason's leading exception type (``ValueError: ...``, ``mod.Error: ...``).
+_EXCEPTION = re.compile(
+    r"^([A-Za-z_][\w.]*(?:Error|Exception|Exceeded|Interrupt|Exit|Warning|Timeout))(?::\s*|$)"
+)
+#: What :func:`normalised` masks, in order: quoted values, ids (a word holding a digit and a
+#: letter: ``f1``, ``n-17``, a UUID), numbers (``2``, ``12,345``, ``10.0.0.3:6379``).
+_MASKS = (
+    (re.compile(r"'[^']*'|\"[^\"]*\""), lambda m: m.group(0)[0] + "…" + m.group(0)[0]),
+    (re.compile(r"(?<![\w-])(?=[\w-]*[A-Za-z_])[\w-]*\d[\w-]*"), lambda m: "<id>"),
+    (re.compile(r"(?<!\w)\d+(?:[.,_:]\d+)*(?!\w)"), lambda m: "<n>"),
+)
+
+
+def exception_of(reason: str) -> tuple[str, str]:
+    """``(exception type, the rest)`` of a reason (``"-"`` and the reason when it does not
+    start with one, as the worker's own reasons do)."""
+    match = _EXCEPTION.match(reason)
+    if match is None:
+        return "-", reason
+    return match.group(1), reason[match.end() :]
+
+
+def normalised(reason: str) -> str:
+    """``reason`` with what differs from job to job masked: quoted values (``'…'``), ids
+    (``<id>``) and numbers (``<n>``), on one line."""
+    text = " ".join(reason.split())
+    for pattern, mask in _MASKS:
+        text = pattern.sub(mask, text)
+    return text
+
+
 class Summary:
-    """Dead letters counted by (queue, actor, reason), in bounded memory: past
-    :data:`SUMMARY_KINDS` distinct kinds, the new ones count as "(other reasons)"."""
+    """Dead letters counted by (queue, actor, exception type, normalised reason:
+    :func:`normalised`), so the same failure of many jobs is one row, in bounded memory:
+    past :data:`SUMMARY_KINDS` distinct kinds, the new ones count as "(other reasons)"."""
 
     OTHER = "(other reasons)"
 
     def __init__(self, kinds: int = SUMMARY_KINDS) -> None:
         self.kinds = kinds
         self.total = 0
-        self.counts: collections.Counter[tuple[str, str, str]] = collections.Counter()
+        self.counts: collections.Counter[tuple[str, str, str, str]] = collections.Counter()
 
     def add(self, letter: DeadLetter) -> None:
         self.total += 1
-        key = (letter.queue, letter.actor, " ".join(letter.reason.split())[:200])
+        key = group_of(letter)
         if key not in self.counts and len(self.counts) >= self.kinds:
-            key = (letter.queue, letter.actor, self.OTHER)
+            key = (letter.queue, letter.actor, "-", self.OTHER)
         self.counts[key] += 1
 
     def rows(self, limit: int | None = None) -> list[dict[str, Any]]:
-        """The most frequent kinds first: ``{"count", "queue", "actor", "reason"}``."""
+        """The most frequent kinds first: ``{"count", "queue", "actor", "exception",
+        "reason"}``."""
         return [
-            {"count": n, "queue": queue, "actor": actor, "reason": reason}
-            for (queue, actor, reason), n in self.counts.most_common(limit)
+            {"count": n, "queue": queue, "actor": actor, "exception": exception, "reason": reason}
+            for (queue, actor, exception, reason), n in self.counts.most_common(limit)
         ]
+
+
+def group_of(letter: DeadLetter) -> tuple[str, str, str, str]:
+    """The summary's kind of ``letter``: (queue, actor, exception type, normalised reason)."""
+    exception, rest = exception_of(" ".join(letter.reason.split()))
+    return (letter.queue, letter.actor, exception, normalised(rest)[:200])
+
+
+def replay_group(
+    client: redis.Redis,
+    group: tuple[str, str, str, str],
+    max_bytes: int | None = None,
+    now_ms: int | None = None,
+) -> tuple[int, list[str]]:
+    """Replay every dead letter of ``group`` (:func:`group_of`) a page at a time, each page
+    read again past what stays (the others, those that cannot run); (how many moved, one
+    line per letter skipped)."""
+    queue = group[0]
+    moved, left = 0, 0
+    skipped: list[str] = []
+    while page := read_page(client, queue, left, PAGE, max_bytes):
+        chosen = [letter for letter in page if group_of(letter) == group]
+        done, problems = replay_page(client, queue, chosen, now_ms) if chosen else (0, [])
+        moved, skipped = moved + done, skipped + problems
+        left += len(page) - len(chosen) + len(problems)
+    return moved, skipped
+
+
+def arguments_text(fields: dict[str, Any] | None, width: int = 80) -> str:
+    """A message's arguments on one line: its positional ``args`` (JSON) and its keyword
+    ones as ``name=value`` (a typed actor's model fields are keyword arguments), cut at
+    ``width``; ``-`` when it has none or is not readable."""
+    if not fields:
+        return "-"
+    args, kwargs = fields.get("args"), fields.get("kwargs")
+    parts = [json.dumps(arg) for arg in args] if isinstance(args, list) else []
+    if isinstance(kwargs, dict):
+        parts += [f"{name}={json.dumps(value)}" for name, value in kwargs.items()]
+    text = ", ".join(parts) or "-"
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _still_dead(client: redis.Redis, zset: str, letters: list[DeadLetter]) -> list[DeadLetter]:
@@ -235,24 +312,61 @@ def _still_dead(client: redis.Redis, zset: str, letters: list[DeadLetter]) -> li
 
 
 def find(
-    client: redis.Redis, queues: Iterable[str], redis_id: str, max_bytes: int | None = None
+    client: redis.Redis, queues: Iterable[str], job_id: str, max_bytes: int | None = None
 ) -> DeadLetter:
-    """The dead letter ``redis_id`` on one of ``queues`` (``max_bytes``: see
-    :attr:`DeadLetter.max_bytes`).
+    """The dead letter ``job_id`` on one of ``queues``: its redis id, or the job id the logs
+    print (its ``message_id``; the latest dead letter of that job when it died more than
+    once). ``max_bytes``: see :attr:`DeadLetter.max_bytes`.
 
     Raises:
-      DeadLetterError: when none of the queues holds it.
+      DeadLetterError: when none of the queues holds it (saying so when the job is not
+        dead but queued, delayed or running).
     """
     queues = list(queues)
     for queue in queues:
         zset, bodies = dead_letter_keys(queue)
-        score = client.zscore(zset, redis_id)
+        score = client.zscore(zset, job_id)
         if score is not None:
-            body = layout.raw_bytes(client.hget(bodies, redis_id))
-            letter = DeadLetter(queue, redis_id, int(score), body, max_bytes)
+            body = layout.raw_bytes(client.hget(bodies, job_id))
+            letter = DeadLetter(queue, job_id, int(score), body, max_bytes)
             if _still_dead(client, zset, [letter]):
                 return letter
-    raise DeadLetterError(f"no dead letter {redis_id!r} on queue(s) {', '.join(queues)}")
+    found = [letter for queue in queues for letter in _of_message(client, queue, job_id, max_bytes)]
+    if found:
+        return max(found, key=lambda letter: (letter.died_ms, letter.redis_id))
+    for queue in queues:
+        if layout.live_place(client, queue, job_id) is not None:
+            raise DeadLetterError(
+                f"job {job_id!r} is not a dead letter: it is queued, delayed or running "
+                "(see `status`)"
+            )
+    raise DeadLetterError(
+        f"no dead letter {job_id!r} on queue(s) {', '.join(queues)} (as a redis id or a job id)"
+    )
+
+
+def _of_message(
+    client: redis.Redis, queue: str, message_id: str, max_bytes: int | None
+) -> list[DeadLetter]:
+    """The latest dead letter of ``queue`` whose ``message_id`` is ``message_id`` (none:
+    ``[]``), read newest first: the page that holds it is the last one read."""
+    zset, bodies = dead_letter_keys(queue)
+    for candidates in layout.dead_letter_candidates(client, queue, message_id):
+        if not candidates:
+            continue
+        pipe = client.pipeline(transaction=False)
+        for redis_id in candidates:
+            pipe.zscore(zset, redis_id)
+            pipe.hget(bodies, redis_id)
+        replies = pipe.execute()
+        letters = [
+            DeadLetter(queue, redis_id, int(score), layout.raw_bytes(body), max_bytes)
+            for redis_id, score, body in zip(candidates, replies[::2], replies[1::2], strict=True)
+            if score is not None
+        ]
+        if found := [letter for letter in letters if letter.message_id == message_id]:
+            return found[:1]
+    return []
 
 
 def fresh_copy(letter: DeadLetter, now_ms: int | None = None) -> Message[Any]:

@@ -9,6 +9,7 @@ One module per concept:
 * :mod:`.clock`: Redis's clock, the one clock of every worker;
 * :mod:`.delivery`: fetch, settle, requeue, dead letters, heartbeats, the backlog;
 * :mod:`.flow`: flow control at the fetch: paused queues, downstream budgets and rates;
+* :mod:`.lookup`: a message found by its ``message_id`` (live, or among dead letters);
 * :mod:`.leases`: locks held by a token (run locks, idempotency leases);
 * :mod:`.schedule_store`: the scheduler's scripts and each schedule's state hash.
 
@@ -33,6 +34,7 @@ from .delivery import (
     CLOCK,
     DEAD_LETTER,
     FETCH,
+    FORGET_IDLE,
     HEARTBEAT,
     MEMBERS,
     MOVE_DUE,
@@ -52,6 +54,7 @@ from .delivery import (
     due_keys,
     fetch_args,
     fetch_keys,
+    forget_idle,
     heartbeat,
     members_of,
     move_due,
@@ -95,6 +98,7 @@ from .jobs import (
     record_cancel,
 )
 from .keys import (
+    ACTIVITY_MINUTES,
     BODIES_SUFFIX,
     CANCEL_CHANNEL,
     CANCELLED,
@@ -113,6 +117,7 @@ from .keys import (
     QueueKeys,
     acks_key,
     acks_pattern,
+    activity_key,
     bodies_key,
     cancelled_key,
     canonical,
@@ -151,6 +156,17 @@ from .leases import (
     release_lock,
     renew_lock,
 )
+from .lookup import (
+    DEAD_WITH_MESSAGE_ID,
+    DELAYED_PAGE,
+    RECORD_ACTIVITY,
+    WAITING_PAGE,
+    dead_letter_candidates,
+    live_place,
+    read_activity,
+    record_activity,
+    waiting_page,
+)
 from .schedule_store import (
     ACQUIRE_RUN,
     END_RUN,
@@ -186,6 +202,7 @@ from .schema import (
 __all__ = [
     "ACQUIRE_IDEMPOTENCY",
     "ACQUIRE_RUN",
+    "ACTIVITY_MINUTES",
     "ADMITTED",
     "BACKLOG",
     "BACKLOG_FIELDS",
@@ -202,12 +219,15 @@ __all__ = [
     "DEAD_LETTER",
     "DEAD_LETTER_REASON",
     "DEAD_SUFFIX",
+    "DEAD_WITH_MESSAGE_ID",
+    "DELAYED_PAGE",
     "DELAY_SUFFIX",
     "DUE_SUFFIX",
     "END_RUN",
     "ENQUEUE",
     "FETCH",
     "FIRE_TICK",
+    "FORGET_IDLE",
     "GROUP_MEMBER_DONE",
     "HEARTBEAT",
     "HEARTBEATS",
@@ -225,6 +245,7 @@ __all__ = [
     "PROBE_TTL_MS",
     "PURGE",
     "RATE",
+    "RECORD_ACTIVITY",
     "REDIS_MESSAGE_ID",
     "RELEASE_LOCK",
     "RENEW_LOCK",
@@ -243,6 +264,7 @@ __all__ = [
     "STAGE_IDS",
     "STALE_WORKERS",
     "STILL_HELD",
+    "WAITING_PAGE",
     "WAKE_CHANNEL",
     "Admission",
     "Callback",
@@ -256,6 +278,7 @@ __all__ = [
     "acks_pattern",
     "acquire_idempotency",
     "acquire_run",
+    "activity_key",
     "admission_lease_ms",
     "backlog_keys",
     "bodies_key",
@@ -264,6 +287,7 @@ __all__ = [
     "canonical",
     "capacity_key",
     "crashes",
+    "dead_letter_candidates",
     "dead_letter_held",
     "dead_letter_keys",
     "delay_queue",
@@ -279,6 +303,7 @@ __all__ = [
     "fetch_args",
     "fetch_keys",
     "fire_tick",
+    "forget_idle",
     "gates_key",
     "group_keys",
     "group_member_done",
@@ -288,6 +313,7 @@ __all__ = [
     "idempotency_key",
     "idempotency_lease_key",
     "is_cancelled",
+    "live_place",
     "malformation",
     "malformed_record",
     "members_of",
@@ -307,9 +333,11 @@ __all__ = [
     "purge_dead_letters",
     "queue_key",
     "raw_bytes",
+    "read_activity",
     "read_backlog_records",
     "read_fleet",
     "read_states",
+    "record_activity",
     "record_cancel",
     "redis_now",
     "redis_now_ms",
@@ -328,5 +356,6 @@ __all__ = [
     "still_held",
     "taken",
     "text",
+    "waiting_page",
     "with_delay_queues",
 ]

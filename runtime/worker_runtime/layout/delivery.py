@@ -28,6 +28,7 @@ from .flow import (
     gated_name,
 )
 from .keys import (
+    DELAY_SUFFIX,
     QueueKeys,
     acks_key,
     bodies_key,
@@ -623,23 +624,59 @@ def still_held(client: redis.Redis, broker_id: str, queue: str, redis_id: str) -
     return bool(client.eval(STILL_HELD, len(keys), *keys, redis_id, broker_id))
 
 
+#: Forget a worker that holds nothing (a process that drained and exits): its heartbeat and
+#: its process record go, only while every acks set named is empty, so ``status`` drops it at
+#: once; one that still holds a message keeps its heartbeat for recovery to find.
+#: KEYS: heartbeats, its process record, then its acks sets.  ARGV: broker id.
+#: Returns 1 when it was forgotten, else 0.
+FORGET_IDLE: Final = """
+for i = 3, #KEYS do
+  if redis.call('scard', KEYS[i]) > 0 then return 0 end
+end
+redis.call('zrem', KEYS[1], ARGV[1])
+redis.call('del', KEYS[2])
+return 1
+"""
+
+
+def forget_idle(client: redis.Redis, broker_id: str, queues: Sequence[str]) -> bool:
+    """:data:`FORGET_IDLE` for ``broker_id`` in each namespace of ``queues`` (its queues and
+    their delay queues); True when it was forgotten in every one."""
+    forgotten = True
+    for namespace in namespaces_of(queues):
+        own = [q for q in with_delay_queues(queues) if namespace_of(q) == namespace]
+        keys = (
+            heartbeats_key(namespace),
+            process_key(broker_id, namespace),
+            *(acks_key(broker_id, queue) for queue in own),
+        )
+        forgotten &= bool(client.eval(FORGET_IDLE, len(keys), *keys, broker_id))
+    return forgotten
+
+
 @dataclass(frozen=True)
 class FleetMember:
     """One worker (broker id) of a namespace as Redis knows it: its last heartbeat (ms,
-    Redis's clock), its process record (decoded JSON, None: none or expired) and how many
-    deliveries each of its acks sets holds (queue or delay queue -> count)."""
+    Redis's clock), its process record (decoded JSON, None: none or expired), how many
+    deliveries each of its acks sets holds (queue or delay queue -> count) and the redis
+    ids it holds on the queues themselves (not their delay queues): a job of its record
+    whose id is not among them has been settled since the record was written."""
 
     namespace: str
     broker_id: str
     beat_ms: int
     record: dict[str, Any] | None
     held: dict[str, int]
+    holding: frozenset[str] = frozenset()
 
 
 def read_fleet(client: redis.Redis, queues: Sequence[str]) -> tuple[int, list[FleetMember]]:
     """Every worker of the namespaces of ``queues``, in two round trips: (Redis's ms, the
     workers by heartbeat, oldest first). Work is one small read per worker and per worker
-    and queue (the size of its acks sets), whatever the queues hold."""
+    and queue (its acks sets: the members of a queue's, bounded by the prefetch; the size of
+    a delay queue's), whatever the queues hold. The record, the sizes and the members are
+    read in one pipeline, after the settlement that removed an id from an acks set or not:
+    a settled job is never among :attr:`FleetMember.holding`."""
     namespaces = namespaces_of(queues)
     pipe = client.pipeline(transaction=False)
     pipe.time()
@@ -663,13 +700,24 @@ def read_fleet(client: redis.Redis, queues: Sequence[str]) -> tuple[int, list[Fl
     for namespace, broker_id, _ in workers:
         pipe.get(process_key(broker_id, namespace))
         for queue in served[namespace]:
-            pipe.scard(acks_key(broker_id, queue))
+            if queue.endswith(DELAY_SUFFIX):
+                pipe.scard(acks_key(broker_id, queue))
+            else:
+                pipe.smembers(acks_key(broker_id, queue))
     replies = iter(pipe.execute() if workers else [])
     members = []
     for namespace, broker_id, beat_ms in workers:
         record = message_fields(next(replies))
-        held = {queue: int(next(replies)) for queue in served[namespace]}
-        members.append(FleetMember(namespace, broker_id, beat_ms, record, held))
+        held: dict[str, int] = {}
+        holding: set[str] = set()
+        for queue in served[namespace]:
+            reply = next(replies)
+            if isinstance(reply, set):
+                holding.update(text(member) for member in reply)
+                held[queue] = len(reply)
+            else:
+                held[queue] = int(reply)
+        members.append(FleetMember(namespace, broker_id, beat_ms, record, held, frozenset(holding)))
     return now, members
 
 

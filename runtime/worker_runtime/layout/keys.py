@@ -115,6 +115,17 @@ def process_key(broker_id: str, namespace: str = NAMESPACE) -> str:
     return f"{namespace}:__process__.{broker_id}"
 
 
+#: Minutes of activity kept per queue (:func:`activity_key`): the console charts the last hour.
+ACTIVITY_MINUTES: Final = 60
+
+
+def activity_key(queue: str, minute: int) -> str:
+    """What ``queue`` did in ``minute`` (Redis's ms // 60,000; ours): a hash of jobs ``done``
+    and ``failed`` (retries and dead letters) and the oldest due ``age_ms`` the workers saw,
+    kept :data:`ACTIVITY_MINUTES` and a few more: at most that many hashes a queue."""
+    return f"{namespace_of(queue)}:__activity__.{queue}.{minute}"
+
+
 def capacity_key(queue: str) -> str:
     """The last ``capacity`` result measured on ``queue`` (ours): a JSON object, what
     ``capacity --json`` prints and ``measured_at_ms`` (Redis's clock), replaced by the next

@@ -100,6 +100,7 @@ def default_stack(settings: WorkerSettings, client: redis.Redis) -> list[Middlew
             dead_message_ttl_ms=settings.dlq_retention_days * 86_400_000,
             pool=settings.worker_pool,
             concurrency=settings.worker_concurrency,
+            prefetch=settings.prefetch,
         ),
     ]
     if settings.uses_database:  # the postgres extra's

@@ -32,6 +32,7 @@ class ProgressRecorder(Middleware):
         self.lifecycle.bind_slot(next(self._slots))
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
+        self.lifecycle.clear_report()
         board, slot = self.lifecycle.board, self.lifecycle.current_slot()
         if board is not None and slot is not None:
             board.start(slot, message.options.get(REDIS_MESSAGE_ID, ""), message.queue_name)
@@ -44,6 +45,7 @@ class ProgressRecorder(Middleware):
         result: Any = None,
         exception: BaseException | None = None,
     ) -> None:
+        self.lifecycle.clear_report()
         board, slot = self.lifecycle.board, self.lifecycle.current_slot()
         if board is not None and slot is not None:
             board.finish(slot)
