@@ -177,11 +177,17 @@ def make_test_project(base: Path, target: Path, **actors: str) -> Path:
     return copy_project(base, target, lc_test=TEST_ACTORS, **actors)
 
 
+def bake_with_actors(bake: Callable[..., Path], factory: pytest.TempPathFactory, name: str,
+              **actors: str) -> Path:
+    """A ``database="none"`` bake with the test actors and ``actors``, in a folder ``name``."""
+    base = bake(database="none")
+    return make_test_project(base, factory.mktemp(name) / base.name, **actors)
+
+
 @pytest.fixture(scope="session")
 def lc_project(bake: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A ``database="none"`` bake with the test actors."""
-    base = bake(database="none")
-    return make_test_project(base, tmp_path_factory.mktemp("lc") / base.name)
+    return bake_with_actors(bake, tmp_path_factory, "lc")
 
 
 def get(url: str, timeout: float = 10) -> tuple[int, str]:
@@ -322,12 +328,18 @@ def started(factory: Callable[..., ServiceProcess]) -> Iterator[Callable[..., An
             process.kill()
 
 
+def workers_of(project: Path, redis_url: str, folder: Path) -> Iterator[Callable[..., Worker]]:
+    """``workers(**env)`` starts a worker of ``project`` on ``redis_url``, each in a folder
+    of its own under ``folder``; all are killed when the generator is closed."""
+    count = iter(range(1_000))
+    yield from started(
+        lambda **env: Worker(project, redis_url, folder / f"w{next(count)}", **env))
+
+
 @pytest.fixture
 def workers(lc_project: Path, redis_url: str, tmp_path: Path) -> Iterator[Callable[..., Worker]]:
     """``workers(**env)`` starts a worker on the test's Redis; all are killed at teardown."""
-    count = iter(range(1_000))
-    yield from started(
-        lambda **env: Worker(lc_project, redis_url, tmp_path / f"w{next(count)}", **env))
+    yield from workers_of(lc_project, redis_url, tmp_path)
 
 
 class Jobs:

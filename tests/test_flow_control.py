@@ -31,8 +31,8 @@ from typing import Any
 import dramatiq
 import pytest
 import redis
-from _lifecycle import NS, TEST_ACTORS, Worker, get, started, wait_for
-from bakery import copy_project, project_env, run_cli
+from _lifecycle import NS, Worker, bake_with_actors, get, wait_for, workers_of
+from bakery import project_env, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -72,16 +72,12 @@ def flow_call(job_id: str, seconds: float) -> None:
 
 @pytest.fixture(scope="session")
 def flow_project(bake: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    base = bake(database="none")
-    return copy_project(base, tmp_path_factory.mktemp("flow") / base.name,
-                        lc_test=TEST_ACTORS, flow_test=FLOW_ACTORS)
+    return bake_with_actors(bake, tmp_path_factory, "flow", flow_test=FLOW_ACTORS)
 
 
 @pytest.fixture
 def workers(flow_project: Path, redis_url: str, tmp_path: Path) -> Iterator[Callable[..., Worker]]:
-    count = iter(range(1_000))
-    yield from started(
-        lambda **env: Worker(flow_project, redis_url, tmp_path / f"w{next(count)}", **env))
+    yield from workers_of(flow_project, redis_url, tmp_path)
 
 
 @pytest.fixture

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _lifecycle import QUEUE, TEST_ACTORS, Jobs, Worker, get, started, wait_for
-from bakery import PYTHON, copy_project, package_of, project_env, run_cli
+from _lifecycle import QUEUE, Jobs, Worker, bake_with_actors, get, wait_for, workers_of
+from bakery import PYTHON, package_of, project_env, run_cli
 from dramatiq import Message
 from test_console import Console
 
@@ -75,16 +75,12 @@ SLACK_S = 0.5
 
 @pytest.fixture(scope="module")
 def project(bake: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    base = bake(database="none")
-    return copy_project(base, tmp_path_factory.mktemp("truth") / base.name,
-                        lc_test=TEST_ACTORS, truth=TRUTH_ACTORS)
+    return bake_with_actors(bake, tmp_path_factory, "truth", truth=TRUTH_ACTORS)
 
 
 @pytest.fixture
 def workers(project: Path, redis_url: str, tmp_path: Path) -> Iterator[Callable[..., Worker]]:
-    count = iter(range(1_000))
-    yield from started(
-        lambda **env: Worker(project, redis_url, tmp_path / f"w{next(count)}", **env))
+    yield from workers_of(project, redis_url, tmp_path)
 
 
 @pytest.fixture

@@ -90,23 +90,34 @@ def waiting_page(
     ]
 
 
+#: Lua: append each of ``ids`` and its body in ``bodies`` (false: none) to ``out``.
+_WITH_BODIES: Final = """
+local function with_bodies(out, ids, bodies)
+  for _, id in ipairs(ids) do
+    table.insert(out, id)
+    table.insert(out, redis.call('hget', bodies, id))
+  end
+  return out
+end
+"""
+
 #: A page of a list of redis ids and their bodies.  KEYS: the list, its bodies.
 #: ARGV: first index, how many.  Returns [length, id1, body1 or false, ...].
-WAITING_PAGE: Final = """
-local out = {redis.call('llen', KEYS[1])}
+WAITING_PAGE: Final = (
+    _WITH_BODIES
+    + """
 local first = tonumber(ARGV[1])
 local ids = redis.call('lrange', KEYS[1], first, first + tonumber(ARGV[2]) - 1)
-for _, id in ipairs(ids) do
-  table.insert(out, id)
-  table.insert(out, redis.call('hget', KEYS[2], id))
-end
-return out
+return with_bodies({redis.call('llen', KEYS[1])}, ids, KEYS[2])
 """
+)
 
 #: A page of a queue's delayed messages: by due time (the due zset), then those still on the
 #: delay list.  KEYS: the due zset, the delay list, its bodies.  ARGV: first index, how many.
 #: Returns [how many, id1, body1 or false, ...].
-DELAYED_PAGE: Final = """
+DELAYED_PAGE: Final = (
+    _WITH_BODIES
+    + """
 local ordered = redis.call('zcard', KEYS[1])
 local out = {ordered + redis.call('llen', KEYS[2])}
 local first, size = tonumber(ARGV[1]), tonumber(ARGV[2])
@@ -120,12 +131,9 @@ if #ids < size then
     table.insert(ids, id)
   end
 end
-for _, id in ipairs(ids) do
-  table.insert(out, id)
-  table.insert(out, redis.call('hget', KEYS[3], id))
-end
-return out
+return with_bodies(out, ids, KEYS[3])
 """
+)
 
 
 #: Add a pass's counts to each queue's hash of this minute, keep the oldest due age seen.
