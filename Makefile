@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test lint e2e-build e2e e2e-full bench bench-report venv clean
+.PHONY: demo wheelhouse test lint e2e-build e2e e2e-full bench bench-report venv clean
 
 venv: $(VENV)/.installed
 
@@ -15,6 +15,12 @@ $(VENV)/.installed: requirements-dev.txt runtime/pyproject.toml infra/pyproject.
 
 demo: venv
 	$(BIN)/python scripts/demo.py
+
+# build/wheelhouse: what a bake of this checkout installs (its dependencies, dev tools, the
+# Pulumi program's requirements, setuptools), for this Python: with it, a bake's make install
+# and make infra-install run with no network (scripts/wheelhouse.py). Needs the index once.
+wheelhouse: venv
+	$(BIN)/python scripts/wheelhouse.py
 
 # The e2e tests (marker e2e) run alone in `make e2e`: a real control plane wants the cores.
 test: venv

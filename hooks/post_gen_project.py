@@ -1,18 +1,26 @@
-"""Prune the files of options that were not selected.
+"""Prune the files of options that were not selected, and record where the bake came from.
 
 Valid Python before rendering, idempotent (a file already gone is fine) and
-confined to the project directory, so it also works under ``cruft update``.
+confined to the project directory, so it also works under ``cruft update``: it writes
+inside the project only, and reads the template's git state without writing to it
+(``git rev-parse``, ``--no-optional-locks``: no index refresh).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
+import subprocess
 from pathlib import Path
 
 ANSWERS = json.loads(r"""{{ cookiecutter | tojson }}""")
 PROJECT = Path.cwd()
 PACKAGE = PROJECT / "src" / ANSWERS["package"]
+#: Where the bake came from, read by its Makefile (make install, make infra-install).
+SOURCE_FILE = PROJECT / "template-source.mk"
+REMOTE = re.compile(r"^((git|hg)\+)?(git|ssh|file|https?)://|^\w+@[\w.]+|^(gh|gl|bb):")
 
 
 def remove(*paths: Path) -> None:
@@ -37,7 +45,57 @@ def remove_sandbox_files() -> None:
     remove(PACKAGE / "sandbox.py", PACKAGE / "actors" / "sandbox.py")
 
 
+def template_dir(given: str) -> Path | None:
+    """The template's local directory (cookiecutter's ``_repo_dir``), absolute. cookiecutter
+    runs this hook from that directory (its ``work_in(repo_dir)``), so a relative one (``.``)
+    is the parent process's working directory (Linux: /proc; elsewhere it is not recorded)."""
+    if not given:
+        return None
+    path = Path(given)
+    if not path.is_absolute():
+        parent = Path(f"/proc/{os.getppid()}/cwd")
+        path = parent.resolve() if parent.exists() else Path("/nonexistent")
+    return path.resolve() if path.is_dir() else None
+
+
+def git(directory: Path, *args: str) -> str:
+    """A read-only git command's output in ``directory``, or '' (not a checkout, no git)."""
+    try:
+        done = subprocess.run(
+            ["git", "--no-optional-locks", "-C", str(directory), *args],
+            capture_output=True, text=True, timeout=30, check=False,
+        )
+    except OSError:
+        return ""
+    return done.stdout.strip() if done.returncode == 0 else ""
+
+
+def is_remote(template: str) -> bool:
+    """cookiecutter's own test: a URL, user@host, an abbreviation (gh:, gl:, bb:) or a zip
+    file is cloned or unpacked into a directory that is not the team's."""
+    return bool(REMOTE.match(template)) or template.endswith(".zip")
+
+
+def record_source(template: str, repo_dir: str) -> None:
+    """template-source.mk: the template as given to cookiecutter; when it was a local
+    directory, that directory and its commit (when it is a git checkout)."""
+    directory = None if is_remote(template) else template_dir(repo_dir)
+    commit = git(directory, "rev-parse", "--verify", "HEAD") if directory else ""
+    lines = [
+        "# Where this service was baked from (hooks/post_gen_project.py). make install and make",
+        "# infra-install take worker-runtime and worker-infra from TEMPLATE_COMMIT of the",
+        "# checkout TEMPLATE_DIR when it is on this machine; else from the pins.",
+        f"TEMPLATE_SOURCE := {template}",
+        f"TEMPLATE_DIR := {directory or ''}",
+        f"TEMPLATE_COMMIT := {commit}",
+    ]
+    if directory and commit and git(directory, "status", "--porcelain", "--untracked-files=no"):
+        lines.append("# The checkout had uncommitted changes: they are not in TEMPLATE_COMMIT.")
+    SOURCE_FILE.write_text("\n".join(lines) + "\n")
+
+
 def main() -> None:
+    record_source(ANSWERS.get("_template", ""), ANSWERS.get("_repo_dir", ""))
     if ANSWERS["database"] != "postgres":
         remove_db_files()
     if ANSWERS["sandbox_pool"] != "yes":

@@ -53,6 +53,17 @@ def bake_project(output_dir: Path, **context: str) -> Path:
     )
 
 
+def make(project: Path, *args: str, timeout: float = 120,
+         wrap: Callable[..., list[str]] | None = None) -> subprocess.CompletedProcess[str]:
+    """``make *args`` in ``project`` as a new team runs it: no venv active, no PYTHON
+    (``wrap``: the command line run instead, given make's, e.g. in a namespace)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("VIRTUAL_ENV", "PYTHON", "MAKE", "MFLAGS"))}
+    command = ["make", *args]
+    return subprocess.run(wrap(*command) if wrap else command, cwd=project, env=env,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
 def package_of(project: Path) -> str:
     return project.name.replace("-", "_")
 

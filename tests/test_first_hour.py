@@ -25,18 +25,11 @@ from bakery import (
     add_actors,
     bake_project,
     free_port,
+    make,
     project_env,
     run_cli,
     wait_for,
 )
-
-
-def make(project: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """``make *args`` in ``project`` as a new team runs it: no venv active, no PYTHON."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("VIRTUAL_ENV", "PYTHON", "MAKE", "MFLAGS"))}
-    return subprocess.run(["make", *args], cwd=project, env=env, capture_output=True,
-                          text=True, timeout=timeout, check=False)
 
 
 @pytest.fixture(scope="module")
@@ -68,9 +61,10 @@ def test_infra_targets_without_worker_infra_say_what_to_run(project: Path, targe
 
 
 def test_an_unreachable_pin_says_to_use_a_local_checkout(tmp_path: Path) -> None:
-    """The pinned tag's repository is not reachable (a fresh bake's placeholder org is
-    not): pip's error, then the one line naming the pin and the local-checkout command."""
+    """A bake made elsewhere (no template-source.mk of a checkout on this machine) whose
+    pinned tag's repository is not reachable (a fresh bake's placeholder org is not): pip's error, then the one line naming the pin and the local-checkout command."""
     project = bake_project(tmp_path, template_repo=f"file://{tmp_path}/no-such-repo")
+    (project / "template-source.mk").unlink()  # baked elsewhere: no checkout of it here
     done = make(project, "infra-install", timeout=600)
     assert done.returncode != 0
     assert done.stdout.startswith(

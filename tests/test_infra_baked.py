@@ -1122,6 +1122,8 @@ def test_a_fresh_bake_renders_prod_following_its_readme(tmp_path: Path) -> None:
     project = bake_project(
         tmp_path / "out", template_repo=f"file://{repo}", template_ref="v9.9.9"
     )
+    # Its recorded source (this checkout, which infra-install would prefer) left out: the pins.
+    (project / "template-source.mk").unlink()
     readme = (project / "README.md").read_text()
     assert "make infra-install" in readme and "make manifests STACK=prod" in readme
     python = shutil.which("python3") or PYTHON

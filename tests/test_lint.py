@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -44,14 +43,3 @@ def test_worker_runtime_passes_mypy_strict() -> None:
     done = subprocess.run([sys.executable, "-m", "mypy"], cwd=TEMPLATE / "runtime",
                           capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-
-
-def test_the_runtime_and_infra_carry_the_one_version() -> None:
-    """worker-runtime and worker-infra are released together, at the template's version."""
-    versions = {
-        name: tomllib.loads((TEMPLATE / name / "pyproject.toml").read_text())["project"]["version"]
-        for name in ("runtime", "infra")
-    }
-    assert versions["runtime"] == versions["infra"], versions
-    baked = (TEMPLATE / "{{cookiecutter.project}}" / "pyproject.toml").read_text()
-    assert f'=={versions["runtime"]}"' in baked, "the bake pins another worker-runtime"

@@ -1,0 +1,62 @@
+"""build/wheelhouse: every distribution a bake of this checkout installs, for this Python.
+
+A bake made from this checkout installs worker-runtime and worker-infra from the commit it
+was baked from (its template-source.mk), and their dependencies, its dev tools, the Pulumi
+program's requirements and the build backend (setuptools) from this folder with pip's
+``--no-index`` when it exists: `make install` and `make infra-install` then need no network.
+This script is the one step that does (``pip download``, from the package index or
+PIP_INDEX_URL); `make wheelhouse` runs it. Wheels for this interpreter only: a bake whose
+venv runs another Python falls back to the package index.
+
+    python scripts/wheelhouse.py [DEST]
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from cookiecutter.main import cookiecutter  # type: ignore[import-untyped]
+
+TEMPLATE = Path(__file__).resolve().parents[1]
+DEST = TEMPLATE / "build" / "wheelhouse"
+
+
+def bake(output: Path) -> Path:
+    """The bake with every option (the superset of the dependencies)."""
+    return Path(cookiecutter(str(TEMPLATE), no_input=True, output_dir=str(output),
+                             extra_context={"database": "postgres", "sandbox_pool": "yes"}))
+
+
+def infra_requirements(project: Path, output: Path) -> Path:
+    """infra/requirements.txt without its two git pins (their source is the commit)."""
+    lines = (project / "infra" / "requirements.txt").read_text().splitlines()
+    path = output / "infra-requirements.txt"
+    path.write_text("\n".join(line for line in lines if " @ " not in line) + "\n")
+    return path
+
+
+def download(dest: Path, *requirements: str) -> int:
+    command = [sys.executable, "-m", "pip", "download", "--quiet", "--dest", str(dest)]
+    return subprocess.run([*command, *requirements], check=False).returncode
+
+
+def main(dest: Path = DEST) -> int:
+    """The service's set and infra/venv's set apart, as each is installed (and locked: `make
+    lock` resolves the service alone), so neither's versions are held back by the other's."""
+    dest.mkdir(parents=True, exist_ok=True)
+    runtime = f"{TEMPLATE / 'runtime'}[postgres,sandbox]"
+    with tempfile.TemporaryDirectory() as scratch:
+        project = bake(Path(scratch))
+        code = download(dest, "pip", "setuptools>=69", runtime, f"{project}[dev]") or download(
+            dest, runtime, str(TEMPLATE / "infra"), "-r",
+            str(infra_requirements(project, Path(scratch))))
+    if code == 0:
+        print(f"wheelhouse: {len(list(dest.iterdir()))} files in {dest}")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(Path(sys.argv[1]) if len(sys.argv) > 1 else DEST))
