@@ -236,7 +236,13 @@ def test_work_no_live_process_serves_is_flagged(
     assert line.endswith("), and no live process serves it"), line
     table = status(project, redis_url).stdout
     assert "UNSERVED" in table and "unserved: queue partner (pool external)" in table, table
-    assert "Unserved: queue partner (pool external): 3 waiting" in get(console.url + "/")[1]
+    page = get(console.url + "/")[1]
+    assert "Unserved: queue partner (pool external): 3 waiting" in page
+    # The flow state read with it: the downstream budgets, and a queue paused by `pause`.
+    assert "Downstream budgets" in page and "partner_api" in page
+    env = project_env(project, REDIS_URL=redis_url, WORKER_STATE_DIR="/nonexistent")
+    assert run_cli(project, "pause", "reports", env=env).returncode == 0
+    assert 'reports <strong class="note">paused</strong>' in get(console.url + "/")[1]
 
     external = workers(WORKER_POOL="external", WORKER_PROCESSES="1", WORKER_CONCURRENCY="1")
     wait_for(lambda: external.children() and not queue_row(snapshot(console), "partner")[

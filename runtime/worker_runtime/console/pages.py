@@ -187,7 +187,14 @@ class Console:
             ],
             [
                 [
-                    e(q.queue) + (' <strong class="bad">unserved</strong>' if q.unserved else ""),
+                    e(q.queue)
+                    + (' <strong class="bad">unserved</strong>' if q.unserved else "")
+                    + (' <strong class="note">paused</strong>' if q.paused else "")
+                    + (
+                        f' <span class="note">throttled ({e(q.throttled)})</span>'
+                        if q.throttled
+                        else ""
+                    ),
                     e(q.pool),
                     e(q.consumers),
                     f'<a href="{self.link("/jobs", queue=q.queue)}">{e(q.waiting)}</a>',
@@ -265,7 +272,8 @@ class Console:
         return self.page(
             "Queues and workers",
             f'<p class="note">{e(mode)} Redis time {e(_iso_ms(status.now_ms))}. {toggle}</p>'
-            f"<h2>Queues</h2>{flagged}{queues}<h2>Worker processes</h2>{processes}",
+            f"<h2>Queues</h2>{flagged}{queues}{_downstreams(status)}"
+            f"<h2>Worker processes</h2>{processes}",
             refresh_s,
         )
 
@@ -802,6 +810,24 @@ def _refresh(params: dict[str, str]) -> int | None:
     except ValueError:
         return None
     return every if every in REFRESH_S else None
+
+
+def _downstreams(status: Status) -> str:
+    """The downstream budgets in use (flow control, read with the status), or nothing."""
+    if not status.downstreams:
+        return ""
+    rows = [
+        [
+            e(d.name),
+            e(f"{d.in_use}/{d.limit}"),
+            e("-" if d.calls_per_s is None else f"{d.calls_per_s:g}/s"),
+            e(", ".join(f"{q} ({why})" for q, why in sorted(d.throttled.items())) or "-"),
+        ]
+        for d in status.downstreams
+    ]
+    return "<h2>Downstream budgets</h2>" + table(
+        ["downstream", "in use", "rate", "throttled"], rows, numeric={1}
+    )
 
 
 def _iso_ms(ms: int) -> str:
