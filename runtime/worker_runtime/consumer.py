@@ -80,6 +80,7 @@ from dramatiq.middleware import Middleware, MiddlewareError
 
 from . import brokerstate, layout, redisclient
 from .holds import HOLD_EPOCH, HoldWatch
+from .lanes import SettleLanes
 from .messages import dead_letter_body, indexed_id, inspect
 from .outage import Outage
 from .settlement import (
@@ -95,6 +96,7 @@ from .settlement import (
     mark_lost,
 )
 from .timing import CLOCK_FRESH_S, ORPHAN_AFTER_S
+from .wakeups import WakeUps
 
 logger = logging.getLogger(__name__)
 #: Attribute of a MessageProxy: the resets this process had seen when it was fetched.
@@ -495,81 +497,6 @@ class SettlingConsumer(_RedisConsumer):
         self._slot_freed.set()
 
 
-class SettleLanes:
-    """Each thread's own Redis connection for the settlement's Lua call (one *lane*).
-
-    A settlement is one command per job on the hot path. Through the client, each one
-    checks a connection out of the pool and back in (a lock, a ``poll(2)`` that checks
-    the connection holds no stray reply, redis-py's connection-count records) and goes
-    through its retry wrapper: about 125 µs per job, a tenth of a no-op job's time, with
-    8 threads on a 2-core machine (``bench/`` in the template). A lane is used by its
-    thread alone, one command and its reply at a time, so no stray reply can wait on it:
-    any failure between the command and its reply disconnects it. What fails on a lane
-    (a lost connection, a script cache flushed by a restarted Redis, a primary demoted by a
-    failover) is sent again
-    through the client, whose pool and retries handle it as for any other command; when
-    Redis had run it, the outcome is not stored twice (its removal from the acks set guards it)
-    and the first call's refill is requeued by :meth:`SettlingConsumer.reclaim_orphans`.
-
-    Parameters:
-      client: the broker's client; a lane is made by its pool (same address,
-        credentials, TLS, timeouts and health checks), but never returned to it.
-    """
-
-    def __init__(self, client: redis.Redis) -> None:
-        self._pool = client.connection_pool
-        self._mine = threading.local()
-        self._made: list[Any] = []
-        self._made_lock = threading.Lock()
-
-    def call(self, script: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        """Run ``script`` (a registered :class:`redis.commands.core.Script`) with ``keys``
-        and ``args`` on this thread's lane; through the client if that fails."""
-        connection = getattr(self._mine, "connection", None)
-        if connection is None:
-            connection = self._mine.connection = self._pool.make_connection()
-            with self._made_lock:
-                self._made.append(connection)
-        self._mine.resent = False
-        sent = False
-        try:
-            connection.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
-            sent = True
-            return connection.read_response()
-        except redis.exceptions.NoScriptError:
-            pass  # a restarted Redis lost its script cache: the client's call loads it
-        except (redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError):
-            # READONLY: the node was demoted and wrote nothing; the client's call finds the
-            # primary (:mod:`.redisclient`).
-            connection.disconnect()
-            self._mine.resent = sent  # sent, no reply: Redis may have run it
-        except BaseException:
-            # Anything else: a Redis error reply, or an exception raised in this thread
-            # (by a signal) between the command and its reply, which must not be read as
-            # the next command's.
-            connection.disconnect()
-            raise
-        return script(keys=keys, args=args)
-
-    def resent(self) -> bool:
-        """Whether this thread's last :meth:`call` was sent again through the client after
-        its lane sent it and got no reply (then Redis may have run it twice: its guard
-        made the second a no-op)."""
-        return bool(getattr(self._mine, "resent", False))
-
-    def close(self) -> None:
-        """Disconnect every thread's lane (they reconnect if used again)."""
-        with self._made_lock:
-            made, self._made = self._made, []
-        for connection in made:
-            connection.disconnect()
-
-    def connections(self) -> list[Any]:
-        """Every thread's lane (a connection of the client's pool, not in it)."""
-        with self._made_lock:
-            return list(self._made)
-
-
 class SettlingRedisBroker(RedisBroker, SettlingBroker):
     """A :class:`~dramatiq.brokers.redis.RedisBroker` whose consumers settle deliveries
     atomically and never strand a malformed message (see the module docstring).
@@ -944,48 +871,6 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
         )
 
 
-class WakeUps(threading.Thread):
-    """Listens on the wake channel (:data:`.layout.WAKE_CHANNEL`, one connection of its own)
-    and wakes the consumer of each queue a producer names (:meth:`SettlingRedisBroker.wake`).
-    Costs no round trip while idle. A lost connection is reopened after
-    :data:`RECONNECT_S`; a user without pub/sub rights logs one line and only polls.
-
-    Parameters:
-      broker: the broker whose consumers it wakes.
-    """
-
-    #: Seconds between two tries to listen again after the connection was lost.
-    RECONNECT_S = 1.0
-    #: Longest wait for a message before looking whether :meth:`stop` was called.
-    LISTEN_S = 1.0
-
-    def __init__(self, broker: SettlingRedisBroker) -> None:
-        super().__init__(name="wake-ups", daemon=True)
-        self.broker = broker
-        self._stopped = threading.Event()
-
-    def stop(self) -> None:
-        self._stopped.set()
-
-    def run(self) -> None:
-        while not self._stopped.is_set():
-            pubsub = self.broker.client.pubsub(ignore_subscribe_messages=True)
-            try:
-                pubsub.subscribe(layout.WAKE_CHANNEL)
-                while not self._stopped.is_set():
-                    message = pubsub.get_message(timeout=self.LISTEN_S)
-                    if message is not None:
-                        self.broker.wake(layout.text(message["data"]))
-            except redis.exceptions.NoPermissionError as error:
-                logger.info("no wake-ups (the Redis user may not subscribe): %s", error)
-                return
-            except redis.RedisError:
-                self._stopped.wait(self.RECONNECT_S)
-            finally:
-                pubsub.close()
-
-
-#: Dramatiq writes ``actor_name`` near the start of a body: where :func:`_actor_in` looks.
 _HEAD_BYTES = 4096
 _ACTOR_NAME = re.compile(rb'"actor_name"\s*:\s*"([^"\\]{1,200})"')
 

@@ -13,7 +13,7 @@ in the worker thread from the first middleware hook until the delivery is settle
 (acked, retried or dead-lettered), so Redis commands and SQL queries are its children
 and the job's log lines carry its ``trace_id`` and ``span_id``. The settlement's own
 Lua call is not one of them: it goes on the handler thread's own connection
-(:class:`..consumer.SettleLanes`), past the Redis instrumentation, and the span's
+(:class:`..lanes.SettleLanes`), past the Redis instrumentation, and the span's
 ``dramatiq.outcome`` records what it stored. Attributes:
 
 ``messaging.system``              ``dramatiq``
