@@ -66,7 +66,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from worker_runtime import layout
+from worker_runtime import layout, service
 from worker_runtime.cli.args import command_parser, positive_int
 from worker_runtime.exitcodes import EX_FAILURE, EX_INTERRUPTED, EX_OK
 from worker_runtime.layout import QueueKeys
@@ -243,7 +243,7 @@ def start_worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     The worker is told to drain (SIGTERM) when the probe dies, however it dies: a probe
     killed mid-measurement never leaves a worker behind taking jobs from the queue.
     """
-    package = layout.__name__.rpartition(".")[0]  # the service's package, not this one
+    package = service.current().package  # the service's CLI (python -m <package>)
     with log.open("wb") as output:
         return subprocess.Popen(
             [sys.executable, "-m", package, "worker"],
