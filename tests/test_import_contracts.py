@@ -112,6 +112,12 @@ WORKER_INFRA = [
     ("keys.py", "from . import scaler", "layers: service"),
     ("secrets.py", "from . import pool", "layers: service"),
 ]
+#: worker_runtime through a module other than its contract modules.
+WORKER_INFRA_TO_RUNTIME = [
+    ("guards.py", "from worker_runtime import settings", "worker_runtime.settings"),
+    ("alerts.py", "from worker_runtime.exporter import POOL_SERIES_LABEL", "worker_runtime.exporter"),
+    ("keys.py", "from worker_runtime.layout import delivery", "worker_runtime.layout.delivery"),
+]
 
 
 def _infra_copy(tmp_path: Path) -> Path:
@@ -126,6 +132,16 @@ def _infra_copy(tmp_path: Path) -> Path:
     return copy
 
 
+def _planted_in_infra(tmp_path: Path, module: str, planted: str) -> subprocess.CompletedProcess[str]:
+    """lint-imports on a copy of worker_infra whose ``module`` ends with ``planted``: failed."""
+    copy = _infra_copy(tmp_path)
+    path = copy / "worker_infra" / module
+    path.write_text(path.read_text() + "\n" + planted + "\n")
+    result = lint(copy, copy)
+    assert result.returncode != 0, result.stdout[-2000:]
+    return result
+
+
 def test_worker_infra_keeps_every_contract(tmp_path: Path) -> None:
     copy = _infra_copy(tmp_path)
     result = lint(copy, copy)
@@ -136,12 +152,17 @@ def test_worker_infra_keeps_every_contract(tmp_path: Path) -> None:
 def test_a_planted_import_breaks_worker_infras_layers(
     tmp_path: Path, module: str, planted: str, contract: str
 ) -> None:
-    copy = _infra_copy(tmp_path)
-    path = copy / "worker_infra" / module
-    path.write_text(path.read_text() + "\n" + planted + "\n")
-    result = lint(copy, copy)
-    assert result.returncode != 0, result.stdout[-2000:]
+    result = _planted_in_infra(tmp_path, module, planted)
     assert verdict(result.stdout, contract) == "BROKEN"
     assert f"is not allowed to import worker_infra.{planted.split()[-1]}" in result.stdout, (
         result.stdout[-3000:]
     )
+
+
+@pytest.mark.parametrize(("module", "planted", "imported"), WORKER_INFRA_TO_RUNTIME)
+def test_worker_infra_imports_worker_runtime_through_its_contract_modules_only(
+    tmp_path: Path, module: str, planted: str, imported: str
+) -> None:
+    result = _planted_in_infra(tmp_path, module, planted)
+    assert verdict(result.stdout, "worker_infra imports worker_runtime") == "BROKEN"
+    assert f"is not allowed to import {imported}" in result.stdout, result.stdout[-3000:]

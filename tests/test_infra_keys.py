@@ -1,11 +1,10 @@
-"""worker_infra's Redis names (``worker_infra/keys.py``) agree with the baked layout's.
+"""worker_infra's Redis names (``worker_infra/keys.py``) are the runtime layout's.
 
 The KEDA ``redis`` triggers watch a list by name, and the scaler and the alerts select
 the delay queues' series by their suffix: if worker_infra and the worker spelled a key
 differently, a pool would scale on a list nobody writes and sit at its floor under load.
-Both owners are loaded side by side (the template's ``layout/keys.py`` imports nothing of
-its package) and each rule worker_infra spells is compared with the worker's, for every
-queue of the default pools.toml and the sandbox's: a change in either spelling fails here.
+worker_infra imports the names from ``worker_runtime.layout.keys``; each rule it applies is
+compared with the worker's, for every queue of the default pools.toml and the sandbox's.
 worker_infra spells no key anywhere else (the scan below), and the rendered ScaledObjects
 of a default bake watch exactly the worker's ready lists.
 """
@@ -47,7 +46,8 @@ def test_each_queues_ready_list_and_delay_queue_are_the_workers(queues: list[str
     assert len(queues) >= 5 and LAYOUT_KEYS.SANDBOX_QUEUE in queues
     for queue in queues:
         namespace = LAYOUT_KEYS.namespace_of(queue)
-        assert infra_keys.ready_list(namespace, queue) == LAYOUT_KEYS.queue_key(queue)
+        assert infra_keys.ready_list(queue) == LAYOUT_KEYS.queue_key(queue)
+        assert infra_keys.ready_list(queue).startswith(infra_keys.namespace_glob(namespace)[:-1])
         delayed = LAYOUT_KEYS.delay_queue(queue)
         assert infra_keys.delay_queue(queue) == delayed
         assert infra_keys.is_delay_queue(delayed) and not infra_keys.is_delay_queue(queue)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from poolmodel import POOL_ENV, SERVICE_POOLS, TIMING, pool_files, pools_file
+from templatepools import POOL_ENV, SERVICE_POOLS, TIMING, pool_files, pools_file
 
 from worker_infra import BrokerSpec, SandboxSpec, ServiceSpec
+
 
 @pytest.fixture
 def service() -> ServiceSpec:

@@ -98,7 +98,7 @@ def test_a_new_queue_gets_its_alert_without_a_hand_edit(service: ServiceSpec) ->
     receipts = by_alert["WorkerBacklogAgeOverSLO"]
     assert receipts["expr"].endswith("> 7") and receipts["labels"]["pool"] == first.name
     unserved = by_alert["WorkerQueueUnserved"]
-    assert 'queue_unserved{' in unserved["expr"] and 'queue="receipts"' in unserved["expr"]
+    assert "queue_unserved{" in unserved["expr"] and 'queue="receipts"' in unserved["expr"]
     assert unserved["for"] and unserved["labels"]["pool"] == first.name
     assert "WorkerDbPoolSaturated" not in {r["alert"] for r in rules}
 

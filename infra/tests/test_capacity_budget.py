@@ -11,7 +11,7 @@ import dataclasses
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from poolmodel import downstream, pool
+from templatepools import downstream, pool
 
 from worker_infra import DownstreamSpec, GuardError, PoolSpec, capped_max_replicas, check_capacity
 from worker_infra.capacity import TRANSITION_PODS, capacity_report, per_replica_usage

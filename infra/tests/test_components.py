@@ -7,7 +7,7 @@ from typing import Any
 
 import pulumi
 import pytest
-from poolmodel import POOL_ENV, TIMING, pool, pools_file_text
+from templatepools import POOL_ENV, TIMING, pool, pools_file_text
 
 from worker_infra import (
     BacklogScaler,
@@ -324,7 +324,12 @@ def test_sandbox_policy_check_notices_a_wider_ingress_rule(service: ServiceSpec)
 
 def test_worker_service_renders_every_pool_isolated_and_valid(service: ServiceSpec) -> None:
     objects = run(lambda: WorkerService("orders-worker", service))
-    assert len(of_kind(objects, "Deployment")) == len(of_kind(objects, "ScaledObject")) == 4
+    assert (
+        len(of_kind(objects, "Deployment"))
+        == len(of_kind(objects, "ScaledObject"))
+        == len(service.pools)
+        == 5
+    )
     assert isolation_problems(objects) == []
     assert cpu_trigger_problems(objects) == []
     assert sandbox_problems(objects, "orders-worker-sandbox") == []
@@ -351,15 +356,14 @@ def test_worker_service_renders_every_pool_isolated_and_valid(service: ServiceSp
 
 def test_worker_service_over_budget_is_refused_before_anything_exists(service: ServiceSpec) -> None:
     pools = tuple(
-        dataclasses.replace(p, max_replicas=8) if p.name == "interactive" else p
-        for p in service.pools
+        dataclasses.replace(p, max_replicas=16) if p.name == "bulk" else p for p in service.pools
     )
     mocks = RecordingMocks()
     pulumi.runtime.set_mocks(mocks, project="p", stack="s", preview=False)
     with pytest.raises(GuardError) as refused:
         WorkerService("svc", dataclasses.replace(service, pools=pools))
     assert "postgres: pools use 115 > budget 110" in str(refused.value)
-    assert "interactive (8 + 2) x (1 x 8 + 1) = 90, bulk (3 + 2) x (2 x 2 + 1) = 25" in str(
+    assert "bulk (16 + 2) x (2 x 2 + 1) = 90, critical (3 + 2) x (1 x 4 + 1) = 25" in str(
         refused.value
     )
     assert mocks.resources == []

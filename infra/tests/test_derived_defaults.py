@@ -15,7 +15,8 @@ import dataclasses
 from typing import Any
 
 import pytest
-from poolmodel import SERVICE_POOLS, pool_files, pools_file, pools_module
+from templatepools import SERVICE_POOLS, pool_files, pools_file
+from worker_runtime import pools
 
 from worker_infra import ServiceSpec, WorkerService
 from worker_infra.args import DERIVED_DEFAULTS, MODEL_ATTRIBUTE, PoolSpec, derived_value
@@ -32,13 +33,13 @@ SHAPES: list[dict[str, Any]] = [
 
 
 def test_worker_infra_states_the_models_derived_defaults() -> None:
-    assert pools_module().derived_defaults() == DERIVED_DEFAULTS
+    assert pools.derived_defaults() == DERIVED_DEFAULTS
     assert set(MODEL_ATTRIBUTE) == set(DERIVED_DEFAULTS)
 
 
 @pytest.mark.parametrize("fields", SHAPES)
 def test_every_path_resolves_the_same_value(fields: dict[str, Any]) -> None:
-    model = pools_module().Pool(queues=["q"], **fields)
+    model = pools.Pool(queues=["q"], **fields)
     spec = PoolSpec.of("p", model)
     dumped = model.model_dump(mode="json", exclude_none=True)
     for field, source in DERIVED_DEFAULTS.items():
@@ -49,16 +50,16 @@ def test_every_path_resolves_the_same_value(fields: dict[str, Any]) -> None:
         assert derived_value(dumped, field) == expected
 
 
-@pytest.mark.parametrize("interactive_db_pool_size", [None, 12])
+@pytest.mark.parametrize("critical_db_pool_size", [None, 12])
 def test_the_simulation_uses_the_capacity_formula_on_what_the_pods_mount(
-    service: ServiceSpec, interactive_db_pool_size: int | None
+    service: ServiceSpec, critical_db_pool_size: int | None
 ) -> None:
     """Per pod, the simulation's usage of each resource (read from the rendered pools file:
     db_pool_size unset means the concurrency) is the capacity guard's own formula on the
     model's specs."""
     data = copy.deepcopy(SERVICE_POOLS)
-    if interactive_db_pool_size is not None:
-        data["pools"]["interactive"]["db_pool_size"] = interactive_db_pool_size
+    if critical_db_pool_size is not None:
+        data["pools"]["critical"]["db_pool_size"] = critical_db_pool_size
     pools, downstream, text = pools_file(data)
     spec = dataclasses.replace(
         service,
@@ -77,6 +78,6 @@ def test_the_simulation_uses_the_capacity_formula_on_what_the_pods_mount(
         expected = {r: per_replica_usage(pool, resources[r]) for r in pool.uses}
         assert simulated[pool.name].per_pod == expected, pool.name
         checked += len(expected)
-    assert checked == 3
-    interactive = next(p for p in pools if p.name == "interactive")
-    assert interactive.db_pool_size == (interactive_db_pool_size or interactive.concurrency)
+    assert checked == 4
+    critical = next(p for p in pools if p.name == "critical")
+    assert critical.db_pool_size == (critical_db_pool_size or critical.concurrency)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from templatepools import SERVICE_POOLS, pool_files, pools_file
 
 from worker_infra import GuardError, ServiceSpec, WorkerService, preflight
 from worker_infra.policy import of_kind, sandbox_problems, validate_strict
@@ -18,8 +19,6 @@ from worker_infra.poolsfile import checksum
 from worker_infra.render import render
 from worker_infra.rollout import POD_START_S, TIMEOUT_ANNOTATION, rollout_timeout_s
 from worker_infra.workload import CHECKOV_SKIPS
-
-from poolmodel import SERVICE_POOLS, pool_files, pools_file
 
 Objects = list[dict[str, Any]]
 
@@ -115,7 +114,7 @@ def test_a_change_to_one_pool_rolls_that_pool_alone(service: ServiceSpec) -> Non
     # The old file is the one the old pods validated: concurrency 8 in full, other pools
     # by their queues.
     (old,) = [config_maps(before)[key] for key in gone]
-    assert 'concurrency = 8' in old["data"]["pools.toml"]
+    assert "concurrency = 8" in old["data"]["pools.toml"]
 
 
 def test_a_pool_file_holds_its_pool_in_full_and_the_others_queues(service: ServiceSpec) -> None:
@@ -124,11 +123,11 @@ def test_a_pool_file_holds_its_pool_in_full_and_the_others_queues(service: Servi
     queue no pool serves); no schedules. Each file passes the service's pool model."""
     import tomllib
 
-    from poolmodel import pools_module
+    from worker_runtime import pools
 
     for name, text in service.pool_files.items():
         data = tomllib.loads(text)
-        pools_module().PoolsFile.model_validate(data)
+        pools.PoolsFile.model_validate(data)
         own = next(p for p in service.pools if p.name == name)
         assert set(data["pools"]) == {p.name for p in service.pools}
         for other, entry in data["pools"].items():
@@ -345,11 +344,12 @@ def test_the_sandbox_has_a_cpu_limit_and_the_quota_counts_it(service: ServiceSpe
     objects = sandbox_objects(everything)
     (d,) = of_kind(objects, "Deployment")
     (container,) = d["spec"]["template"]["spec"]["containers"]
-    assert container["resources"]["limits"] == {"cpu": "500m", "memory": "1Gi"}
+    # pools.toml: cpu = "500m" (the request), the limit twice that (SANDBOX_CPU_LIMIT_FACTOR)
+    assert container["resources"]["limits"] == {"cpu": "1000m", "memory": "1Gi"}
     (quota,) = of_kind(objects, "ResourceQuota")
-    assert quota["spec"]["hard"]["limits.cpu"] == f"{500 * 6}m"
+    assert quota["spec"]["hard"]["limits.cpu"] == f"{1000 * 6}m"
     (limits,) = of_kind(objects, "LimitRange")
-    assert limits["spec"]["limits"][0]["max"]["cpu"] == "500m"
+    assert limits["spec"]["limits"][0]["max"]["cpu"] == "1000m"
     assert sandbox_problems(everything, "orders-worker-sandbox") == []
     del container["resources"]["limits"]["cpu"]
     assert "orders-worker-sandbox: container worker has no CPU limit" in sandbox_problems(

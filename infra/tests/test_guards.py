@@ -7,7 +7,8 @@ import dataclasses
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from poolmodel import TIMING, pool, pools_module
+from templatepools import TIMING, pool
+from worker_runtime import pools
 
 from worker_infra import GuardError, Timing, check_memory, check_timing, grace_period_s, plan
 from worker_infra.guards import check_env, check_isolation, memory_needed, secret_like
@@ -52,8 +53,8 @@ def test_grace_is_the_drain_window_rounded_up_plus_margin() -> None:
 def test_job_timeout_at_or_above_shutdown_timeout_is_the_models_to_refuse() -> None:
     with pytest.raises(ValueError, match=r"job_timeout_ms \(40000\) must be below"):
         pool("slow", job_timeout_ms=40_000, shutdown_timeout_ms=40_000)
-    assert pools_module().timing_problems(39_999, 40_000) == []
-    assert pools_module().timing_problems(40_000, 40_000) != []
+    assert pools.timing_problems(39_999, 40_000) == []
+    assert pools.timing_problems(40_000, 40_000) != []
 
 
 def test_timing_guard_leaves_room_for_the_supervisors_kill_after_the_drain() -> None:
@@ -121,7 +122,7 @@ def test_min_above_max_replicas_is_refused() -> None:
         plan([sneaked], [], TIMING)
 
 
-POOL_ENV = frozenset(pools_module().pool_env_fields().values())
+POOL_ENV = frozenset(pools.pool_env_fields().values())
 
 
 @pytest.mark.parametrize(
@@ -175,13 +176,13 @@ class _OlderModel:
 def test_a_service_model_older_than_worker_infra_is_refused_in_one_line() -> None:
     from worker_infra import DownstreamSpec, PoolSpec
 
-    model = pools_module().Pool(queues=["q"])
+    model = pools.Pool(queues=["q"])
     with pytest.raises(GuardError) as refused:
         PoolSpec.of("bulk", _OlderModel(model, "critical"))
     message = str(refused.value)
     assert "\n" not in message
     assert message.startswith("pool 'bulk': the service's model has no field 'critical'")
     assert "infra/requirements.txt" in message
-    downstream = pools_module().Downstream(capacity=10)
+    downstream = pools.Downstream(capacity=10)
     with pytest.raises(GuardError, match="downstream 'pg': .* no field 'reserved'"):
         DownstreamSpec.of("pg", _OlderModel(downstream, "reserved"))

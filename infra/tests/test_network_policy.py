@@ -9,14 +9,20 @@ from worker_infra.policy import Endpoint, admits, reachable, selects
 
 SANDBOX = Endpoint("sb", {"kubernetes.io/metadata.name": "sb"}, {"pool": "sandbox"})
 WORKER = Endpoint(
-    "svc", {"kubernetes.io/metadata.name": "svc"}, {"pool": "bulk"}, "10.0.0.7",
+    "svc",
+    {"kubernetes.io/metadata.name": "svc"},
+    {"pool": "bulk"},
+    "10.0.0.7",
     {"metrics": ("TCP", 9191)},
 )
 
 
 def policy(namespace: str, spec: dict[str, Any]) -> dict[str, Any]:
-    return {"kind": "NetworkPolicy", "metadata": {"namespace": namespace, "name": "p"},
-            "spec": spec}
+    return {
+        "kind": "NetworkPolicy",
+        "metadata": {"namespace": namespace, "name": "p"},
+        "spec": spec,
+    }
 
 
 DENY = policy("sb", {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]})
@@ -28,15 +34,16 @@ def egress(namespace: str, rule: dict[str, Any]) -> dict[str, Any]:
 
 def test_a_pod_no_policy_selects_is_not_isolated() -> None:
     assert reachable([], SANDBOX, WORKER, 9191)
-    other = policy("sb", {"podSelector": {"matchLabels": {"pool": "x"}},
-                          "policyTypes": ["Egress"]})
+    other = policy("sb", {"podSelector": {"matchLabels": {"pool": "x"}}, "policyTypes": ["Egress"]})
     assert reachable([other], SANDBOX, WORKER, 9191)
 
 
 def test_default_deny_denies_until_a_rule_admits() -> None:
     assert not reachable([DENY], SANDBOX, WORKER, 9191)
-    to_svc = {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "svc"}}}],
-              "ports": [{"port": 6379, "protocol": "TCP"}]}
+    to_svc = {
+        "to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "svc"}}}],
+        "ports": [{"port": 6379, "protocol": "TCP"}],
+    }
     assert not reachable([DENY, egress("sb", to_svc)], SANDBOX, WORKER, 9191)
     assert reachable([DENY, egress("sb", to_svc)], SANDBOX, WORKER, 6379)
     assert not reachable([DENY, egress("sb", to_svc)], SANDBOX, WORKER, 6379, "UDP")
@@ -62,18 +69,33 @@ def test_peers() -> None:
 def test_the_target_side_ingress_counts_too() -> None:
     closed = policy("svc", {"podSelector": {}, "policyTypes": ["Ingress"]})
     assert not reachable([closed], SANDBOX, WORKER, 9191)
-    opened = policy("svc", {"podSelector": {}, "ingress": [{"from": [
-        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "sb"}}}]}]})
+    opened = policy(
+        "svc",
+        {
+            "podSelector": {},
+            "ingress": [
+                {
+                    "from": [
+                        {
+                            "namespaceSelector": {
+                                "matchLabels": {"kubernetes.io/metadata.name": "sb"}
+                            }
+                        }
+                    ]
+                }
+            ],
+        },
+    )
     assert reachable([closed, opened], SANDBOX, WORKER, 9191)
 
 
 def test_selectors() -> None:
     labels = {"a": "1", "b": "2"}
     assert selects({}, labels) and selects(None, labels)
-    assert selects({"matchExpressions": [{"key": "a", "operator": "In", "values": ["1"]}]},
-                   labels)
-    assert not selects({"matchExpressions": [{"key": "a", "operator": "NotIn",
-                                              "values": ["1"]}]}, labels)
+    assert selects({"matchExpressions": [{"key": "a", "operator": "In", "values": ["1"]}]}, labels)
+    assert not selects(
+        {"matchExpressions": [{"key": "a", "operator": "NotIn", "values": ["1"]}]}, labels
+    )
     assert not selects({"matchExpressions": [{"key": "c", "operator": "Exists"}]}, labels)
     assert selects({"matchExpressions": [{"key": "c", "operator": "DoesNotExist"}]}, labels)
     assert not selects({"matchLabels": {"a": "2"}}, labels)

@@ -7,12 +7,13 @@ at zero pods. A change in either fails here."""
 from __future__ import annotations
 
 import pytest
-from poolmodel import pool, pools_module
+from templatepools import pool
+from worker_runtime import pools
 
 from worker_infra.args import dns_label
 
 
 @pytest.mark.parametrize("name", ["interactive", "big_jobs", "a_b_c", "x-y_z", "q1"])
 def test_the_services_slug_is_worker_infras(name: str) -> None:
-    assert pool(name).slug == pools_module().pool_slug(name) == dns_label(name)
+    assert pool(name).slug == pools.pool_slug(name) == dns_label(name)
     assert "_" not in pool(name).slug

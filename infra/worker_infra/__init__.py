@@ -16,10 +16,15 @@
 - :mod:`.simulate`: the rendered scalers against a queue model.
 - :mod:`.secrets`: every Secret: its name, its keys, the variables that read them, its builder.
 - :mod:`.keys`: the Redis names the infrastructure reads (ready lists, the delay suffix,
-  the broker namespaces), checked against the service's ``layout/keys.py`` by the template.
+  the broker namespaces), from the runtime's ``worker_runtime.layout.keys``.
 
-The pool model itself (fields, bounds, defaults) is the service's own ``pools.py``;
-worker_infra takes its validated objects (:meth:`PoolSpec.of`).
+worker-infra depends on worker-runtime (the same version) and imports the contract across
+the boundary from it, through three modules only (import-linter, infra/pyproject.toml):
+``worker_runtime.contract`` (metric names, the pool series label, outcomes, the metrics
+port, the uid, the memory base, the leader TTL's default and bounds, the liveness rule, the
+``per_process`` values), ``worker_runtime.pools`` (the pool model: fields, bounds, defaults,
+the timing rule; worker_infra takes its validated objects, :meth:`PoolSpec.of`) and
+``worker_runtime.layout.keys``. It restates none of them (``infra/tests/test_one_owner.py``).
 """
 
 from . import preflight

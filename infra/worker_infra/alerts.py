@@ -23,6 +23,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from worker_runtime import contract
+
 from .args import PoolSpec
 from .keys import DELAY_SUFFIX
 from .monitoring import POOL_SERIES_LABEL, PoolSeries, queues_regex, scrape_job
@@ -74,7 +76,7 @@ def backlog_age_rule(pool: PoolSpec, series: PoolSeries, queue: str) -> Rule:
     return {
         "alert": "WorkerBacklogAgeOverSLO",
         "expr": (
-            f"max by ({BY_POOL}, queue) (queue_oldest_message_seconds{{{selector}}}) > {target}"
+            f"max by ({BY_POOL}, queue) ({contract.QUEUE_OLDEST_MESSAGE}{{{selector}}}) > {target}"
         ),
         "for": BACKLOG_FOR,
         "labels": _labels(
@@ -91,7 +93,7 @@ def backlog_age_rule(pool: PoolSpec, series: PoolSeries, queue: str) -> Rule:
             "description": (
                 f"Over pool {pool.name}'s backlog_age_target_s ({target} s, pools.toml) for "
                 f"{BACKLOG_FOR}: scaling is capped (max_replicas, downstream capacity) or the "
-                "workers are not fetching. Compare worker_inflight_jobs with worker_concurrency."
+                f"workers are not fetching. Compare {contract.INFLIGHT_JOBS} with {contract.CONCURRENCY}."
             ),
         },
     }
@@ -113,9 +115,9 @@ def throttled_rule(pool: PoolSpec, series: PoolSeries) -> Rule:
         "alert": "WorkerThrottledByDownstream",
         "expr": (
             f"sum by ({BY_POOL}, queue) "
-            f"(rate(jobs_throttled_total{{{series.workers()}}}[{THROTTLED_WINDOW}])) > 0\n"
+            f"(rate({contract.JOBS_THROTTLED}{{{series.workers()}}}[{THROTTLED_WINDOW}])) > 0\n"
             f"and {on} max by ({POOL_SERIES_LABEL}, queue) "
-            f"(queue_oldest_message_seconds{{{ready}}}) > {target}"
+            f"({contract.QUEUE_OLDEST_MESSAGE}{{{ready}}}) > {target}"
         ),
         "for": BACKLOG_FOR,
         "labels": _labels(
@@ -131,7 +133,7 @@ def throttled_rule(pool: PoolSpec, series: PoolSeries) -> Rule:
             "description": (
                 f"Its next due message waited past pool {pool.name}'s backlog_age_target_s "
                 f"({target} s) while fetches were held back for the budget or rate of a "
-                "downstream resource it uses (jobs_throttled_total by reason): scaling up would "
+                f"downstream resource it uses ({contract.JOBS_THROTTLED} by reason): scaling up would "
                 "not help. Raise the resource's capacity/rate (pools.toml, "
                 "DOWNSTREAM_<NAME>_*) if it allows, or accept the wait; `status` shows the "
                 "budgets in use."
@@ -147,7 +149,7 @@ def unserved_rule(pool: PoolSpec, series: PoolSeries, queue: str, project: str) 
     selector = series.backlog(f'queue="{queue}"')
     return {
         "alert": "WorkerQueueUnserved",
-        "expr": f"max by ({BY_POOL}, queue) (queue_unserved{{{selector}}}) == 1",
+        "expr": f"max by ({BY_POOL}, queue) ({contract.QUEUE_UNSERVED}{{{selector}}}) == 1",
         "for": UNSERVED_FOR,
         "labels": _labels(
             series.project, series.namespace, series.pool, severity="page", queue=queue
@@ -156,7 +158,7 @@ def unserved_rule(pool: PoolSpec, series: PoolSeries, queue: str, project: str) 
             "summary": f"{series.project}/{series.pool}: queue {queue} has work and no live "
             "worker process serves it",
             "description": (
-                f"queue_unserved: messages wait on {queue} (pool {pool.name}) and no process "
+                f"{contract.QUEUE_UNSERVED}: messages wait on {queue} (pool {pool.name}) and no process "
                 "with a fresh heartbeat serves it. Run `"
                 f"{project} status --check`: are the pool's pods up (WorkerPoolHasNoWorker), "
                 "do they serve the queue (WORKER_QUEUES), are they frozen (stale)?"
@@ -181,7 +183,7 @@ def pool_backlog_rules(pool: PoolSpec, series: PoolSeries, project: str) -> list
         {
             "alert": "WorkerDelayedMessagesOverdue",
             "expr": (
-                f"max by ({BY_POOL}, queue) (queue_oldest_message_seconds{{{delayed}}}) "
+                f"max by ({BY_POOL}, queue) ({contract.QUEUE_OLDEST_MESSAGE}{{{delayed}}}) "
                 f"> {DELAYED_OVERDUE_S}"
             ),
             "for": BACKLOG_FOR,
@@ -199,7 +201,7 @@ def pool_backlog_rules(pool: PoolSpec, series: PoolSeries, project: str) -> list
         {
             "alert": "WorkerPoolHasNoWorker",
             "expr": (
-                f"max by ({POOL_SERIES_LABEL}) (queue_depth{{{ready}}}) > 0\n"
+                f"max by ({POOL_SERIES_LABEL}) ({contract.QUEUE_DEPTH}{{{ready}}}) > 0\n"
                 f"unless on ({POOL_SERIES_LABEL}) "
                 f"count by ({POOL_SERIES_LABEL}) (up{{{series.workers()}}} == 1)"
             ),
@@ -217,7 +219,7 @@ def pool_backlog_rules(pool: PoolSpec, series: PoolSeries, project: str) -> list
     rules.append(
         {
             "alert": "WorkerBacklogUnobserved",
-            "expr": f"absent(queue_depth{{{head}}})",
+            "expr": f"absent({contract.QUEUE_DEPTH}{{{head}}})",
             "for": "5m",
             "labels": _labels(*here, severity="ticket"),
             "annotations": {
@@ -233,7 +235,9 @@ def pool_backlog_rules(pool: PoolSpec, series: PoolSeries, project: str) -> list
     rules.append(
         {
             "alert": "WorkerDeadLettersGrowing",
-            "expr": (f"max by ({BY_POOL}, queue) (delta(queue_dead_letters{{{ready}}}[15m])) > 0"),
+            "expr": (
+                f"max by ({BY_POOL}, queue) (delta({contract.QUEUE_DEAD_LETTERS}{{{ready}}}[15m])) > 0"
+            ),
             "labels": _labels(*here, severity="ticket"),
             "annotations": {
                 "summary": f"{series.project}/{series.pool}: queue {{{{ $labels.queue }}}} "
@@ -276,7 +280,7 @@ def pool_worker_rules(series: PoolSeries, database: bool) -> list[Rule]:
     """Fetch bottleneck, DB pool saturation (``database``), no progress, failure rate, OOM
     kills, and the broker's faults (:func:`pool_broker_rules`)."""
     w = series.workers
-    failed = w('outcome=~"retry|failure|dead_letter"')
+    failed = w(f'outcome=~"{contract.RETRY}|{contract.FAILURE}|{contract.DEAD_LETTER}"')
     ready = series.backlog(f'queue!~"{queues_regex([".+"], DELAY_SUFFIX)}"')  # no delay queue
     here = (series.project, series.namespace, series.pool)
     on = f"on ({POOL_SERIES_LABEL})"
@@ -284,17 +288,17 @@ def pool_worker_rules(series: PoolSeries, database: bool) -> list[Rule]:
         {
             "alert": "WorkerFetchBottleneck",
             "expr": (
-                f"sum by ({BY_POOL}) (worker_inflight_jobs{{{w()}}})\n"
-                f"< 0.8 * sum by ({BY_POOL}) (worker_concurrency{{{w()}}})\n"
-                f"and {on} max by ({POOL_SERIES_LABEL}) (queue_depth{{{ready}}}) > 0\n"
-                f"and {on} max by ({POOL_SERIES_LABEL}) (deriv(queue_depth{{{ready}}}[10m])) > 0"
+                f"sum by ({BY_POOL}) ({contract.INFLIGHT_JOBS}{{{w()}}})\n"
+                f"< 0.8 * sum by ({BY_POOL}) ({contract.CONCURRENCY}{{{w()}}})\n"
+                f"and {on} max by ({POOL_SERIES_LABEL}) ({contract.QUEUE_DEPTH}{{{ready}}}) > 0\n"
+                f"and {on} max by ({POOL_SERIES_LABEL}) (deriv({contract.QUEUE_DEPTH}{{{ready}}}[10m])) > 0"
             ),
             "for": "10m",
             "labels": _labels(*here, severity="ticket"),
             "annotations": {
                 "summary": f"{series.project}/{series.pool}: handlers idle while the backlog grows",
-                "description": "worker_inflight_jobs stays below worker_concurrency with a "
-                "growing queue_depth: a fetch bottleneck (Redis latency, prefetch, a consumer "
+                "description": f"{contract.INFLIGHT_JOBS} stays below {contract.CONCURRENCY} with "
+                f"a growing {contract.QUEUE_DEPTH}: a fetch bottleneck (Redis latency, prefetch, a consumer "
                 "thread that died). See docs/operations.md.",
             },
         }
@@ -304,15 +308,15 @@ def pool_worker_rules(series: PoolSeries, database: bool) -> list[Rule]:
             {
                 "alert": "WorkerDbPoolSaturated",
                 "expr": (
-                    f"sum by ({BY_POOL}, pod) (db_pool_in_use{{{w()}}})\n"
-                    f">= sum by ({BY_POOL}, pod) (db_pool_size{{{w()}}})\n"
-                    f"and on ({BY_POOL}, pod) sum by ({BY_POOL}, pod) (db_pool_size{{{w()}}}) > 0"
+                    f"sum by ({BY_POOL}, pod) ({contract.DB_POOL_IN_USE}{{{w()}}})\n"
+                    f">= sum by ({BY_POOL}, pod) ({contract.DB_POOL_SIZE}{{{w()}}})\n"
+                    f"and on ({BY_POOL}, pod) sum by ({BY_POOL}, pod) ({contract.DB_POOL_SIZE}{{{w()}}}) > 0"
                 ),
                 "for": "5m",
                 "labels": _labels(*here, severity="ticket"),
                 "annotations": {
                     "summary": "{{ $labels.pod }}: every database connection is in use",
-                    "description": "db_pool_in_use at db_pool_size: handlers wait for "
+                    "description": f"{contract.DB_POOL_IN_USE} at {contract.DB_POOL_SIZE}: handlers wait for "
                     "connections (slow queries, connections held across slow calls, or "
                     "concurrency above what the pool and the database allow). "
                     "See docs/operations.md.",
@@ -323,24 +327,24 @@ def pool_worker_rules(series: PoolSeries, database: bool) -> list[Rule]:
         {
             "alert": "WorkerNoProgress",
             "expr": (
-                f"(sum by ({BY_POOL}) (rate(jobs_processed_total{{{w()}}}[10m]))\n"
-                f" or max by ({BY_POOL}) (worker_concurrency{{{w()}}}) * 0) == 0\n"
-                f"and {on} max by ({POOL_SERIES_LABEL}) (queue_depth{{{ready}}}) > 0"
+                f"(sum by ({BY_POOL}) (rate({contract.JOBS_PROCESSED}{{{w()}}}[10m]))\n"
+                f" or max by ({BY_POOL}) ({contract.CONCURRENCY}{{{w()}}}) * 0) == 0\n"
+                f"and {on} max by ({POOL_SERIES_LABEL}) ({contract.QUEUE_DEPTH}{{{ready}}}) > 0"
             ),
             "for": "10m",
             "labels": _labels(*here, severity="page"),
             "annotations": {
                 "summary": f"{series.project}/{series.pool}: a backlog and no job finished in 10m",
                 "description": "The pool's workers are up but wedged (see /livez and "
-                "worker_inflight_jobs) or not fetching. See docs/operations.md.",
+                f"{contract.INFLIGHT_JOBS}) or not fetching. See docs/operations.md.",
             },
         },
         {
             "alert": "WorkerFailureRateHigh",
             "expr": (
                 f"sum by ({BY_POOL}, queue) "
-                f"(rate(jobs_processed_total{{{failed}}}[10m]))\n"
-                f"> 0.2 * sum by ({BY_POOL}, queue) (rate(jobs_processed_total{{{w()}}}[10m]))"
+                f"(rate({contract.JOBS_PROCESSED}{{{failed}}}[10m]))\n"
+                f"> 0.2 * sum by ({BY_POOL}, queue) (rate({contract.JOBS_PROCESSED}{{{w()}}}[10m]))"
             ),
             "for": "15m",
             "labels": _labels(*here, severity="ticket"),
@@ -366,17 +370,19 @@ def pool_broker_rules(series: PoolSeries) -> list[Rule]:
     return [
         {
             "alert": "WorkerBrokerReset",
-            "expr": f"sum by ({BY_POOL}) (increase(broker_resets_total{{{w()}}}[10m])) > 0",
+            "expr": f"sum by ({BY_POOL}) (increase({contract.BROKER_RESETS}{{{w()}}}[10m])) > 0",
             "labels": _labels(*here, severity="page"),
             "annotations": {
                 "summary": f"{series.project}/{series.pool}: Redis lost its data (broker reset)",
                 "description": "Queued messages are gone; held ones are counted in "
-                "jobs_lost_total. See the broker_reset log line and docs/operations.md.",
+                f"{contract.JOBS_LOST}. See the broker_reset log line and docs/operations.md.",
             },
         },
         {
             "alert": "WorkerJobsLost",
-            "expr": (f"sum by ({BY_POOL}, queue) (increase(jobs_lost_total{{{w()}}}[10m])) > 0"),
+            "expr": (
+                f"sum by ({BY_POOL}, queue) (increase({contract.JOBS_LOST}{{{w()}}}[10m])) > 0"
+            ),
             "labels": _labels(*here, severity="ticket"),
             "annotations": {
                 "summary": f"{series.project}/{series.pool}: {{{{ $value }}}} settlements of "
@@ -387,7 +393,7 @@ def pool_broker_rules(series: PoolSeries) -> list[Rule]:
         },
         {
             "alert": "WorkerBrokerFull",
-            "expr": f"max by ({BY_POOL}) (broker_full{{{series.backlog()}}}) == 1",
+            "expr": f"max by ({BY_POOL}) ({contract.BROKER_FULL}{{{series.backlog()}}}) == 1",
             "for": "2m",
             "labels": _labels(*here, severity="page"),
             "annotations": {
@@ -407,22 +413,22 @@ def schedule_rules(project: str, namespace: str) -> list[Rule]:
         {
             "alert": "ScheduleLate",
             "expr": (
-                f"max by (namespace, schedule) (schedule_due_timestamp_seconds{{{job}}})\n"
+                f"max by (namespace, schedule) ({contract.SCHEDULE_DUE}{{{job}}})\n"
                 "> max by (namespace, schedule) "
-                f"(schedule_last_success_timestamp_seconds{{{job}}})"
+                f"({contract.SCHEDULE_LAST_SUCCESS}{{{job}}})"
             ),
             "for": "5m",
             "labels": _labels(project, namespace, None, severity="ticket"),
             "annotations": {
                 "summary": f"{project}: schedule {{{{ $labels.schedule }}}} has no "
                 "successful run since its tick at {{ $value | humanizeTimestamp }}",
-                "description": 'Check schedule_runs_total{outcome=~"missed|skipped_overlap"}, the '
+                "description": f'Check {contract.SCHEDULE_RUNS}{{outcome=~"missed|skipped_overlap"}}, the '
                 f"job_end lines of its actor and `{project} schedules`. See docs/operations.md.",
             },
         },
         {
             "alert": "SchedulerNoLeader",
-            "expr": f"absent(scheduler_leader{{{job}}} == 1)",
+            "expr": f"absent({contract.SCHEDULER_LEADER}{{{job}}} == 1)",
             "for": "2m",
             "labels": _labels(project, namespace, None, severity="page"),
             "annotations": {

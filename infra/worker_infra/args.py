@@ -1,8 +1,8 @@
 """Typed arguments of the worker_infra components.
 
 worker_infra never imports the baked service, and it does not model a pool either: the
-service's pool model (its ``pools.py``) is the one definition of a pool's fields, bounds
-and defaults. The service's infra program merges the stack's overrides into pools.toml,
+runtime's pool model (``worker_runtime.pools``) is the one definition of a pool's fields,
+bounds and defaults. The service's infra program merges the stack's overrides into pools.toml,
 validates the result with that model and hands worker_infra the validated objects
 (:meth:`PoolSpec.of` reads a ``Pool`` by its field names, :meth:`DownstreamSpec.of` a
 ``Downstream``)
@@ -15,23 +15,24 @@ from __future__ import annotations
 import importlib.metadata
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import pulumi
+from worker_runtime import contract, pools
 
 from .errors import GuardError
 
-PerProcess = Literal["db_pool_size", "concurrency"]
-MiB = 2**20
+PerProcess = contract.PerProcess
+MiB = contract.MiB
 #: Defaults shared by the components' arguments, stated once here.
 #: Seconds between a pod's drain window and its SIGKILL.
 DEFAULT_GRACE_MARGIN_S = 15
 #: Bytes per worker process besides its handlers (the memory guard).
-DEFAULT_MEMORY_BASE = 96 * MiB
+DEFAULT_MEMORY_BASE = contract.MEMORY_BASE_PER_PROCESS
 #: Port of /metrics, /livez and /readyz (the service's ``METRICS_PORT`` default).
-DEFAULT_METRICS_PORT = 9191
+DEFAULT_METRICS_PORT = contract.METRICS_PORT
 #: UID and GID of every container (non-root; the image's user).
-DEFAULT_RUN_AS_USER = 10001
+DEFAULT_RUN_AS_USER = contract.RUN_AS_USER
 #: The sandbox container's CPU limit, in multiples of its request (untrusted code gets a
 #: ceiling; twice the request leaves the probes and the supervisor room beside a busy job).
 SANDBOX_CPU_LIMIT_FACTOR = 2
@@ -84,7 +85,7 @@ class DownstreamModel(Protocol):
 #: ``infra/tests/test_derived_defaults.py`` checks the two agree). :meth:`PoolSpec.of` reads
 #: their value in effect from the model; :func:`derived_value` resolves them in a rendered
 #: pools file (``simulate``), where an unset field is absent.
-DERIVED_DEFAULTS = {"prefetch": "concurrency", "db_pool_size": "concurrency"}
+DERIVED_DEFAULTS = pools.derived_defaults()
 #: PoolSpec fields the pool model holds under another name (what the pods get, after
 #: the model's defaulting): ``effective_<field>`` of each derived field.
 MODEL_ATTRIBUTE = {name: f"effective_{name}" for name in DERIVED_DEFAULTS}
@@ -226,8 +227,8 @@ class PoolSpec:
 
     @property
     def stalled_after_s(self) -> int:
-        """Liveness threshold: the job timeout (rounded up) plus 30 s."""
-        return -(-self.job_timeout_ms // 1000) + 30
+        """Liveness threshold: the runtime's rule (``contract.liveness_threshold_s``)."""
+        return contract.liveness_threshold_s(self.job_timeout_ms)
 
     @property
     def slug(self) -> str:
@@ -395,7 +396,7 @@ class SchedulerSpec:
 
     schedules: tuple[str, ...] = ()
     replicas: int = 2
-    leader_ttl_ms: int = 10_000
+    leader_ttl_ms: int = contract.SCHEDULER_LEADER_TTL_MS
     cpu: str = "50m"
     memory: str = "192Mi"
     stalled_after_s: int = 30

@@ -25,6 +25,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from worker_runtime import contract
+
 from .args import DownstreamSpec, PoolSpec
 from .errors import GuardError
 
@@ -99,7 +101,11 @@ class Usage:
 
     def __str__(self) -> str:
         r = self.resource
-        per = "DB_POOL_SIZE + probe" if r.per_process == "db_pool_size" else "concurrency"
+        per = (
+            "DB_POOL_SIZE + probe"
+            if r.per_process == contract.PER_PROCESS_DB_POOL
+            else "concurrency"
+        )
         shares = ", ".join(str(share) for share in self.shares) or "no pool"
         return (
             f"{r.name}: pools use {self.total} > budget {self.budget} "
@@ -113,14 +119,14 @@ class Usage:
 
 def per_process_usage(pool: PoolShape, resource: DownstreamSpec) -> int:
     """What one process of ``pool`` holds of ``resource``: DB pool size or concurrency."""
-    if resource.per_process == "concurrency":
+    if resource.per_process == contract.PER_PROCESS_CONCURRENCY:
         return pool.concurrency
     return pool.db_pool_size
 
 
 def probe_usage(resource: DownstreamSpec) -> int:
     """What the readiness probe of one pod holds of ``resource``."""
-    return PROBE_CONNECTIONS if resource.per_process == "db_pool_size" else 0
+    return PROBE_CONNECTIONS if resource.per_process == contract.PER_PROCESS_DB_POOL else 0
 
 
 def per_replica_usage(pool: PoolShape, resource: DownstreamSpec) -> int:

@@ -17,6 +17,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from worker_runtime import contract
+
 from .args import (
     DEFAULT_GRACE_MARGIN_S,
     DEFAULT_MEMORY_BASE,
@@ -216,9 +218,10 @@ def check_scheduler(spec: SchedulerSpec) -> None:
     """Refuse scheduler numbers that break the leader election or the liveness probe."""
     if spec.replicas < 1:
         raise GuardError(f"scheduler: replicas ({spec.replicas}) must be at least 1")
-    if not 1_000 <= spec.leader_ttl_ms <= 600_000:
+    low, high = contract.SCHEDULER_LEADER_TTL_MIN_MS, contract.SCHEDULER_LEADER_TTL_MAX_MS
+    if not low <= spec.leader_ttl_ms <= high:
         raise GuardError(
-            f"scheduler: leader_ttl_ms ({spec.leader_ttl_ms}) must lie in 1000..600000"
+            f"scheduler: leader_ttl_ms ({spec.leader_ttl_ms}) must lie in {low}..{high}"
         )
     if spec.stalled_after_s * 1000 <= spec.leader_ttl_ms:
         raise GuardError(

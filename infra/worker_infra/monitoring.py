@@ -25,13 +25,14 @@ from dataclasses import dataclass
 
 import pulumi
 import pulumi_kubernetes as k8s
+from worker_runtime import contract
 
 from .errors import GuardError
 from .pool import POOL_LABEL
 
 #: Label of the pool on the scraped series (the PodMonitor copies the pod label
 #: ``worker-template/pool``; Prometheus turns it into ``worker_template_pool``).
-POOL_SERIES_LABEL = "worker_template_pool"
+POOL_SERIES_LABEL = contract.POOL_SERIES_LABEL
 
 _LABEL_NAME = re.compile(
     r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"

@@ -13,6 +13,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from worker_runtime import contract
+
 K8S_VERSION = "1.30"
 #: Custom resources and where their schemas come from (module, version).
 CRD_MODELS = {
@@ -201,7 +203,7 @@ def sandbox_problems(
     objects: Sequence[Obj],
     namespace: str,
     broker_port: int = 6379,
-    metrics_port: int = 9191,
+    metrics_port: int = contract.METRICS_PORT,
     monitoring_namespace: str = "monitoring",
     ip_blocks: Sequence[str] = (),
 ) -> list[str]:

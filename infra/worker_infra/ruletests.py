@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from worker_runtime import contract
+
 from .alerts import WORKER_CONTAINER, alert_groups, pool_series
 from .args import PoolSpec
 from .keys import delay_queue
@@ -158,7 +160,7 @@ class _Builder:
             "pod": pod,
             "container": container,
             "endpoint": "metrics",
-            "instance": f"10.0.{n // 250}.{n % 250 + 1}:9191",
+            "instance": f"10.0.{n // 250}.{n % 250 + 1}:{contract.METRICS_PORT}",
         }
 
     def service(self, state: ServiceState) -> None:
@@ -184,7 +186,7 @@ class _Builder:
             labels = self.target(state.namespace, pod, "scheduler", n)
             self.add("up", labels, constant(1))
             leads = state.leader and index == 0
-            self.add("scheduler_leader", labels, constant(1 if leads else 0))
+            self.add(contract.SCHEDULER_LEADER, labels, constant(1 if leads else 0))
             for schedule in self.schedules:
                 due, success = 1_800_000_000, 1_800_003_600
                 if state.late:
@@ -192,12 +194,12 @@ class _Builder:
                 if state.success_after_due:
                     due, success = 1_800_086_400, 1_800_090_000
                 self.add(
-                    "schedule_due_timestamp_seconds",
+                    contract.SCHEDULE_DUE,
                     {**labels, "schedule": schedule},
                     constant(due),
                 )
                 self.add(
-                    "schedule_last_success_timestamp_seconds",
+                    contract.SCHEDULE_LAST_SUCCESS,
                     {**labels, "schedule": schedule},
                     constant(success),
                 )
@@ -208,33 +210,35 @@ class _Builder:
     def worker(self, pool: PoolSpec, s: PoolState, labels: dict[str, str], first: bool) -> None:
         slots = pool.processes * pool.concurrency
         self.add("up", labels, constant(1))
-        self.add("worker_concurrency", labels, constant(slots))
+        self.add(contract.CONCURRENCY, labels, constant(slots))
         self.add(
-            "worker_inflight_jobs", labels, constant(slots if s.inflight is None else s.inflight)
+            contract.INFLIGHT_JOBS, labels, constant(slots if s.inflight is None else s.inflight)
         )
         for queue in pool.queues:
             actor = {"queue": queue, "actor": f"handle_{queue}"}
             self.add(
-                "jobs_processed_total",
-                {**labels, **actor, "outcome": "success"},
+                contract.JOBS_PROCESSED,
+                {**labels, **actor, "outcome": contract.SUCCESS},
                 growing(100, s.done_per_minute),
             )
             self.add(
-                "jobs_processed_total",
-                {**labels, **actor, "outcome": "failure"},
+                contract.JOBS_PROCESSED,
+                {**labels, **actor, "outcome": contract.FAILURE},
                 growing(5, s.failed_per_minute),
             )
-            self.add("jobs_lost_total", {**labels, "queue": queue}, growing(0, s.lost_per_minute))
+            self.add(contract.JOBS_LOST, {**labels, "queue": queue}, growing(0, s.lost_per_minute))
             self.add(
-                "jobs_throttled_total",
+                contract.JOBS_THROTTLED,
                 {**labels, "queue": queue, "reason": "budget"},
                 growing(0, s.throttled_per_minute),
             )
-        self.add("broker_resets_total", labels, growing(0, s.resets_per_minute))
+        self.add(contract.BROKER_RESETS, labels, growing(0, s.resets_per_minute))
         if self.database:
             size = pool.processes * pool.db_pool_size
-            self.add("db_pool_size", labels, constant(size))
-            self.add("db_pool_in_use", labels, constant(size if s.db_saturated and first else 0))
+            self.add(contract.DB_POOL_SIZE, labels, constant(size))
+            self.add(
+                contract.DB_POOL_IN_USE, labels, constant(size if s.db_saturated and first else 0)
+            )
         if first and s.oom:
             ksm = {
                 "namespace": labels["namespace"],
@@ -253,14 +257,14 @@ class _Builder:
     def backlog(self, pool: PoolSpec, s: PoolState, labels: dict[str, str]) -> None:
         for queue in pool.queues:
             q, dq = {**labels, "queue": queue}, {**labels, "queue": delay_queue(queue)}
-            self.add("queue_depth", q, growing(s.depth, s.depth_per_minute))
-            self.add("queue_depth", dq, constant(s.delayed))
-            self.add("queue_oldest_message_seconds", q, constant(s.age_s))
-            self.add("queue_oldest_message_seconds", dq, constant(s.overdue_s))
-            self.add("queue_dead_letters", q, growing(3, s.dead_per_minute))
-            self.add("queue_unserved", q, constant(1 if s.unserved else 0))
-            self.add("queue_consumers", q, constant(0 if s.unserved else s.pods))
-        self.add("broker_full", labels, constant(1 if s.broker_full else 0))
+            self.add(contract.QUEUE_DEPTH, q, growing(s.depth, s.depth_per_minute))
+            self.add(contract.QUEUE_DEPTH, dq, constant(s.delayed))
+            self.add(contract.QUEUE_OLDEST_MESSAGE, q, constant(s.age_s))
+            self.add(contract.QUEUE_OLDEST_MESSAGE, dq, constant(s.overdue_s))
+            self.add(contract.QUEUE_DEAD_LETTERS, q, growing(3, s.dead_per_minute))
+            self.add(contract.QUEUE_UNSERVED, q, constant(1 if s.unserved else 0))
+            self.add(contract.QUEUE_CONSUMERS, q, constant(0 if s.unserved else s.pods))
+        self.add(contract.BROKER_FULL, labels, constant(1 if s.broker_full else 0))
 
 
 # -- what Prometheus makes of an alert's templates ---------------------------------------------

@@ -37,6 +37,7 @@ from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
+from worker_runtime import contract
 
 from .args import BrokerSpec, PoolSpec, ScalingSpec, dns_label
 from .keys import DELAY_SUFFIX, ready_list
@@ -48,8 +49,8 @@ from .secrets import BROKER_PASSWORD_KEY
 def load_query(series: PoolSeries, queues: tuple[str, ...]) -> str:
     """Waiting plus in-flight messages of a pool (PromQL); 0 in flight without a pod."""
     ready = series.backlog(f'queue=~"{queues_regex(queues)}"')
-    waiting = f"sum(max by (queue) (queue_depth{{{ready}}}))"
-    running = f"(sum(worker_inflight_jobs{{{series.workers()}}}) or vector(0))"
+    waiting = f"sum(max by (queue) ({contract.QUEUE_DEPTH}{{{ready}}}))"
+    running = f"(sum({contract.INFLIGHT_JOBS}{{{series.workers()}}}) or vector(0))"
     return f"{waiting} + {running}"
 
 
@@ -57,7 +58,7 @@ def age_query(series: PoolSeries, queues: tuple[str, ...]) -> str:
     """How long the pool's oldest due message has waited (PromQL): the heads of its ready
     lists and how overdue the heads of its delay lists are."""
     due = series.backlog(f'queue=~"{queues_regex(queues)}|{queues_regex(queues, DELAY_SUFFIX)}"')
-    return f"max(queue_oldest_message_seconds{{{due}}})"
+    return f"max({contract.QUEUE_OLDEST_MESSAGE}{{{due}}})"
 
 
 def redis_trigger(
@@ -216,7 +217,7 @@ def triggers(args: BacklogScalerArgs, auth: str | None) -> list[dict[str, Any]]:
         out.append(
             redis_trigger(
                 f"ready-{queue}",
-                ready_list(args.broker_namespace, queue),
+                ready_list(queue),
                 args.broker,
                 args.per_replica,
                 auth,

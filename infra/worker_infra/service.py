@@ -6,6 +6,7 @@ import re
 
 import pulumi
 import pulumi_kubernetes as k8s
+from worker_runtime import contract
 
 from .alerts import alert_groups
 from .args import PoolSpec, ServiceSpec
@@ -128,7 +129,7 @@ class WorkerService(pulumi.ComponentResource):
         groups = alert_groups(
             spec.project,
             spec.pools,
-            database=any(r.per_process == "db_pool_size" for r in spec.downstream),
+            database=any(r.per_process == contract.PER_PROCESS_DB_POOL for r in spec.downstream),
             namespace=spec.namespace,
             sandbox_namespace=spec.sandbox.namespace,
         )
@@ -301,5 +302,6 @@ class WorkerService(pulumi.ComponentResource):
     def _uses_db(self, pool: PoolSpec) -> bool:
         """Whether the pool holds DB connections (uses a ``db_pool_size`` resource)."""
         return any(
-            r.per_process == "db_pool_size" and r.name in pool.uses for r in self.spec.downstream
+            r.per_process == contract.PER_PROCESS_DB_POOL and r.name in pool.uses
+            for r in self.spec.downstream
         )

@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from worker_runtime import contract
+
 from .args import DownstreamSpec, derived_value
 from .capacity import Share, share
 from .keys import is_delay_queue
@@ -136,7 +138,7 @@ def _trigger(raw: Obj) -> Trigger:
         target, activation = float(meta["listLength"]), float(meta.get("activationListLength", 0))
     elif raw["type"] == "prometheus":
         query = str(meta["query"])
-        source = "age" if "queue_oldest_message_seconds" in query else "load"
+        source = "age" if contract.QUEUE_OLDEST_MESSAGE in query else "load"
         target = float(meta["threshold"])
         activation = float(meta.get("activationThreshold", 0))
     else:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from worker_runtime import contract
 from worker_runtime.exitcodes import EX_CONFIG
 from worker_runtime.pools import SPARE_REDIS_CONNECTIONS, load_pools, redis_connections
 from worker_runtime.redisclient import SentinelAddress, parse_sentinel_url
@@ -254,3 +255,23 @@ def test_config_says_where_each_value_comes_from(monkeypatch: pytest.MonkeyPatch
     assert rows["WORKER_PROCESSES"][-2:] == ["pool", "bulk"]
     assert rows["METRICS_PORT"] == ["9191", "default"]
     assert "secret" not in done.stdout
+
+
+def test_liveness_follows_the_pools_job_timeout_as_worker_infras_probes_do(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One rule for HEALTH_STALLED_AFTER_S left unset, here and in the pods worker_infra
+    renders: the job timeout (rounded up) plus 30 s (contract.liveness_threshold_s). A bulk
+    job of minutes that checkpoints nothing is live until its time limit, not after 60 s."""
+    monkeypatch.delenv("HEALTH_STALLED_AFTER_S", raising=False)
+    pool = load_pools().pools["bulk"]
+    assert pool.job_timeout_ms > 60_000, "needs a pool whose jobs outlast 60 s"
+    settings = settings_with(monkeypatch, WORKER_POOL="bulk")
+    assert settings.health_stalled_after_s == pool.job_timeout_ms // 1000 + 30
+    assert settings.health_stalled_after_s == contract.liveness_threshold_s(pool.job_timeout_ms)
+    assert settings.sources()["HEALTH_STALLED_AFTER_S"] == "pool bulk"
+    shorter = settings_with(monkeypatch, WORKER_POOL="bulk", WORKER_JOB_TIMEOUT_MS="90500")
+    assert shorter.health_stalled_after_s == 91 + 30
+    chosen = settings_with(monkeypatch, WORKER_POOL="bulk", HEALTH_STALLED_AFTER_S="45")
+    assert chosen.health_stalled_after_s == 45
+    assert chosen.sources()["HEALTH_STALLED_AFTER_S"] == "environment"

@@ -8,7 +8,7 @@ guards); the runtime's own modules use them where they define or apply the same 
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, Literal
 
 # -- metrics (DESIGN 2.3, 6, 7): the names Prometheus stores (counters with ``_total``) ----
 JOBS_PROCESSED: Final = "jobs_processed_total"
@@ -20,8 +20,12 @@ DB_POOL_SIZE: Final = "db_pool_size"
 QUEUE_DEPTH: Final = "queue_depth"
 QUEUE_OLDEST_MESSAGE: Final = "queue_oldest_message_seconds"
 QUEUE_DEAD_LETTERS: Final = "queue_dead_letters"
+QUEUE_CONSUMERS: Final = "queue_consumers"
+QUEUE_UNSERVED: Final = "queue_unserved"
 BROKER_RESETS: Final = "broker_resets_total"
 JOBS_LOST: Final = "jobs_lost_total"
+JOBS_THROTTLED: Final = "jobs_throttled_total"
+BROKER_FULL: Final = "broker_full"
 SCHEDULE_RUNS: Final = "schedule_runs_total"
 SCHEDULE_LAST_SUCCESS: Final = "schedule_last_success_timestamp_seconds"
 SCHEDULE_DUE: Final = "schedule_due_timestamp_seconds"
@@ -37,8 +41,12 @@ METRICS: Final = (
     QUEUE_DEPTH,
     QUEUE_OLDEST_MESSAGE,
     QUEUE_DEAD_LETTERS,
+    QUEUE_CONSUMERS,
+    QUEUE_UNSERVED,
     BROKER_RESETS,
     JOBS_LOST,
+    JOBS_THROTTLED,
+    BROKER_FULL,
     SCHEDULE_RUNS,
     SCHEDULE_LAST_SUCCESS,
     SCHEDULE_DUE,
@@ -50,15 +58,21 @@ POOL_SERIES_LABEL: Final = "worker_template_pool"
 
 #: How a delivery ended, the ``outcome`` label of ``jobs_processed_total`` (the settlement's
 #: comments say what each means).
-OUTCOMES: Final = (
-    "success",
-    "failure",
-    "retry",
-    "dead_letter",
-    "requeued",
-    "skipped",
-    "cancelled",
-)
+SUCCESS: Final = "success"
+FAILURE: Final = "failure"
+RETRY: Final = "retry"
+DEAD_LETTER: Final = "dead_letter"
+REQUEUED: Final = "requeued"
+SKIPPED: Final = "skipped"
+CANCELLED: Final = "cancelled"
+OUTCOMES: Final = (SUCCESS, FAILURE, RETRY, DEAD_LETTER, REQUEUED, SKIPPED, CANCELLED)
+
+# -- what one worker process holds of a downstream resource (pools.toml ``per_process``) --
+#: Its database connections (``DB_POOL_SIZE``).
+PER_PROCESS_DB_POOL: Final = "db_pool_size"
+#: Its handler threads (``WORKER_CONCURRENCY``: calls in flight to a partner).
+PER_PROCESS_CONCURRENCY: Final = "concurrency"
+PerProcess = Literal["db_pool_size", "concurrency"]
 
 # -- how a pod runs ----------------------------------------------------------------------
 #: Port of /metrics, /livez and /readyz when ``METRICS_PORT`` is unset.

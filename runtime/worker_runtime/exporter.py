@@ -121,27 +121,29 @@ class BacklogCollector(Collector):
         consumers = consumers_of(processes_of(now_ms, fleet), self.queues)
         names = ["queue"] if self.pools is None else ["queue", POOL_SERIES_LABEL]
         depth = GaugeMetricFamily(
-            "queue_depth",
+            contract.QUEUE_DEPTH,
             "Messages waiting in the queue (q: ready to "
             "run, LLEN dramatiq:q; q.DQ: delayed, not yet due or not yet moved).",
             labels=names,
         )
         oldest = GaugeMetricFamily(
-            "queue_oldest_message_seconds",
+            contract.QUEUE_OLDEST_MESSAGE,
             "How long the next message in line (head of dramatiq:q) has waited since it "
             "became due; q.DQ: how long the next due delayed message has been due.",
             labels=names,
         )
         dead = GaugeMetricFamily(
-            "queue_dead_letters", "Dead-lettered messages (ZCARD dramatiq:q.XQ).", labels=names
+            contract.QUEUE_DEAD_LETTERS,
+            "Dead-lettered messages (ZCARD dramatiq:q.XQ).",
+            labels=names,
         )
         serving = GaugeMetricFamily(
-            "queue_consumers",
+            contract.QUEUE_CONSUMERS,
             "Live worker processes serving the queue (heartbeat fresh, by their records).",
             labels=names,
         )
         unserved = GaugeMetricFamily(
-            "queue_unserved",
+            contract.QUEUE_UNSERVED,
             "1 while the queue has waiting or due delayed messages and no live process "
             "serves it, else 0.",
             labels=names,
@@ -157,7 +159,7 @@ class BacklogCollector(Collector):
             serving.add_metric([item.queue, *pool], consumers[item.queue])
             unserved.add_metric([item.queue, *pool], is_unserved(item, consumers[item.queue]))
         full = GaugeMetricFamily(
-            "broker_full",
+            contract.BROKER_FULL,
             "1 while Redis refuses writes for being full (OOM), else 0.",
             labels=[] if self.pools is None else [POOL_SERIES_LABEL],
         )

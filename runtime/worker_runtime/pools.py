@@ -14,10 +14,11 @@ import re
 import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from . import contract
 from .layout import NAMESPACE, SANDBOX_NAMESPACE, SANDBOX_QUEUE
 from .scheduling.schedules import Schedule, ScheduleName
 
@@ -157,7 +158,7 @@ class Downstream(_Strict):
 
     capacity: PositiveInt
     reserved: Annotated[int, Field(ge=0)] = 0
-    per_process: Literal["db_pool_size", "concurrency"] = "db_pool_size"
+    per_process: contract.PerProcess = contract.PER_PROCESS_DB_POOL
     rate: str | None = None
     burst: PositiveInt | None = None
 

@@ -134,7 +134,8 @@ class WorkerSettings(BaseSettings):
     worker_state_dir: Path = Field(default_factory=default_state_dir)
     """Local state (boards, metrics), one per pool; full or read-only: exit 78."""
     health_stalled_after_s: StalledAfterS = DEFAULT_STALLED_AFTER_S
-    """Liveness fails when a handler makes no progress for this long."""
+    """Liveness fails when a handler makes no progress for this long; unset: the job timeout
+    plus 30 s (``contract.liveness_threshold_s``, the rule of worker_infra's probes)."""
     metrics_port: MetricsPort = DEFAULT_METRICS_PORT
     """Port of /metrics, /livez and /readyz."""
     console_in_exporter: bool = False
@@ -194,6 +195,11 @@ class WorkerSettings(BaseSettings):
         for var, source in derived_env_defaults().items():
             if var.lower() in cls.model_fields and source.lower() in data:
                 data.setdefault(var.lower(), data[source.lower()])
+        job_timeout = str(data.get("worker_job_timeout_ms", ""))
+        if job_timeout.isdigit():  # else the field's own check reports it
+            # One liveness rule with worker_infra's probes: the job timeout and a margin.
+            threshold = contract.liveness_threshold_s(int(job_timeout))
+            data.setdefault("health_stalled_after_s", threshold)
         return data
 
     @field_validator("worker_pool")
@@ -354,7 +360,7 @@ class WorkerSettings(BaseSettings):
             var = name.upper()
             if var in environment:
                 found[var] = "environment"
-            elif var in supplied:
+            elif var in supplied or var == "HEALTH_STALLED_AFTER_S":  # the pool's job timeout
                 found[var] = f"pool {self.worker_pool}"
             else:
                 found[var] = "default"

@@ -184,25 +184,25 @@ def job_outcome(broker: Broker, message: MessageProxy, exception: BaseException 
     """The outcome of a delivery that ran, as CrashAwareRetries and GracefulShutdown decided
     (and StoredResults, which fails a job whose result is not JSON)."""
     if exception is None:
-        return "failure" if message.failed else "success"
+        return contract.FAILURE if message.failed else contract.SUCCESS
     if isinstance(exception, Requeue):
-        return "requeued"
+        return contract.REQUEUED
     if isinstance(exception, Cancelled):
-        return "cancelled"
+        return contract.CANCELLED
     if not message.failed:
-        return "retry"
+        return contract.RETRY
     actor = broker.get_actor(message.actor_name)
     throws = message.options.get("throws") or actor.options.get("throws")
     if throws and isinstance(exception, throws):
-        return "failure"
-    return "dead_letter"
+        return contract.FAILURE
+    return contract.DEAD_LETTER
 
 
 def skip_outcome(message: MessageProxy) -> str:
     """The outcome of a delivery refused before its handler ran."""
     if message.options.get(CANCELLED_OPTION):
-        return "cancelled"
-    return "skipped" if message.options.get(SKIPPED_OPTION) else "dead_letter"
+        return contract.CANCELLED
+    return contract.SKIPPED if message.options.get(SKIPPED_OPTION) else contract.DEAD_LETTER
 
 
 def failure_reason(exception: BaseException) -> str:

@@ -44,9 +44,7 @@ Every guard of worker_infra runs before anything is created; a refused stack fai
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pulumi
@@ -67,6 +65,7 @@ from worker_infra import (
     cluster_provider,
     preflight,
 )
+from worker_runtime import contract, pools
 
 PROJECT = "{{ cookiecutter.project }}"
 IMAGE = "{{ cookiecutter.image }}"
@@ -76,28 +75,22 @@ ROOT = Path(__file__).resolve().parent.parent
 DATABASE_RESOURCE = "postgres"
 
 
-def pools_module() -> ModuleType:
-    """The pool model the service runs: worker_runtime's ``pools`` (the pinned runtime)."""
-    return importlib.import_module("worker_runtime.pools")
-
-
 def load_stack_pools(config: pulumi.Config) -> Any:
     """pools.toml with this stack's ``pools`` and ``downstream`` overrides, validated by the
     service's pool model."""
-    module = pools_module()
     try:
-        base = module.load_pools(ROOT / "pools.toml")
+        base = pools.load_pools(ROOT / "pools.toml")
         overrides = {table: config.get_object(table) or {} for table in ("pools", "downstream")}
         return base.with_overrides(overrides, f"Pulumi.{pulumi.get_stack()}.yaml")
-    except module.PoolsFileError as error:
+    except pools.PoolsFileError as error:
         raise GuardError(str(error).replace("\n", "; ")) from None
 
 
 def specs(pools_file: Any) -> tuple[tuple[PoolSpec, ...], tuple[DownstreamSpec, ...]]:
     """worker_infra's typed views of the validated pools file (no defaults of their own)."""
-    pools = tuple(PoolSpec.of(name, pool) for name, pool in pools_file.pools.items())
+    pool_specs = tuple(PoolSpec.of(name, pool) for name, pool in pools_file.pools.items())
     downstream = tuple(DownstreamSpec.of(n, d) for n, d in pools_file.downstream.items())
-    return pools, downstream
+    return pool_specs, downstream
 
 
 def pools_text(view: Any, readers: str) -> str:
@@ -134,6 +127,13 @@ def scheduler_spec(pools_file: Any, config: pulumi.Config) -> SchedulerSpec:
     )
 
 
+def memory_base(config: pulumi.Config) -> int:
+    """Bytes per worker process besides its handlers (the memory guard): the stack's
+    ``memoryBase``, else the runtime's (``contract.MEMORY_BASE_PER_PROCESS``)."""
+    quantity = config.get("memoryBase")
+    return contract.MEMORY_BASE_PER_PROCESS if quantity is None else pools.memory_bytes(quantity)
+
+
 def plain_env(config: pulumi.Config) -> dict[str, str]:
     """Extra environment of every container: the stack's ``env``, plus the OTLP endpoint
     of ``otlpEndpoint`` (tracing stays off without one; the sandbox pool never exports)."""
@@ -148,9 +148,8 @@ def main() -> None:
     """Build the stack: one WorkerService holding every pool of the merged pools file."""
     config = pulumi.Config()
     stack = pulumi.get_stack()
-    module = pools_module()
     pools_file = load_stack_pools(config)
-    pools, downstream = specs(pools_file)
+    pool_specs, downstream = specs(pools_file)
     redis: dict[str, Any] = config.get_object("redis") or {}
     sandbox: dict[str, Any] = config.get_object("sandbox") or {}
     cluster: dict[str, Any] = config.get_object("cluster") or {}
@@ -183,13 +182,13 @@ def main() -> None:
         project=PROJECT,
         image=image,
         namespace=config.get("namespace") or NAMESPACE,
-        pools=pools,
+        pools=pool_specs,
         downstream=downstream,
         broker=broker,
         pools_file=pools_text(pools_file.for_scheduler(), "the scheduler's pods"),
         pool_files=pool_texts(pools_file),
-        pool_env=frozenset(module.pool_env_fields().values()),
-        timing=Timing(module.timing_problems, module.KILL_AFTER_DRAIN_S),
+        pool_env=frozenset(pools.pool_env_fields().values()),
+        timing=Timing(pools.timing_problems, pools.KILL_AFTER_DRAIN_S),
         database_url=(
             config.require_secret("databaseUrl")
             if any(d.name == DATABASE_RESOURCE for d in downstream)
@@ -210,13 +209,13 @@ def main() -> None:
             broker_user=str(sandbox.get("brokerUser", f"{PROJECT}-sandbox")),
             broker_password=(
                 config.require_secret("sandboxRedisPassword")
-                if any(p.sandbox for p in pools)
+                if any(p.sandbox for p in pool_specs)
                 else None
             ),
             broker_acl_installed=bool(sandbox.get("brokerAclInstalled", False)),
             node_local_dns=sandbox.get("nodeLocalDns"),
         ),
-        memory_base=module.memory_bytes(config.get("memoryBase") or "96Mi"),
+        memory_base=memory_base(config),
         create_namespace=config.get_bool("createNamespace") is not False,
         instance=f"{PROJECT}-{stack}",
         version=tag or image.rpartition(":")[2],

@@ -30,6 +30,7 @@ from typing import Any
 import yaml
 from worker_infra.alerts import alert_groups
 from worker_infra.ruletests import rule_tests
+from worker_runtime import contract, pools
 
 INFRA = Path(__file__).resolve().parent
 ROOT = INFRA.parent
@@ -56,12 +57,12 @@ def program() -> ModuleType:
 def arguments() -> tuple[dict[str, Any], list[str]]:
     """What worker_infra derives the rules and their cases from: pools.toml as committed."""
     infra = program()
-    pools_file = infra.pools_module().load_pools(ROOT / "pools.toml")
-    pools, downstream = infra.specs(pools_file)
+    pools_file = pools.load_pools(ROOT / "pools.toml")
+    pool_specs, downstream = infra.specs(pools_file)
     return {
         "project": infra.PROJECT,
-        "pools": pools,
-        "database": any(d.per_process == "db_pool_size" for d in downstream),
+        "pools": pool_specs,
+        "database": any(d.per_process == contract.PER_PROCESS_DB_POOL for d in downstream),
         "namespace": infra.NAMESPACE,
     }, sorted(pools_file.schedules)
 

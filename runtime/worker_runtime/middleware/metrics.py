@@ -77,7 +77,7 @@ from dramatiq.worker import Worker
 from prometheus_client import Counter, Gauge, Histogram, values
 from prometheus_client.mmap_dict import MmapedDict
 
-from .. import logs, overrun
+from .. import contract, logs, overrun
 from ..layout import DEAD_LETTER_REASON, RETRIES, canonical
 from ..settings import database_enabled
 from ..settlement import job_outcome, lost_reason, skip_outcome
@@ -210,30 +210,34 @@ def instruments() -> Instruments:
         if _instruments is None:
             _instruments = Instruments(
                 processed=Counter(
-                    "jobs_processed", "Jobs that ended, by outcome.", ["queue", "actor", "outcome"]
+                    contract.JOBS_PROCESSED,
+                    "Jobs that ended, by outcome.",
+                    ["queue", "actor", "outcome"],
                 ),
                 duration=Histogram(
-                    "job_duration_seconds",
+                    contract.JOB_DURATION,
                     "Run time of handlers.",
                     ["queue", "actor"],
                     buckets=DURATION_BUCKETS,
                 ),
                 inflight=Gauge(
-                    "worker_inflight_jobs", "Handlers running now.", multiprocess_mode="livesum"
+                    contract.INFLIGHT_JOBS, "Handlers running now.", multiprocess_mode="livesum"
                 ),
                 concurrency=Gauge(
-                    "worker_concurrency",
+                    contract.CONCURRENCY,
                     "Handler threads (processes x WORKER_CONCURRENCY).",
                     multiprocess_mode="livesum",
                 ),
                 lost=Counter(
-                    "jobs_lost",
+                    contract.JOBS_LOST,
                     "Settlements that found their message no longer held (never counted done).",
                     ["queue"],
                 ),
-                resets=Counter("broker_resets", "Times this process saw Redis lose its data."),
+                resets=Counter(
+                    contract.BROKER_RESETS, "Times this process saw Redis lose its data."
+                ),
                 throttled=Counter(
-                    "jobs_throttled",
+                    contract.JOBS_THROTTLED,
                     "Messages a fetch left queued for want of a downstream slot (reason "
                     "budget) or token (rate); a message waiting through several fetches "
                     "counts at each.",
@@ -253,12 +257,12 @@ def db_instruments() -> DbPoolInstruments:
         if _db_instruments is None:
             _db_instruments = DbPoolInstruments(
                 in_use=Gauge(
-                    "db_pool_in_use",
+                    contract.DB_POOL_IN_USE,
                     "Database connections lent to handlers.",
                     multiprocess_mode="livesum",
                 ),
                 size=Gauge(
-                    "db_pool_size",
+                    contract.DB_POOL_SIZE,
                     "Database connections the pools may hold (DB_POOL_SIZE per process).",
                     multiprocess_mode="livesum",
                 ),

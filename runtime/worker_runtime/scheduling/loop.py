@@ -421,7 +421,9 @@ class ScheduleCollector(Collector):
         self.scheduler = scheduler
 
     def collect(self) -> Iterable[Metric]:
-        leader = GaugeMetricFamily("scheduler_leader", "1 on the scheduler replica that leads.")
+        leader = GaugeMetricFamily(
+            contract.SCHEDULER_LEADER, "1 on the scheduler replica that leads."
+        )
         leader.add_metric([], 1.0 if self.scheduler.leading else 0.0)
         try:
             states = read_states(self.scheduler.client, self.scheduler.schedules)
@@ -429,15 +431,17 @@ class ScheduleCollector(Collector):
         except redis.RedisError:
             return [leader]
         runs = CounterMetricFamily(
-            "schedule_runs", "Ticks of each schedule, by outcome.", labels=["schedule", "outcome"]
+            contract.SCHEDULE_RUNS,
+            "Ticks of each schedule, by outcome.",
+            labels=["schedule", "outcome"],
         )
         success = GaugeMetricFamily(
-            "schedule_last_success_timestamp_seconds",
+            contract.SCHEDULE_LAST_SUCCESS,
             "When a run of the schedule last succeeded (0: never).",
             labels=["schedule"],
         )
         due = GaugeMetricFamily(
-            "schedule_due_timestamp_seconds",
+            contract.SCHEDULE_DUE,
             "The latest tick whose run should have succeeded by now (max_runtime_s ago).",
             labels=["schedule"],
         )
