@@ -413,7 +413,8 @@ def test_tracing_switched_off_by_standard_variables(project: Path, redis_url: st
                                                     off: dict[str, str]) -> None:
     env = project_env(project, REDIS_URL=redis_url,
                       OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9", **off)
-    script = (f"from {package_of(project)} import telemetry\n"
+    script = (f"import {package_of(project)}\n"
+              "from worker_runtime import telemetry\n"
               "print(telemetry.tracer_provider())\n")
     done = subprocess.run([PYTHON, "-c", script], env=env, cwd=project, capture_output=True,
                           text=True, timeout=60, check=False)
