@@ -164,7 +164,7 @@ def test_the_add_checklists_work_on_a_fresh_bake(tmp_path: Path, redis_url: str)
     assert not any(name.endswith(".DQ") for name in trigger_lists(objects, "bulk"))
     assert check_compose_spec(project / "compose.yaml").returncode == 0
     passing = baked_tests(project, "tests/test_compose.py", "tests/test_ops_files.py",
-                          "tests/test_pools.py", "tests/test_settings.py", env=env)
+                          "tests/test_actors.py", env=env)
     assert passing.returncode == 0, passing.stdout[-3000:]
 
     # ... and per environment: a stack overrides its numbers.

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import worker_runtime
 import yaml
+from worker_runtime import contract
 from worker_runtime.pools import load_pools
 from worker_runtime.settings import DATABASE_RESOURCE
 
@@ -64,8 +65,10 @@ KUBE_STATE_METRICS = {
 }
 #: Prometheus's own series of each target (whether a pool has a worker up).
 PROMETHEUS = {"up"}
+#: A metric's definition: its kind, then its name as a literal or a name of worker_runtime.contract.
 _DEFINITION = re.compile(
-    r"\b(Counter|Gauge|Histogram|GaugeMetricFamily|CounterMetricFamily)\(\s*\"([a-z_:]+)\""
+    r"\b(Counter|Gauge|Histogram|GaugeMetricFamily|CounterMetricFamily)\(\s*"
+    r"(?:\"([a-z_:]+)\"|contract\.([A-Z_]+))"
 )
 
 
@@ -73,7 +76,8 @@ def defined_metrics() -> dict[str, str]:
     """Every metric the source defines, as exposed (Counter ``x`` is ``x_total``) -> kind."""
     found = {}
     for path in SOURCE.rglob("*.py"):
-        for kind, name in _DEFINITION.findall(path.read_text()):
+        for kind, literal, constant in _DEFINITION.findall(path.read_text()):
+            name = literal or str(getattr(contract, constant))
             if kind.startswith("Counter") and not name.endswith("_total"):
                 name += "_total"
             found[name] = kind
