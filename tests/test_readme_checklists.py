@@ -163,6 +163,7 @@ def test_the_add_checklists_work_on_a_fresh_bake(tmp_path: Path, redis_url: str)
     assert "dramatiq:exports" in trigger_lists(objects, "bulk")
     assert not any(name.endswith(".DQ") for name in trigger_lists(objects, "bulk"))
     assert check_compose_spec(project / "compose.yaml").returncode == 0
+    # (the pool model's and settings' own tests are the runtime's: runtime/tests)
     passing = baked_tests(project, "tests/test_compose.py", "tests/test_ops_files.py",
                           "tests/test_actors.py", env=env)
     assert passing.returncode == 0, passing.stdout[-3000:]
