@@ -372,5 +372,8 @@ def database_url() -> str:
     """``TEST_DATABASE_URL`` (or ``DATABASE_URL``): a PostgreSQL for the test; skipped without."""
     url = os.environ.get("TEST_DATABASE_URL") or os.environ.get("DATABASE_URL")
     if not url:
-        pytest.skip("DATABASE_URL is not set: this test needs a PostgreSQL (TEST_DATABASE_URL)")
+        pytest.skip(
+            "DATABASE_URL is not set: this test needs a PostgreSQL, e.g. "
+            "DATABASE_URL=postgresql://postgres:postgres@localhost:5432/postgres make test"
+        )
     return url

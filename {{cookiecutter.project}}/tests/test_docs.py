@@ -12,11 +12,15 @@ from typing import Any
 
 import redis
 from pydantic import SecretStr
-from worker_runtime.pools import derived_defaults, pool_env_fields
+from worker_runtime.pools import derived_defaults, load_pools, pool_env_fields
+from worker_runtime.settings import DATABASE_RESOURCE
 
 from {{ cookiecutter.package }}.settings import Settings
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+#: The database option's settings, documented only where pools.toml declares PostgreSQL.
+DATABASE_FIELDS = {"database_url", "db_pool_size"}
+DATABASE_ENABLED = DATABASE_RESOURCE in load_pools(README.parent / "pools.toml").downstream
 #: The whole text of the commands whose --help shows only their summary and usage.
 COMMANDS_DOC = README.parent / "docs" / "commands.md"
 #: Command -> the module whose docstring is its whole text.
@@ -71,6 +75,8 @@ def configuration_table() -> str:
     """The Markdown table of every setting: variable, default, rule, meaning."""
     rows = ["| variable | default | rule | meaning |", "|---|---|---|---|"]
     for name, field in Settings.model_fields.items():
+        if name in DATABASE_FIELDS and not DATABASE_ENABLED:
+            continue
         cells = [f"`{name.upper()}`", _default(name, field), _rules(field)]
         cells.append(field.description or "")
         rows.append(
