@@ -471,6 +471,8 @@ def test_alerts_scaling_queries_and_dashboard_against_a_real_prometheus(
             ("WorkerBacklogAgeOverSLO", "bulk"): queue == "reports",
             ("WorkerDelayedMessagesOverdue", "bulk"): True,
             ("WorkerPoolHasNoWorker", "bulk"): True,
+            # reports waits with no live process serving it (bulk at zero pods, #41).
+            ("WorkerQueueUnserved", "bulk"): queue == "reports",
             # Redis holds a new dead letter of notifications (0 before the test's failure).
             ("WorkerDeadLettersGrowing", "interactive"): True,
         }
@@ -480,6 +482,7 @@ def test_alerts_scaling_queries_and_dashboard_against_a_real_prometheus(
             firing[("WorkerBacklogUnobserved", "critical")] = True
             firing[("WorkerDelayedMessagesOverdue", "bulk")] = False
             firing[("WorkerPoolHasNoWorker", "bulk")] = False
+            firing[("WorkerQueueUnserved", "bulk")] = False
             firing[("WorkerBacklogAgeOverSLO", "bulk")] = False
         if alert == "SchedulerNoLeader":
             return set() if scheduler_up else {""}
@@ -529,6 +532,12 @@ def test_alerts_scaling_queries_and_dashboard_against_a_real_prometheus(
     assert interactive.process is not None and interactive.process.poll() is None
 
 
+#: The one panel query with no data here: jobs_throttled_total counts fetches a downstream
+#: budget held back, and neither running pool of this stack (interactive, bulk without the
+#: database) uses one; tests/test_flow_control.py proves the counter with real workers.
+WITHOUT_A_GATED_POOL = "jobs_throttled_total"
+
+
 def check_dashboard(prom: Prometheus, project: Path) -> None:
     dashboard = json.loads((project / "ops" / "dashboard.json").read_text())
     values = {"$job": ".+", "$pool": ".+", "$queue": ".+", "$__rate_interval": "1m"}
@@ -549,6 +558,8 @@ def check_dashboard(prom: Prometheus, project: Path) -> None:
     for panel in dashboard["panels"]:
         for item in panel["targets"]:
             expr = concrete(item["expr"])
+            if WITHOUT_A_GATED_POOL in expr:
+                continue  # no pool of this stack that runs uses a downstream budget
             wait_for(
                 lambda e=expr: prom.query(e) != [],
                 30,

@@ -150,6 +150,19 @@ def load_scheduler_settings() -> SchedulerSettings:
         refuse(config_errors(error))
 
 
+def downstream_limits() -> dict[str, int]:
+    """Every downstream of pools.toml -> its run-time budget, with this environment's
+    overrides (exit 78 on a bad one, as for a worker)."""
+    from ..pools import PoolsFileError, effective_downstreams
+    from ..settings import pools
+
+    try:
+        resources = effective_downstreams(pools(), os.environ)
+    except PoolsFileError as error:
+        refuse(config_errors(error))
+    return {name: resource.budget for name, resource in resources.items()}
+
+
 def load_schedules() -> dict[str, Schedule]:
     """The schedules of pools.toml (exit 78 when the file is bad)."""
     from ..settings import pools
@@ -233,9 +246,12 @@ class Scheduler:
         registry = CollectorRegistry()
         registry.register(ScheduleCollector(self))
         if self.pools:
-            from ..exporter import BacklogCollector
+            from ..exporter import BacklogCollector, FlowCollector
 
             registry.register(BacklogCollector(self.client, list(self.pools), self.pools))
+            # The downstream budgets are shared by every pool: seen here at zero pods too,
+            # like the backlog (the dashboard takes the max over exporters).
+            registry.register(FlowCollector(self.client, [], downstream_limits()))
         try:
             exporter = Exporter(cast(WorkerSettings, self.settings), registry)
         except OSError as error:
