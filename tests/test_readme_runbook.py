@@ -152,8 +152,8 @@ def stale_entries(steps: list[Step]) -> list[str]:
 def fresh_environment() -> dict[str, str]:
     """A new team's terminal: this test's own venv, variables and pytest's left out."""
     venv_bin = str(Path(sys.prefix) / "bin")
-    drop = ("WORKER_", "REDIS_", "DATABASE_", "DB_", "PG", "PYTEST_", "VIRTUAL_ENV", "PYTHON",
-            "COV_", "METRICS_", "HEALTH_", "OTEL_", "LOG_LEVEL", "DLQ_")
+    drop = ("WORKER_", "REDIS_", "DATABASE_", "TEST_DATABASE_", "DB_", "PG", "PYTEST_",
+            "VIRTUAL_ENV", "PYTHON", "COV_", "METRICS_", "HEALTH_", "OTEL_", "LOG_LEVEL", "DLQ_")
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
     env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
                                   if p != venv_bin)
