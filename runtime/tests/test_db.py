@@ -16,7 +16,7 @@ from worker_runtime import db, idempotency
 from worker_runtime.middleware.database import DatabasePool
 from worker_runtime.settings import WorkerSettings
 
-DATABASE_URL = os.environ.get("DATABASE_URL", "")
+DATABASE_URL = os.environ.get("DATABASE_URL") or os.environ.get("TEST_DATABASE_URL", "")
 
 # The only tests that need a real PostgreSQL: `make test` without DATABASE_URL skips them.
 pytestmark = pytest.mark.skipif(
