@@ -173,6 +173,11 @@ def ceiling(bench: _tools.Bench, jobs: int) -> dict[str, Any]:
     calls = max(jobs * 2, 50_000)
     fill(calls)
     keys = list(layout.settle_keys("ceiling-bench", queue, queue))
+    # An ack of a random id, then take one for the same broker (the script's own ARGV order).
+    settlement = ("ack", "__rand_int__", "", "")
+    argv = [
+        str(a) for a in layout.settle_args(settlement, "ceiling-bench", 1, "__rand_int__", queue)
+    ]
     cpu = _cpu_s(redis_pid)
     bench_run = subprocess.run(
         [
@@ -192,13 +197,7 @@ def ceiling(bench: _tools.Bench, jobs: int) -> dict[str, Any]:
             sha,
             str(len(keys)),
             *keys,
-            "ack",
-            "__rand_int__",
-            "",
-            "",
-            "ceiling-bench",
-            "1",
-            "__rand_int__",
+            *argv,
         ],
         capture_output=True,
         text=True,
