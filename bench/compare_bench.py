@@ -50,6 +50,7 @@ import base64
 import json
 import multiprocessing
 import os
+import queue as queue_module
 import shutil
 import signal
 import statistics
@@ -120,9 +121,24 @@ def scaling(bench: _tools.Bench, jobs: int, rounds: int, tools: list[str]) -> di
 
 
 # -- ceiling ---------------------------------------------------------------------------
+def _report(out: Any, procs: list[Any]) -> Any:
+    """The next client's report; a client that died says so at once (not after 600 s)."""
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        try:
+            return out.get(timeout=1)
+        except queue_module.Empty:
+            failed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if failed:
+                raise SystemExit(f"a ceiling client failed (exit {failed[0]}): see its traceback")
+    raise SystemExit("the ceiling clients sent no report within 600 s")
+
+
 def _ceiling_client(
-    url: str, sha: str, keys: list[str], broker_id: str, body: bool, go: Any, out: Any
+    url: str, sha: str, keys: list[str], broker_id: str, queue: str, body: bool, go: Any, out: Any
 ) -> None:
+    from worker_runtime import layout
+
     client = redis.Redis.from_url(url)
     lanes = ["none"] * CEILING_PIPELINE  # a first call takes a message and settles nothing
     go.wait()
@@ -131,14 +147,16 @@ def _ceiling_client(
         pipe = client.pipeline(transaction=False)
         for redis_id in lanes:
             # the message id is the redis id here (the pre-filled index says so)
-            pipe.evalsha(sha, len(keys), *keys, "ack", redis_id, "", "", broker_id, 1, redis_id)
+            argv = layout.settle_args(("ack", redis_id, "", ""), broker_id, 1, redis_id, queue)
+            pipe.evalsha(sha, len(keys), *keys, *argv)
             if body and redis_id != "none":
                 pipe.zadd("ceiling:first", {"t": time.time()}, lt=True)
                 pipe.zadd("ceiling:last", {"t": time.time()}, gt=True)
                 pipe.incr("ceiling:done")
         replies = [r for r in pipe.execute() if isinstance(r, list)]
         done += sum(int(r[0]) for r in replies)
-        lanes = [r[1].decode() for r in replies if len(r) > 1]
+        # each reply: settled, then what it took (layout.taken reads it: one id or none)
+        lanes = [redis_id for r in replies for redis_id, _ in layout.taken(r, head=1)[1]]
     out.put((started, time.time(), done))
 
 
@@ -229,7 +247,7 @@ def ceiling(bench: _tools.Bench, jobs: int) -> dict[str, Any]:
                 procs.append(
                     context.Process(
                         target=_ceiling_client,
-                        args=(bench.redis_url, sha, keys, broker_id, with_body, go, out),
+                        args=(bench.redis_url, sha, keys, broker_id, queue, with_body, go, out),
                     )
                 )
             for proc in procs:
@@ -237,7 +255,7 @@ def ceiling(bench: _tools.Bench, jobs: int) -> dict[str, Any]:
             time.sleep(0.5)
             redis_cpu = _cpu_s(redis_pid)
             go.set()
-            reports = [out.get(timeout=600) for _ in procs]
+            reports = [_report(out, procs) for _ in procs]
             redis_cpu = _cpu_s(redis_pid) - redis_cpu
             for proc in procs:
                 proc.join()

@@ -21,6 +21,7 @@ from dramatiq.worker import Worker
 from .. import accounting as recovery
 from .. import layout
 from ..backlog import read_backlog
+from ..brokerstate import is_oom
 from ..holds import HoldWatch
 from ..layout import REDIS_MESSAGE_ID
 from ..lifecycle import LIFECYCLE, Cancelled, Lifecycle, Lost, Requeue
@@ -214,7 +215,6 @@ class Recovery(Middleware):
         holds: HoldWatch | None = getattr(broker, "holds", None)
         if holds is not None:
             holds.beat(sent, time.monotonic())
-        self.record_activity(client, min(now for now, _ in beats.values()))
         settling = cast(SettlingBroker, broker)
         settling.keep_time(min(now for now, _ in beats.values()))
         if holds is not None and holds.epoch != self._epoch:
@@ -229,12 +229,15 @@ class Recovery(Middleware):
             recovery.expire_dead_letters(client, self.queues, self.dead_message_ttl_ms)
             self._expired_at = now
         settling.reclaim_orphans(now)
+        self.record_activity(client, min(now for now, _ in beats.values()))
 
     def record_activity(self, client: redis.Redis, now_ms: int) -> None:
         """Add the jobs ended since the last pass, and the oldest due age of each queue, to
         this minute's activity (the console's charts of the last hour): at each pass that
         saw jobs end, else once a minute (an idle process costs two calls a minute); counts
-        a call that fails keeps for the next pass."""
+        a call that fails keeps for the next pass. A full Redis refuses the write: the counts
+        wait for room (readiness and ``broker_full`` already say full), and the pass, whose
+        recovery ran before, is not failed by a chart."""
         idle_since = time.monotonic() - self._activity_at
         with self._counted:
             if not self._counts and idle_since < ACTIVITY_IDLE_EVERY_S:
@@ -252,10 +255,11 @@ class Recovery(Middleware):
                 for each in backlog
             }
             layout.record_activity(client, now_ms, activity)
-        except redis.RedisError:
+        except redis.RedisError as error:
             with self._counted:
                 self._counts.update(counts)
-            raise
+            if not is_oom(error):
+                raise
 
     def stop_lost(self, broker: SettlingBroker) -> int:
         """Stop each job running here whose message this worker no longer holds (raise
