@@ -54,13 +54,15 @@ e2e-full: venv e2e-build
 	$(BIN)/python -m pytest tests/test_e2e_node.py tests/test_e2e_pods.py -m e2e -p no:xdist -p no:cacheprovider -s -v
 
 # ruff on worker_runtime (runtime/pyproject.toml), worker_infra (infra/pyproject.toml) and
-# the benchmarks (bench/ruff.toml); mypy --strict on worker_runtime and its tests; the import
+# the benchmarks (bench/ruff.toml); mypy --strict on worker_runtime and its tests, and on
+# worker_infra; the import
 # contracts of both libraries: tests/test_lint.py runs the same. Each bake's own `make lint`
 # (its contracts in its pyproject.toml) runs in tests/test_template.py.
 lint: venv
 	$(BIN)/python -m ruff check runtime infra/worker_infra bench
 	$(BIN)/python -m ruff format --check runtime infra/worker_infra bench
 	cd runtime && $(abspath $(BIN))/python -m mypy
+	cd infra && $(abspath $(BIN))/python -m mypy
 	cd runtime && $(abspath $(BIN))/lint-imports --no-cache
 	cd infra && $(abspath $(BIN))/lint-imports --no-cache
 

@@ -38,8 +38,11 @@ def test_a_planted_problem_in_a_benchmark_fails_it(tmp_path: Path) -> None:
     assert done.returncode == 1 and "F401" in done.stdout, done.stdout
 
 
-def test_worker_runtime_passes_mypy_strict() -> None:
-    assert "cd runtime && $(abspath $(BIN))/python -m mypy" in (TEMPLATE / "Makefile").read_text()
-    done = subprocess.run([sys.executable, "-m", "mypy"], cwd=TEMPLATE / "runtime",
+@pytest.mark.parametrize("library", ["runtime", "infra"])
+def test_the_libraries_pass_mypy_strict(library: str) -> None:
+    makefile = (TEMPLATE / "Makefile").read_text()
+    assert f"cd {library} && $(abspath $(BIN))/python -m mypy" in makefile
+    assert "strict = true" in (TEMPLATE / library / "pyproject.toml").read_text()
+    done = subprocess.run([sys.executable, "-m", "mypy"], cwd=TEMPLATE / library,
                           capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]

@@ -355,6 +355,22 @@ def pool_worker_rules(series: PoolSeries, database: bool) -> list[Rule]:
                 "job_end log lines with outcome != success.",
             },
         },
+        {
+            "alert": "WorkerTimeLimitExceeded",
+            "expr": (
+                f"sum by ({BY_POOL}, queue, actor) "
+                f"(increase({contract.JOBS_TIME_LIMIT_EXCEEDED}{{{w()}}}[10m])) > 0"
+            ),
+            "labels": _labels(*here, severity="ticket"),
+            "annotations": {
+                "summary": f"{series.project}/{series.pool}: {{{{ $value }}}} jobs of actor "
+                "{{ $labels.actor }} ran past their time limit",
+                "description": "Interrupted, abandoned (a handler that swallowed the limit) or "
+                "killed with their process (a C call holding the interpreter lock); the "
+                "worker's 'ran past its time limit' log lines name the job ids. See "
+                "docs/operations.md.",
+            },
+        },
         oom_rule(series),
         *pool_broker_rules(series),
     ]

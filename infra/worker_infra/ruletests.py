@@ -94,6 +94,7 @@ class PoolState:
       db_saturated: every database connection of the first pod is in use.
       resets_per_minute: broker resets seen per minute per pod.
       lost_per_minute: settlements that found their message gone, per minute per pod and queue.
+      time_limits_per_minute: jobs ended by their time limit, per minute per pod and queue.
       broker_full: Redis refuses writes for being full (``broker_full`` 1).
       throttled_per_minute: messages a fetch left queued for a downstream budget, per
         minute per pod and queue.
@@ -115,6 +116,7 @@ class PoolState:
     db_saturated: bool = False
     resets_per_minute: float = 0
     lost_per_minute: float = 0
+    time_limits_per_minute: float = 0
     broker_full: bool = False
     throttled_per_minute: float = 0
     unserved: bool = False
@@ -227,6 +229,11 @@ class _Builder:
                 growing(5, s.failed_per_minute),
             )
             self.add(contract.JOBS_LOST, {**labels, "queue": queue}, growing(0, s.lost_per_minute))
+            self.add(
+                contract.JOBS_TIME_LIMIT_EXCEEDED,
+                {**labels, **actor},
+                growing(0, s.time_limits_per_minute),
+            )
             self.add(
                 contract.JOBS_THROTTLED,
                 {**labels, "queue": queue, "reason": "budget"},
@@ -531,6 +538,7 @@ class RuleTests:
         failing_state = PoolState(
             done_per_minute=10,
             failed_per_minute=10,
+            time_limits_per_minute=1,
             dead_per_minute=1,
             oom=True,
             db_saturated=True,
@@ -544,6 +552,15 @@ class RuleTests:
             ),
             *(
                 Expected("WorkerDeadLettersGrowing", self.by_pool(pool, queue=q), 0, pool.slug)
+                for q in pool.queues
+            ),
+            *(
+                Expected(
+                    "WorkerTimeLimitExceeded",
+                    self.by_pool(pool, queue=q, actor=f"handle_{q}", **own),
+                    failing_state.pods * 10,  # the rule's increase(...[10m])
+                    pool.slug,
+                )
                 for q in pool.queues
             ),
             Expected(
@@ -635,6 +652,7 @@ class RuleTests:
             db_saturated=True,
             resets_per_minute=1,
             lost_per_minute=1,
+            time_limits_per_minute=1,
             broker_full=True,
             unserved=True,
         )

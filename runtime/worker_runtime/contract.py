@@ -25,6 +25,7 @@ QUEUE_UNSERVED: Final = "queue_unserved"
 BROKER_RESETS: Final = "broker_resets_total"
 JOBS_LOST: Final = "jobs_lost_total"
 JOBS_THROTTLED: Final = "jobs_throttled_total"
+JOBS_TIME_LIMIT_EXCEEDED: Final = "jobs_time_limit_exceeded_total"
 BROKER_FULL: Final = "broker_full"
 SCHEDULE_RUNS: Final = "schedule_runs_total"
 SCHEDULE_LAST_SUCCESS: Final = "schedule_last_success_timestamp_seconds"
@@ -46,6 +47,7 @@ METRICS: Final = (
     BROKER_RESETS,
     JOBS_LOST,
     JOBS_THROTTLED,
+    JOBS_TIME_LIMIT_EXCEEDED,
     BROKER_FULL,
     SCHEDULE_RUNS,
     SCHEDULE_LAST_SUCCESS,

@@ -28,6 +28,7 @@ import threading
 from pathlib import Path
 from typing import Any, Final
 
+from . import contract
 from .boards import Slot, Snapshot
 
 #: Seconds between two raises of ``TimeLimitExceeded`` into a job past its limit.
@@ -50,7 +51,7 @@ def _counter() -> Any:
             from prometheus_client import Counter
 
             _made = Counter(
-                "jobs_time_limit_exceeded",
+                contract.JOBS_TIME_LIMIT_EXCEEDED,
                 "Deliveries ended by their time limit: interrupted, abandoned or killed.",
                 ["queue", "actor"],
             )
