@@ -61,7 +61,7 @@ e2e-full: venv e2e-build
 lint: venv
 	$(BIN)/python -m ruff check runtime infra/worker_infra bench
 	$(BIN)/python -m ruff format --check runtime infra/worker_infra bench
-	cd runtime && $(abspath $(BIN))/python -m mypy
+	cd runtime && $(abspath $(BIN))/python tests/templateservice.py && $(abspath $(BIN))/python -m mypy
 	cd infra && $(abspath $(BIN))/python -m mypy
 	cd runtime && $(abspath $(BIN))/lint-imports --no-cache
 	cd infra && $(abspath $(BIN))/lint-imports --no-cache

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+import templateservice
 from worker_runtime.pools import (
     Pool,
     PoolsFileError,
@@ -17,7 +18,7 @@ from worker_runtime.pools import (
     reaches,
 )
 
-SHIPPED = Path(__file__).resolve().parent / "service" / "pools.toml"
+SHIPPED = templateservice.HOME / "pools.toml"
 
 
 def test_shipped_pools_are_valid_and_disjoint() -> None:

@@ -33,6 +33,7 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import templateservice
 from worker_runtime import sandbox
 from worker_runtime.sandbox import Limits, SandboxResult, run_untrusted
 
@@ -642,7 +643,7 @@ def test_sandbox_actor_serves_the_untrusted_queue(redis_url: str) -> None:
     """The actor on a real broker: a breach is a logged result, not a retried failure."""
     here = Path(__file__).resolve().parent
     env = {**os.environ, "WORKER_POOL": "sandbox", "REDIS_URL": redis_url}
-    env["PYTHONPATH"] = os.pathsep.join([str(here), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([templateservice.pythonpath(), env.get("PYTHONPATH", "")])
     done = subprocess.run(
         [sys.executable, "-c", ACTOR_SCRIPT],
         env=env,
@@ -1596,7 +1597,7 @@ def worker_on_a_node_without_walls(
         port = probe.getsockname()[1]
     environ = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("WORKER_", "SANDBOX_"))},
-        "PYTHONPATH": str(here),
+        "PYTHONPATH": templateservice.pythonpath(),
         "WORKER_POOL": "sandbox",
         "WORKER_PROCESSES": "1",
         "WORKER_STATE_DIR": str(state),
@@ -1626,7 +1627,7 @@ def test_the_sandbox_pool_exits_78_at_boot_on_a_node_without_a_file_wall(
         "from service.producer import enqueue\n"
         "enqueue('run_customer_code', 'def main(p):\\n    return p + 1\\n', 41)\n"
     )
-    env = {**os.environ, "REDIS_URL": redis_url, "PYTHONPATH": str(here)}
+    env = {**os.environ, "REDIS_URL": redis_url, "PYTHONPATH": templateservice.pythonpath()}
     env.pop("WORKER_POOL", None)
     sent = subprocess.run([sys.executable, "-c", send], env=env, cwd=here,
                           capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
@@ -1680,7 +1681,7 @@ def test_only_the_sandbox_pool_walks_the_filesystem(redis_url: str, tmp_path: Pa
             port = probe.getsockname()[1]
         environ = {
             **{k: v for k, v in os.environ.items() if not k.startswith(("WORKER_", "SANDBOX_"))},
-            "PYTHONPATH": str(here),
+            "PYTHONPATH": templateservice.pythonpath(),
             "WORKER_POOL": pool,
             "WORKER_PROCESSES": "1",
             "WORKER_STATE_DIR": str(tmp_path / pool),

@@ -14,13 +14,14 @@ from zoneinfo import ZoneInfo
 import pytest
 import redis
 
+import templateservice
 from worker_runtime.layout import read_states
 from worker_runtime.layout import scheduler_leader_key as leader_key
 from worker_runtime.pools import PoolsFileError, load_pools
 from worker_runtime.scheduling.loop import Scheduler, SchedulerSettings, Target
 from worker_runtime.scheduling.schedules import Schedule, actor_problems
 
-ROOT = Path(__file__).resolve().parent / "service"
+ROOT = templateservice.HOME
 T0 = 1_800_000_000  # a whole minute (2027-01-15T08:00:00Z)
 
 

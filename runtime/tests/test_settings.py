@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
+import templateservice
 from worker_runtime import contract
 from worker_runtime.exitcodes import EX_CONFIG
 from worker_runtime.pools import SPARE_REDIS_CONNECTIONS, load_pools, redis_connections
@@ -211,7 +211,7 @@ def test_refusal_is_exit_78_without_traceback() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "service", "config"],
         env={
-            "PYTHONPATH": str(Path(__file__).resolve().parent),
+            "PYTHONPATH": templateservice.pythonpath(),
             "PATH": os.environ.get("PATH", ""),
             "WORKER_POOL": "interactive",
             "WORKER_CONCURRENCY": "x",
@@ -240,7 +240,7 @@ def test_config_says_where_each_value_comes_from(monkeypatch: pytest.MonkeyPatch
     done = subprocess.run(
         [sys.executable, "-m", "service", "config"],
         env={
-            "PYTHONPATH": str(Path(__file__).resolve().parent),
+            "PYTHONPATH": templateservice.pythonpath(),
             "PATH": os.environ.get("PATH", ""),
             "WORKER_POOL": "bulk",
             "WORKER_CONCURRENCY": "1",

@@ -1,8 +1,0 @@
-"""The handler API for long jobs (:mod:`worker_runtime.lifecycle`)::
-
-from service.lifecycle import checkpoint, shutdown_requested
-"""
-
-from worker_runtime.lifecycle import Requeue, checkpoint, shutdown_requested
-
-__all__ = ["Requeue", "checkpoint", "shutdown_requested"]
