@@ -17,6 +17,18 @@ side by side in one run.
   flight and their starts, with a budget of 10 and a rate of 50/s over ``--window`` s:
   the peak in flight (<= 10), the starts a second against the rate, attempts spent while
   waiting (each job starting more than once, retries, dead letters: 0).
+* Lanes (priorities, ``layout/queuelanes.py``): the same no-op jobs through one worker
+  process of 8 threads, rounds alternating: ``one``, every job on the queue's default lane
+  (what a queue whose senders name no priority pays: the fetch's ``LLEN`` of each lane);
+  ``two``, half high and half low, both lanes busy to the end (the fetch chooses a lane per
+  job and keeps the starvation counts); ``before``, the template before lanes
+  (``--lanes-baseline``, default the parent of the commit that added
+  ``layout/queuelanes.py``). Figures: ``one_vs_before_cost``, ``two_vs_one_cost``.
+* Fairness (per-key fair lanes): key A with 20,000 no-op jobs queued (``--fair-backlog``),
+  key B's 10 sent after A's first jobs ran, through one worker process of 8 threads: B's
+  worst wait (send to start) against B's 10 sent to the same idle worker alone
+  (``worst_wait_ratio``), and how many of A's jobs were done between B's send and the poll
+  that saw B's last start (FIFO: the whole backlog left, ``a_backlog_left_at_bs_send``).
 * Idle cost: Redis round trips a second of one worker process whose queue is held back
   (its budget taken by one long job, 50 waiting), paused (50 waiting), or empty and idle
   (``MONITOR``, as ``idle_cost.py``): no busy loop.
@@ -56,6 +68,7 @@ import time
 
 import dramatiq
 import redis
+from worker_runtime.typed import JobArguments, actor
 
 _client = redis.Redis.from_url(os.environ["REDIS_URL"])
 _ENTER = _client.register_script(
@@ -73,6 +86,18 @@ def flow_noop(run):
 @dramatiq.actor(queue_name="partner", max_retries=0)
 def flow_noop_gated(run):
     _client.incr("bench:" + run)
+
+
+class TenantJob(JobArguments):
+    tenant_id: str
+    job_id: str
+
+
+@actor(queue_name="notifications", max_retries=0, fair_key="tenant_id")
+def flow_tenant(job: TenantJob):
+    if job.tenant_id != "A":
+        _client.hset("fair:start", job.job_id, time.time())
+    _client.incr("fair:done")
 
 
 @dramatiq.actor(queue_name="partner", max_retries=3)
@@ -106,11 +131,12 @@ def git(*args: str) -> str:
     ).stdout.strip()
 
 
-def default_baseline() -> str:
-    added = git("log", "--diff-filter=A", "--format=%H", "--", "*layout/flow.py").splitlines()
+def default_baseline(module: str = "flow") -> str:
+    """The parent of the commit that added ``layout/<module>.py``."""
+    added = git("log", "--diff-filter=A", "--format=%H", "--", f"*layout/{module}.py")
     if not added:
-        raise SystemExit("no commit adds layout/flow.py: give --baseline")
-    return git("rev-parse", f"{added[-1]}^")
+        raise SystemExit(f"no commit adds layout/{module}.py: give its baseline")
+    return git("rev-parse", f"{added.splitlines()[-1]}^")
 
 
 def bake_at(revision: str, root: Path) -> Path:
@@ -159,21 +185,33 @@ def cpu_s(pids: list[int]) -> float:
 
 
 def batch(
-    client: redis.Redis, queue: str, actor: str, run: str, jobs: int, pids: list[int]
+    client: redis.Redis,
+    queue: str,
+    actor: str,
+    run: str,
+    jobs: int,
+    pids: list[int],
+    lanes: tuple[str, ...] = ("normal",),
 ) -> tuple[float, float]:
     """Stage ``jobs`` messages (untimed), release them in one round trip, wait for the last:
     the seconds from the release to the last job's end, and the CPU seconds the worker's
-    processes and its redis-server used meanwhile (less sensitive to the machine's load)."""
-    staged = f"bench:staging:{queue}"
+    processes and its redis-server used meanwhile (less sensitive to the machine's load).
+    ``lanes``: the priorities the jobs are spread over, in turn (``layout.lane_key``'s
+    names: ``<queue>`` for normal, ``<queue>.<priority>`` for the others)."""
     messages = [_workers.message(actor, run, queue=queue) for _ in range(jobs)]
     pipe = client.pipeline(transaction=False)
-    for item in messages:
+    for index, item in enumerate(messages):
+        lane = lanes[index % len(lanes)]
+        if lane != "normal":
+            item = item.copy(options={"priority": lane})
         redis_id = item.options["redis_message_id"]
         pipe.hset(f"{_workers.NS}:{queue}.msgs", redis_id, item.encode())
-        pipe.rpush(staged, redis_id)
+        pipe.rpush(f"bench:staging:{queue}:{lane}", redis_id)
     pipe.execute()
     pipe = client.pipeline(transaction=False)
-    pipe.rename(staged, f"{_workers.NS}:{queue}")
+    for lane in lanes:
+        listed = f"{_workers.NS}:{queue}" + ("" if lane == "normal" else f".{lane}")
+        pipe.rename(f"bench:staging:{queue}:{lane}", listed)
     pipe.publish(f"{_workers.NS}:__wake__", queue)
     cpu = cpu_s(pids)
     released = time.perf_counter()
@@ -236,6 +274,115 @@ def cost(root: Path, current: Path, baseline: Path, rounds: int, jobs: int) -> d
         "on_vs_off_best_cpu_cost": round(min(cpus["on"]) / min(cpus["off"]) - 1, 4),
         "off_vs_today_best_cpu": round(min(cpus["off"]) / min(cpus["today"]), 4),
         "off_vs_today_cpu": round(cpu["off"] / cpu["today"], 4),
+    }
+
+
+#: (name, lanes the jobs spread over, bake) of the lanes' cost configurations.
+LANE_CONFIGS = [("one", ("normal",), "current"), ("two", ("high", "low"), "current")]
+LANE_CONFIGS += [("before", ("normal",), "baseline")]
+
+
+def lanes_cost(root: Path, projects: dict[str, Path], rounds: int, jobs: int) -> dict[str, Any]:
+    """No-op throughput with lanes (one busy, two busy) against the build before them."""
+    running: dict[str, tuple[Any, Any, redis.Redis, tuple[str, ...]]] = {}
+    try:
+        for name, lanes, bake in LANE_CONFIGS:
+            server = _workers.redis_server(root / f"redis-lanes-{name}")
+            process = start(projects[bake], server, root, f"lanes-{name}", WORKER_CONCURRENCY="8")
+            running[name] = (server, process, redis.Redis.from_url(server.url), lanes)
+        pids = {
+            name: [*_tools.group_pids([process.pid]), server.process.pid]
+            for name, (server, process, _, _) in running.items()
+        }
+        for name, (_, _, client, lanes) in running.items():
+            batch(client, "notifications", "flow_noop", f"lw-{name}", 500, pids[name], lanes)
+        spans: dict[str, list[float]] = {name: [] for name in running}
+        names = list(running)
+        for index in range(rounds):
+            for name in names[index % len(names) :] + names[: index % len(names)]:
+                _, _, client, lanes = running[name]
+                run = f"l{index}-{name}"
+                span, _ = batch(client, "notifications", "flow_noop", run, jobs, pids[name], lanes)
+                spans[name].append(span)
+    finally:
+        for server, process, client, _ in running.values():
+            _workers.stop(process)
+            client.close()
+            server.stop()
+    rate = {name: jobs / statistics.median(values) for name, values in spans.items()}
+    return {
+        "jobs": jobs,
+        "rounds": rounds,
+        "spans_s": spans,
+        "jobs_per_s": {name: round(value, 1) for name, value in rate.items()},
+        "one_vs_before_cost": round(rate["before"] / rate["one"] - 1, 4),
+        "two_vs_one_cost": round(rate["one"] / rate["two"] - 1, 4),
+    }
+
+
+def fairness(root: Path, project: Path, backlog: int, sent: int = 10) -> dict[str, Any]:
+    """B's worst wait behind A's backlog against B alone (see the module docstring)."""
+    from worker_runtime.consumer import SettlingRedisBroker
+    from worker_runtime.typed import JobArguments
+    from worker_runtime.typed import actor as typed_actor
+
+    class TenantJob(JobArguments):
+        tenant_id: str
+        job_id: str
+
+    server = _workers.redis_server(root / "redis-fair")
+    client = redis.Redis.from_url(server.url)
+    broker = SettlingRedisBroker(url=server.url, middleware=[])
+
+    def tenant(job: Any) -> None: ...
+
+    tenant.__annotations__ = {"job": TenantJob, "return": None}  # a local model
+    flow_tenant = typed_actor(
+        tenant,
+        broker=broker,
+        queue_name="notifications",
+        fair_key="tenant_id",
+        actor_name="flow_tenant",
+    )
+
+    process = start(project, server, root, "fair", WORKER_CONCURRENCY="8")
+
+    def send_b(run: str) -> float:
+        sent_at = {}
+        for i in range(sent):
+            sent_at[f"{run}{i}"] = time.time()
+            flow_tenant.send(tenant_id="B", job_id=f"{run}{i}")
+        _workers.wait_for(lambda: client.hlen("fair:start") >= sent, 600, f"B's jobs ({run})")
+        starts = {k.decode(): float(v) for k, v in client.hgetall("fair:start").items()}
+        client.delete("fair:start")
+        return max(starts[job] - sent_at[job] for job in sent_at)
+
+    try:
+        alone = send_b("alone")
+        done_before = int(client.get("fair:done") or 0)
+        for i in range(backlog):
+            flow_tenant.send(tenant_id="A", job_id=f"a{i}")
+        _workers.wait_for(
+            lambda: int(client.get("fair:done") or 0) >= done_before + 100, 600, "A's first"
+        )
+        a_done = int(client.get("fair:done") or 0)
+        behind = send_b("behind")
+        a_between = int(client.get("fair:done") or 0) - a_done - sent
+        a_left = backlog - (a_done - done_before)
+    finally:
+        _workers.stop(process)
+        broker.close()
+        client.close()
+        server.stop()
+    return {
+        "key_a_backlog": backlog,
+        "key_b_sent": sent,
+        "threads": 8,
+        "b_alone_worst_wait_s": round(alone, 4),
+        "b_behind_a_worst_wait_s": round(behind, 4),
+        "worst_wait_ratio": round(behind / alone, 2),
+        "a_jobs_done_by_bs_last_start": a_between,
+        "a_backlog_left_at_bs_send": a_left,
     }
 
 
@@ -330,7 +477,11 @@ def main() -> int:
     parser.add_argument("--idle-window", type=float, default=10.0)
     parser.add_argument("--quick", action="store_true", help="1,000 jobs, 3 rounds, 20 s")
     parser.add_argument("--baseline", help="the template revision of `today`")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["cost", "accuracy", "idle"])
+    parser.add_argument("--lanes-baseline", help="the template revision before lanes")
+    parser.add_argument("--fair-backlog", type=int, default=20_000)
+    parser.add_argument(
+        "--skip", nargs="*", default=[], choices=["cost", "lanes", "fairness", "accuracy", "idle"]
+    )
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.jobs, args.window, args.idle_window = 3, 1000, 20.0, 5.0
@@ -347,6 +498,15 @@ def main() -> int:
             results["cost"] = cost(root, current, baseline, args.rounds, args.jobs)
             summary = {k: v for k, v in results["cost"].items() if not k.endswith("_s")}
             print("cost", summary, flush=True)
+        if "lanes" not in args.skip:
+            before = args.lanes_baseline or default_baseline("queuelanes")
+            results["lanes_baseline"] = before
+            projects = {"current": current, "baseline": bake_at(before, root / "before-lanes")}
+            results["lanes"] = lanes_cost(root, projects, args.rounds, args.jobs)
+            print("lanes", {k: v for k, v in results["lanes"].items() if k != "spans_s"})
+        if "fairness" not in args.skip:
+            results["fairness"] = fairness(root, current, args.fair_backlog)
+            print("fairness", results["fairness"], flush=True)
         if "accuracy" not in args.skip:
             results["accuracy"] = accuracy(root, current, args.window)
             print("accuracy", results["accuracy"], flush=True)

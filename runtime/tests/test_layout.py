@@ -124,10 +124,9 @@ def test_backlog_records_have_the_stated_width(client: redis.Redis) -> None:
     records = layout.read_backlog_records(client, ["a", "b", "c"], head_probe=3)
     assert [set(record) for record in records] == [set(layout.BACKLOG_FIELDS)] * 3
     assert records[0] == dict.fromkeys(layout.BACKLOG_FIELDS, 0) | {
-        "head": None,
         "delayed_head": None,
         "next_due": None,
-    }
+    } | dict.fromkeys(layout.LANE_HEADS)
     assert records[1]["depth"] == 2 and records[1]["head"] == b"{}"
     assert records[2]["delayed"] == 1 and records[2]["delayed_head"] == b"[]"
     assert records[2]["dead_letters"] == 1

@@ -74,18 +74,22 @@ def read_backlog(
     found = []
     records = layout.read_backlog_records(client, queues, HEAD_PROBE)
     for queue, record in zip(queues, records, strict=True):
-        head = layout.message_fields(record["head"]) or {}
+        heads = [record[field] for field in layout.LANE_HEADS]
         found.append(
             Backlog(
                 queue=queue,
                 depth=int(record["depth"]),
-                oldest_s=_age_s(now_ms, due_ms(head)),
+                oldest_s=max(_age_s(now_ms, due_ms(_fields(head))) for head in heads),
                 delayed=int(record["delayed"]),
                 delayed_overdue_s=_overdue_s(now_ms, record),
                 dead_letters=int(record["dead_letters"]),
             )
         )
     return found
+
+
+def _fields(body: Any) -> dict[str, Any]:
+    return layout.message_fields(body) or {}
 
 
 def _overdue_s(now_ms: float, record: dict[str, Any]) -> float:

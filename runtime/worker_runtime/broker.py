@@ -89,6 +89,7 @@ def build_broker(settings: WorkerSettings, stack: Stack) -> SettlingRedisBroker:
         max_message_bytes=settings.max_message_bytes,
         gates=settings.gates,
         lease_ms=settings.admission_lease_ms,
+        priority_bound=settings.worker_priority_bound,
     )
 
 

@@ -71,7 +71,7 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from dramatiq import Message
+from dramatiq import Actor, Message
 from dramatiq.broker import MessageProxy
 from dramatiq.brokers.redis import RedisBroker, _RedisConsumer
 from dramatiq.common import compute_backoff, current_millis, dq_name
@@ -277,8 +277,15 @@ class SettlingConsumer(_RedisConsumer):
             self._woken.wait(wait_s)
 
     def _fetch(self, count: int) -> list[tuple[str, bytes | None]]:
+        broker = self.broker
         args = layout.fetch_args(
-            count, self.broker.broker_id, self.queue_name, self.gates, self.broker.lease_ms
+            count,
+            broker.broker_id,
+            self.queue_name,
+            self.gates,
+            broker.lease_ms,
+            broker.bound,
+            broker.key_limit(self.queue_name),
         )
         raw = self.broker.fetch_script(keys=self._fetch_keys, args=args)
         admission, fetched = layout.taken(raw)
@@ -289,7 +296,7 @@ class SettlingConsumer(_RedisConsumer):
         """Note what a fetch or refill said of the messages it left queued; signal a throttle
         (:data:`.settlement.THROTTLE_SIGNAL`) so ``jobs_throttled_total`` counts it."""
         self.admission = admission
-        if admission.reason in (layout.BUDGET, layout.RATE):
+        if admission.reason in (layout.BUDGET, layout.RATE, layout.KEY):
             queue = layout.canonical(self.queue_name)
             self.broker.emit_after(THROTTLE_SIGNAL, queue, admission.reason, admission.deferred)
 
@@ -515,9 +522,21 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
         outage: Outage | None = None,
         gates: dict[str, tuple[layout.Gate, ...]] | None = None,
         lease_ms: int = 0,
+        priority_bound: int = layout.DEFAULT_PRIORITY_BOUND,
         **parameters: Any,
     ) -> None:
         super().__init__(**parameters)  # type: ignore[no-untyped-call]
+        #: An actor may name its messages' default priority, and a field of its typed
+        #: arguments as their fairness key, with a limit in flight per key
+        #: (:mod:`.layout.queuelanes`).
+        self.actor_options |= {
+            layout.ACTOR_PRIORITY_OPTION,
+            layout.ACTOR_KEY_OPTION,
+            layout.ACTOR_KEY_LIMIT_OPTION,
+        }
+        self._key_limits: dict[str, int] = {}
+        #: A waiting job is passed over by at most this many jobs of higher priority lanes.
+        self.bound = priority_bound
         #: Says when Redis stops and starts answering (:mod:`.outage`; the recovery pass and
         #: the consumer threads report to it).
         self.outage = outage or Outage("")
@@ -617,10 +636,11 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
         return found
 
     def flush(self, queue_name: str) -> None:
-        """Dramatiq's flush (the queue, its delay queue and their dead letters), and the
-        delay queue's due set (:func:`.layout.due_key`)."""
+        """Dramatiq's flush (the queue, its delay queue and their dead letters), the delay
+        queue's due set (:func:`.layout.due_key`) and the queue's other lanes."""
         super().flush(queue_name)
-        self.client.delete(layout.due_key(queue_name))
+        lanes = layout.waiting_keys(layout.canonical(queue_name))
+        self.client.delete(layout.due_key(queue_name), *lanes)
 
     def stop_fetching(self) -> None:
         """Take no more messages (the drain): consumers and refills fetch nothing from now on."""
@@ -656,12 +676,46 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
             self.emit_after("enqueue", message, delay)
         return message
 
+    def declare_actor(self, actor: Actor[Any, Any]) -> None:
+        """Dramatiq's; an actor whose ``priority_lane`` is not a priority, or whose
+        ``fair_key`` is not a field of its typed arguments, is refused (one line,
+        :class:`.layout.PriorityError`, ``ValueError``)."""
+        layout.priority_of({}, actor.options.get(layout.ACTOR_PRIORITY_OPTION))
+        layout.check_fair_key(
+            actor.actor_name,
+            actor.options.get(layout.ACTOR_KEY_OPTION),
+            actor.options.get(layout.ACTOR_KEY_LIMIT_OPTION),
+            getattr(getattr(actor, "model", None), "model_fields", None),
+        )
+        super().declare_actor(actor)
+        self._key_limits.clear()
+
+    def key_limit(self, queue: str) -> int:
+        """Deliveries of one fairness key of ``queue`` in flight at most: the lowest
+        ``fair_key_limit`` of its actors (0: none)."""
+        found = self._key_limits.get(queue)
+        if found is None:
+            limits = [
+                int(actor.options[layout.ACTOR_KEY_LIMIT_OPTION])
+                for actor in list(self.actors.values())
+                if actor.queue_name == queue and actor.options.get(layout.ACTOR_KEY_LIMIT_OPTION)
+            ]
+            found = self._key_limits[queue] = min(limits, default=0)
+        return found
+
     def prepare_enqueue(self, message: Message[Any], delay: int | None = None) -> Message[Any]:
         """``message`` as :meth:`enqueue` stores it (its redis id, its timestamp, its delay
-        queue and ``eta``), ``before_enqueue`` emitted: what a script that enqueues it
-        atomically with other writes stores (then emits ``after_enqueue``)."""
+        queue and ``eta``, its priority: its own or its actor's ``priority_lane``; one that
+        is not a priority raises :class:`.layout.PriorityError`, nothing stored),
+        ``before_enqueue`` emitted: what a script that enqueues it atomically with other
+        writes stores (then emits ``after_enqueue``)."""
         now = self.redis_millis()
         options: dict[str, Any] = {layout.REDIS_MESSAGE_ID: str(uuid.uuid4())}
+        actor = self.actors.get(message.actor_name)
+        default = None if actor is None else actor.options.get(layout.ACTOR_PRIORITY_OPTION)
+        priority = layout.priority_of(message.options, default)
+        if priority != layout.DEFAULT_PRIORITY:
+            options[layout.PRIORITY_OPTION] = priority
         changes: dict[str, Any] = {}
         if layout.REDIS_MESSAGE_ID not in message.options:
             changes["message_timestamp"] = now
@@ -760,6 +814,9 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
             message.encode(),
             message.message_id,
             once,
+            layout.stored_priority(message.options),
+            str(message.options.get(layout.FAIRNESS_KEY_OPTION) or ""),
+            int(message.message_timestamp),
         )
 
     def wake(self, queue: str) -> None:
@@ -805,9 +862,10 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
         it said of those it left queued). ``message_id`` (default: none) keeps the message
         index (:func:`.layout.message_index_key`)."""
         gates = () if queue.endswith(layout.DELAY_SUFFIX) else self.gates.get(queue, ())
+        target = settlement.target_queue or queue
         raw = self.lanes.call(
             self.settle_script,
-            layout.settle_keys(self.broker_id, queue, settlement.target_queue or queue, gates),
+            layout.settle_keys(self.broker_id, queue, target, gates),
             layout.settle_args(
                 (settlement.kind, redis_id, settlement.body, settlement.target_id),
                 self.broker_id,
@@ -816,6 +874,8 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
                 queue,
                 gates,
                 self.lease_ms,
+                self.bound,
+                self.key_limit(queue),
             ),
         )
         if raw[0] and settlement.kind in ("retry", "requeue"):

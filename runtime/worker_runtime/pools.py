@@ -19,7 +19,7 @@ from typing import Annotated, Any, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from . import contract
-from .layout import NAMESPACE, SANDBOX_NAMESPACE, SANDBOX_QUEUE
+from .layout import DEFAULT_PRIORITY_BOUND, NAMESPACE, SANDBOX_NAMESPACE, SANDBOX_QUEUE
 from .scheduling.schedules import Schedule, ScheduleName
 
 # The timing rule and kill-after, re-exported for the pool model's readers (worker_infra).
@@ -45,6 +45,8 @@ ShutdownTimeoutMs = Annotated[int, Field(ge=1_000, le=86_400_000)]
 MaxAttempts = Annotated[int, Field(ge=1, le=100)]
 Prefetch = Annotated[int, Field(ge=1, le=65_535)]
 DbPoolSize = Annotated[int, Field(ge=1, le=1000)]
+#: Jobs of higher priority lanes a waiting job may be passed over by (:mod:`.layout.queuelanes`).
+PriorityBound = Annotated[int, Field(ge=1, le=100_000)]
 
 #: How a pool field reaches a running pod (``json_schema_extra["reaches"]`` of each field):
 #: ``"env:<VAR>"``: the worker's settings take it as the default of ``<VAR>``;
@@ -199,7 +201,8 @@ class Pool(_Strict):
     """One pool: one Deployment, one scaler, the queues it alone serves.
 
     Defaults: 1 process, 4 threads, 30 s job timeout, 40 s drain window,
-    5 attempts, 512Mi memory, 1 to 2 replicas, prefetch = concurrency (a process
+    5 attempts, 512Mi memory, 1 to 2 replicas, a waiting job passed over by at most 10 jobs
+    of higher priority (``priority_bound``, each of its queues), prefetch = concurrency (a process
     holds no message it cannot start at once, so none waits behind a long job while
     another replica is idle; raise it for very short jobs), DB pool = concurrency.
 
@@ -224,6 +227,9 @@ class Pool(_Strict):
     min_replicas: Annotated[int, Field(ge=0, le=1000), _reaches("infra")] = 1
     max_replicas: Annotated[int, Field(ge=1, le=1000), _reaches("infra")] = 2
     backlog_age_target_s: Annotated[int, Field(ge=1, le=86_400), _reaches("infra")] = 30
+    priority_bound: Annotated[PriorityBound, _reaches("env:WORKER_PRIORITY_BOUND")] = (
+        DEFAULT_PRIORITY_BOUND
+    )
     uses: Annotated[list[str], _reaches("worker")] = []
     sandbox: Annotated[bool, _reaches("infra")] = False
     critical: Annotated[bool, _reaches("infra")] = False

@@ -61,6 +61,7 @@ def enqueue(
     *args: Any,
     delay_ms: int | None = None,
     message_id: str | None = None,
+    priority: str | None = None,
     **kwargs: Any,
 ) -> Message[Any]:
     """Send a message to the actor ``actor_name`` (on its queue); return the message sent.
@@ -72,14 +73,20 @@ def enqueue(
       message_id: the message's id (default: a new uuid): a second send of the same id
         within :data:`.layout.SENT_TTL_MS` enqueues nothing, so a retry after
         :class:`.brokerstate.EnqueueUncertain` is safe.
+      priority: its lane on the queue, ``"high"``, ``"normal"`` or ``"low"`` (default: the
+        actor's ``priority_lane``, else normal): a worker takes the highest lane first, and
+        a waiting job is passed over by at most the pool's ``priority_bound`` jobs of
+        higher lanes (:mod:`.layout.queuelanes`).
 
     Raises:
       dramatiq.errors.ActorNotFound: no actor has that name.
+      .layout.PriorityError: ``priority`` is not one of them (nothing is sent).
       .brokerstate.EnqueueUncertain: Redis did not answer; the message may have been enqueued.
     """
     broker = load()
     actor = broker.get_actor(actor_name)
-    message: Message[Any] = actor.message_with_options(args=args, kwargs=kwargs)
+    options = {} if priority is None else {layout.PRIORITY_OPTION: priority}
+    message: Message[Any] = actor.message_with_options(args=args, kwargs=kwargs, **options)
     if message_id is not None:
         message = message.copy(message_id=message_id)
     sent: Message[Any] = broker.enqueue(message, delay=delay_ms)

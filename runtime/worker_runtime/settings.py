@@ -43,6 +43,7 @@ from .pools import (
     PoolsFile,
     PoolsFileError,
     Prefetch,
+    PriorityBound,
     Processes,
     ShutdownTimeoutMs,
     derived_env_defaults,
@@ -129,6 +130,8 @@ class WorkerSettings(BaseSettings):
     """Deliveries, crashes included, before a message is dead-lettered."""
     worker_prefetch: Prefetch
     """Messages a process holds, running or waiting; unset: WORKER_CONCURRENCY."""
+    worker_priority_bound: PriorityBound
+    """A waiting job is passed over by at most this many jobs of higher priority lanes."""
     worker_heartbeat_timeout_ms: Annotated[int, Field(ge=2_000, le=600_000)] = 30_000
     """How long a silent worker keeps its messages before others recover them."""
     worker_state_dir: Path = Field(default_factory=default_state_dir)

@@ -63,7 +63,7 @@ import dramatiq
 from dramatiq import Message
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from .layout import SCHEMA_VERSION
+from .layout import ACTOR_KEY_OPTION, FAIRNESS_KEY_OPTION, SCHEMA_VERSION
 
 __all__ = ["SCHEMA_VERSION", "InvalidArgumentsError", "JobArguments", "TypedActor", "actor"]
 
@@ -127,10 +127,14 @@ class TypedActor(dramatiq.Actor[Any, Any]):
         self, *, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None, **options: Any
     ) -> Message[Any]:
         """Dramatiq's, with ``args``/``kwargs`` validated into the model: the message carries
-        its JSON (by alias) and ``options.schema_version``. Raises
-        :class:`InvalidArgumentsError`."""
+        its JSON (by alias) and ``options.schema_version``, and, when the actor names a
+        ``fair_key`` field, that field's value as its fairness key
+        (:mod:`.layout.queuelanes`). Raises :class:`InvalidArgumentsError`."""
         model = self.validate(args, kwargs or {}, self.model.version, strict=True)
         options[SCHEMA_VERSION] = self.model.version
+        key_field = self.options.get(ACTOR_KEY_OPTION)
+        if key_field is not None:
+            options[FAIRNESS_KEY_OPTION] = str(getattr(model, key_field))
         return super().message_with_options(
             args=(), kwargs=model.model_dump(mode="json", by_alias=True), **options
         )

@@ -28,7 +28,9 @@ from .flow import (
     gated_name,
 )
 from .keys import (
+    DEFAULT_PRIORITY,
     DELAY_SUFFIX,
+    PRIORITIES,
     QueueKeys,
     acks_key,
     bodies_key,
@@ -37,15 +39,19 @@ from .keys import (
     delay_queue,
     due_key,
     epoch_key,
+    fair_keys,
     gates_key,
     heartbeats_key,
+    lane_key,
     message_index_key,
     namespace_of,
     namespaces_of,
     process_key,
     queue_key,
+    waiting_keys,
     with_delay_queues,
 )
+from .queuelanes import LANES
 from .schema import message_fields, text
 
 if TYPE_CHECKING:
@@ -77,23 +83,30 @@ local function silent(heartbeats, owner, ms)
 end
 """
 
-#: Requeue a held message. Only the caller that removes the id from the acks set moves it,
-#: and only while its holder has been silent for ARGV[4] ms (0: whatever it did, see
-#: :data:`SILENT`); it frees the downstream slots the delivery held (:data:`.flow.RELEASE`).
-#: KEYS: acks set, bodies of the queue, the queue, heartbeats, the gates hash.  ARGV: redis
-#: id, new body or '', the holder's broker id, silent ms, the queue's name ('' for a delay
-#: queue).
+#: Requeue a held message, at the tail of its own lane (:mod:`.queuelanes`, read from its
+#: body). Only the caller that removes the id from the acks set moves it, and only while its
+#: holder has been silent for ARGV[4] ms (0: whatever it did, see :data:`SILENT`); it frees
+#: the downstream slots the delivery held (:data:`.flow.RELEASE`).
+#: KEYS: acks set, bodies of the queue, heartbeats, the gates hash, then the queue's lanes
+#: block (:func:`.keys.waiting_keys`).  ARGV: redis id, new body or '', the holder's broker
+#: id, silent ms, the queue's name ('' for a delay queue).
 REQUEUE_SCRIPT: Final = (
     CLOCK
     + SILENT
     + RELEASE
+    + LANES
     + """
-if not silent(KEYS[4], ARGV[3], tonumber(ARGV[4])) then return 0 end
+if not silent(KEYS[3], ARGV[3], tonumber(ARGV[4])) then return 0 end
 if redis.call('srem', KEYS[1], ARGV[1]) == 1 then
-  release(KEYS[5], ARGV[5], ARGV[1])
-  if redis.call('hexists', KEYS[2], ARGV[1]) == 1 then
-    if ARGV[2] ~= '' then redis.call('hset', KEYS[2], ARGV[1], ARGV[2]) end
-    redis.call('rpush', KEYS[3], ARGV[1])
+  release(KEYS[4], ARGV[5], ARGV[1])
+  unfair(5, #KEYS - 4, ARGV[1])
+  local body = redis.call('hget', KEYS[2], ARGV[1])
+  if body then
+    if ARGV[2] ~= '' then
+      body = ARGV[2]
+      redis.call('hset', KEYS[2], ARGV[1], body)
+    end
+    put(5, #KEYS - 4, ARGV[1], body, now_ms())
   end
   return 1
 end
@@ -119,17 +132,20 @@ end
 #: Dead-letter a held message: the same guards, then the zset and bodies, as Dramatiq's
 #: nack; its index entry and its downstream slots (:data:`.flow.RELEASE`) go with it.
 #: KEYS: acks set, bodies of the queue, dead zset, dead bodies, the message index,
-#: heartbeats, the gates hash.  ARGV: id, body, message id ('': not known), the holder's
+#: heartbeats, the gates hash, the queue's lanes block (:func:`.keys.waiting_keys`: a keyed
+#: delivery's count in flight).  ARGV: id, body, message id ('': not known), the holder's
 #: broker id, silent ms, the queue's name ('' for a delay queue).
 DEAD_LETTER: Final = (
     CLOCK
     + INDEX
     + SILENT
     + RELEASE
+    + LANES
     + """
 if not silent(KEYS[6], ARGV[4], tonumber(ARGV[5])) then return 0 end
 if redis.call('srem', KEYS[1], ARGV[1]) == 1 then
   release(KEYS[7], ARGV[6], ARGV[1])
+  unfair(8, #KEYS - 7, ARGV[1])
   redis.call('zadd', KEYS[3], now_ms(), ARGV[1])
   redis.call('hset', KEYS[4], ARGV[1], ARGV[2])
   redis.call('hdel', KEYS[2], ARGV[1])
@@ -140,18 +156,21 @@ return 0
 """
 )
 
-#: Replay a dead letter; the removal from the dead zset is the guard (exactly once). The
-#: new copy is the message's latest in the index (a replayed job can be cancelled by its id).
-#: KEYS: dead zset, dead bodies, bodies of the queue, the queue, the message index.
-#: ARGV: old redis id, new redis id, new body, message id.
+#: Replay a dead letter onto its lane (:mod:`.queuelanes`); the removal from the dead zset
+#: is the guard (exactly once). The new copy is the message's latest in the index (a
+#: replayed job can be cancelled by its id).
+#: KEYS: dead zset, dead bodies, bodies of the queue, the message index, the queue's lanes
+#: block (:func:`.keys.waiting_keys`).  ARGV: old redis id, new redis id, new body, message id.
 REPLAY: Final = (
-    INDEX
+    CLOCK
+    + INDEX
+    + LANES
     + """
 if redis.call('zrem', KEYS[1], ARGV[1]) == 1 then
   redis.call('hdel', KEYS[2], ARGV[1])
   redis.call('hset', KEYS[3], ARGV[2], ARGV[3])
-  redis.call('rpush', KEYS[4], ARGV[2])
-  keep_place(KEYS[5], ARGV[4], KEYS[3] .. ' ' .. ARGV[2])
+  put(5, #KEYS - 4, ARGV[2], ARGV[3], now_ms())
+  keep_place(KEYS[4], ARGV[4], KEYS[3] .. ' ' .. ARGV[2])
   return 1
 end
 return 0
@@ -167,43 +186,40 @@ end
 return 0
 """
 
-#: Lua: take up to ``count`` ids off the list ``queue`` into the acks set ``acks``, appending
-#: each id and its body from ``bodies`` (false: none) to ``out``. FETCH and SETTLE share it.
-_TAKE: Final = """
-local function take(queue, bodies, acks, count, out)
-  for i = 1, count do
-    local id = redis.call('lpop', queue)
-    if not id then break end
-    redis.call('sadd', acks, id)
-    out[#out + 1] = id
-    out[#out + 1] = redis.call('hget', bodies, id)
-  end
-  return out
-end
-"""
-
 #: Fetch up to ARGV[1] messages with their ids (Dramatiq's fetch returns bodies only, so a
 #: body that does not decode could not be dead-lettered by id), as many as flow control
 #: admits (:mod:`.flow`: none from a paused queue, within each gate's budget and rate),
+#: taken off the queue's lanes by priority within the starvation bound (:mod:`.queuelanes`),
 #: then heartbeat (after the pops, which free: a full Redis still lets a worker fetch and
 #: beat).
-#: KEYS: the queue, its bodies, this worker's acks set, heartbeats, then
-#: :func:`.flow.flow_keys` (the paused hash, the gates hash, each gate's two keys).
-#: ARGV: how many, broker id, then :func:`.flow.flow_args` (queue name, lease ms, each
-#: gate's limit, rate, burst).
+#: KEYS: the queue's bodies, this worker's acks set, heartbeats, the queue's lanes block
+#: (:func:`.keys.waiting_keys`), then :func:`.flow.flow_keys` (the paused hash, the gates
+#: hash, each gate's two keys).
+#: ARGV: how many, broker id, the lanes block's size, the starvation bound, the per-key
+#: limit (0: none), then :func:`.flow.flow_args` (queue name, lease ms, each gate's limit,
+#: rate, burst).
 #: Returns [reason, deferred, wait ms, id1, body1, id2, body2, ...] (false: no body;
-#: :class:`.flow.Admission`).
+#: :class:`.flow.Admission`; reason ``key``: keyed messages passed over for their key's
+#: limit).
 FETCH: Final = (
-    _TAKE
+    LANES
     + CLOCK
     + ADMIT
     + """
 local now = now_ms()
+local n = tonumber(ARGV[3])
+local f0 = 4 + n
+local len, fair, total = waiting(4, n)
 local allowed, reason, left, wait, buckets =
-  admission(now, KEYS[1], KEYS[5], ARGV[3], tonumber(ARGV[1]), 7, 5)
-local out = take(KEYS[1], KEYS[2], KEYS[3], allowed, {reason, left, wait})
-charge(now, out, 4, KEYS[6], ARGV[3], tonumber(ARGV[4]), 7, buckets)
-beat(KEYS[4], ARGV[2], now)
+  admission(now, total, KEYS[f0], ARGV[6], tonumber(ARGV[1]), f0 + 2, 8)
+local out = {reason, left, wait}
+local skipped = take(4, n, len, fair, tonumber(ARGV[4]), tonumber(ARGV[5]), KEYS[1], KEYS[2],
+  allowed, out)
+if reason == '' and skipped > 0 and (#out - 3) / 2 < allowed then
+  out[1], out[2] = 'key', skipped
+end
+charge(now, out, 4, KEYS[f0 + 1], ARGV[6], tonumber(ARGV[7]), f0 + 2, buckets)
+beat(KEYS[3], ARGV[2], now)
 return out
 """
 )
@@ -252,24 +268,30 @@ return redis.call('zrangebyscore', KEYS[1], 0, now_ms() - tonumber(ARGV[1]))
 #: a retry copy is its new place, an ack or a dead letter of the place it names removes it
 #: (a delayed message moved to its queue was indexed there by its enqueue, before the ack).
 #: The settled delivery's downstream slots are freed (in its queue's gates, given in KEYS)
-#: and the refill is admitted as FETCH's is (:mod:`.flow`).
+#: and the refill is admitted as FETCH's is (:mod:`.flow`), off the lanes as FETCH takes.
+#: A requeue, and a retry copy onto the queue itself, go to the message's own lane (read
+#: from its body); a retry copy onto the delay queue to its list.
 #: KEYS: acks set, bodies of the queue, target list, target bodies, dead zset, dead bodies,
-#: heartbeats, the queue, the message index, then :func:`.flow.flow_keys`.  ARGV: kind
-#: (ack, retry, requeue, dead_letter), redis id, body (retry copy, dead letter; '' keeps the
-#: stored one), target id (retry copy), broker id, how many to take, message id ('': not
-#: indexed), then :func:`.flow.flow_args`.
+#: heartbeats, the message index, the queue's lanes block (:func:`.keys.waiting_keys`),
+#: then :func:`.flow.flow_keys`.  ARGV: kind (ack, retry, requeue, dead_letter), redis id,
+#: body (retry copy, dead letter; '' keeps the stored one), target id (retry copy), broker
+#: id, how many to take, message id ('': not indexed), the lanes block's size, the
+#: starvation bound, the per-key limit, then :func:`.flow.flow_args`.
 #: Returns [settled (1 or 0), reason, deferred, wait ms, id1, body1, id2, body2, ...].
 SETTLE: Final = (
-    _TAKE
+    LANES
     + CLOCK
     + INDEX
     + ADMIT
     + """
-local function unindex() drop_place(KEYS[9], ARGV[7], KEYS[2] .. ' ' .. ARGV[2]) end
+local function unindex() drop_place(KEYS[8], ARGV[7], KEYS[2] .. ' ' .. ARGV[2]) end
+local n = tonumber(ARGV[8])
+local f0 = 9 + n
 local settled = redis.call('srem', KEYS[1], ARGV[2])
 local now = now_ms()
 if settled == 1 then
-  unhold(12, ARGV[2])
+  unhold(f0 + 2, ARGV[2])
+  unfair(9, n, ARGV[2])
   local kind = ARGV[1]
   if kind == 'ack' then
     redis.call('hdel', KEYS[2], ARGV[2])
@@ -277,12 +299,15 @@ if settled == 1 then
   elseif kind == 'retry' then
     redis.call('hdel', KEYS[2], ARGV[2])
     redis.call('hset', KEYS[4], ARGV[4], ARGV[3])
-    redis.call('rpush', KEYS[3], ARGV[4])
-    keep_place(KEYS[9], ARGV[7], KEYS[4] .. ' ' .. ARGV[4])
-  elseif kind == 'requeue' then
-    if redis.call('hexists', KEYS[2], ARGV[2]) == 1 then
-      redis.call('rpush', KEYS[3], ARGV[2])
+    if n > 1 and KEYS[3] == KEYS[10] then
+      put(9, n, ARGV[4], ARGV[3], now)
+    else
+      redis.call('rpush', KEYS[3], ARGV[4])
     end
+    keep_place(KEYS[8], ARGV[7], KEYS[4] .. ' ' .. ARGV[4])
+  elseif kind == 'requeue' then
+    local body = redis.call('hget', KEYS[2], ARGV[2])
+    if body then put(9, n, ARGV[2], body, now) end
   elseif kind == 'dead_letter' then
     local body = ARGV[3]
     if body == '' then body = redis.call('hget', KEYS[2], ARGV[2]) end
@@ -295,10 +320,16 @@ if settled == 1 then
   end
 end
 beat(KEYS[7], ARGV[5], now)
+local len, fair, total = waiting(9, n)
 local allowed, reason, left, wait, buckets =
-  admission(now, KEYS[8], KEYS[10], ARGV[8], tonumber(ARGV[6]), 12, 10)
-local out = take(KEYS[8], KEYS[2], KEYS[1], allowed, {settled, reason, left, wait})
-charge(now, out, 5, '', ARGV[8], tonumber(ARGV[9]), 12, buckets)
+  admission(now, total, KEYS[f0], ARGV[11], tonumber(ARGV[6]), f0 + 2, 13)
+local out = {settled, reason, left, wait}
+local skipped = take(9, n, len, fair, tonumber(ARGV[9]), tonumber(ARGV[10]), KEYS[2], KEYS[1],
+  allowed, out)
+if reason == '' and skipped > 0 and (#out - 4) / 2 < allowed then
+  out[2], out[3] = 'key', skipped
+end
+charge(now, out, 5, '', ARGV[11], tonumber(ARGV[12]), f0 + 2, buckets)
 return out
 """
 )
@@ -315,15 +346,18 @@ return out
 #: queue: the removal from the due set and the push are this one step, so a message is
 #: moved once whoever runs it, and nothing is held by a process that may stop or freeze.
 #: A moved body names the queue (``queue_name`` rewritten; its ``eta`` stays, the age of the
-#: backlog counts from it, the consumer ignores a past one) and keeps its redis id; the
-#: message index (:func:`.keys.message_index_key`) follows it.
+#: backlog counts from it, the consumer ignores a past one) and keeps its redis id; it waits
+#: on its own lane (:mod:`.queuelanes`); the message index (:func:`.keys.message_index_key`)
+#: follows it.
 #: Pops and removals come before the writes (a full Redis still takes the step).
-#: KEYS: delay list, delay bodies, due set, the queue, its bodies, the message index.
+#: KEYS: delay list, delay bodies, due set, the queue's bodies, the message index, the
+#: queue's lanes block (:func:`.keys.waiting_keys`).
 #: ARGV: most ids to stage, most bytes to stage, most to move, the delay queue's name, the
 #: queue's name.  Returns [moved, more (1: call again now), next due ms or -1, now ms].
 MOVE_DUE: Final = (
     CLOCK
     + INDEX
+    + LANES
     + """
 local now = now_ms()
 local function due_of(body)
@@ -362,9 +396,9 @@ for _, id in ipairs(due) do
   if body then
     redis.call('hdel', KEYS[2], id)
     if string.sub(body, 1, #from) == from then body = to .. string.sub(body, #from + 1) end
-    redis.call('hset', KEYS[5], id, body)
-    redis.call('rpush', KEYS[4], id)
-    keep_place(KEYS[6], message_id_of(body), KEYS[5] .. ' ' .. id)
+    redis.call('hset', KEYS[4], id, body)
+    put(6, #KEYS - 5, id, body, now)
+    keep_place(KEYS[5], message_id_of(body), KEYS[4] .. ' ' .. id)
     moved = moved + 1
   end
 end
@@ -412,9 +446,9 @@ def due_keys(queue: str) -> tuple[str, ...]:
         queue_key(delayed),
         bodies_key(delayed),
         due_key(name),
-        queue_key(name),
         bodies_key(name),
         message_index_key(namespace_of(name)),
+        *waiting_keys(name),
     )
 
 
@@ -429,19 +463,40 @@ def move_due(script: Any, queue: str) -> DueStep:
     return DueStep(int(moved), bool(more), None if int(next_due) < 0 else int(next_due), int(now))
 
 
+#: The starvation bound of a queue whose worker names none: a job waits for at most this
+#: many jobs of higher lanes (:mod:`.queuelanes`; the pool's ``priority_bound``).
+DEFAULT_PRIORITY_BOUND: Final = 10
+
+
 def fetch_keys(broker_id: str, queue: str, gates: Sequence[Gate] = ()) -> list[str]:
     """The KEYS of :data:`FETCH` for ``broker_id`` fetching from ``queue`` gated by ``gates``."""
     heartbeats = heartbeats_key(namespace_of(queue))
-    own = [queue_key(queue), bodies_key(queue), acks_key(broker_id, queue), heartbeats]
-    return [*own, *flow_keys(queue, gates)]
+    own = [bodies_key(queue), acks_key(broker_id, queue), heartbeats]
+    return [*own, *waiting_keys(queue), *flow_keys(queue, gates)]
 
 
 def fetch_args(
-    count: int, broker_id: str, queue: str, gates: tuple[Gate, ...] = (), lease_ms: int = 0
+    count: int,
+    broker_id: str,
+    queue: str,
+    gates: tuple[Gate, ...] = (),
+    lease_ms: int = 0,
+    bound: int = DEFAULT_PRIORITY_BOUND,
+    key_limit: int = 0,
 ) -> list[Any]:
     """The ARGV of :data:`FETCH`: take up to ``count`` for ``broker_id`` from ``queue``
-    gated by ``gates``, each slot leased ``lease_ms`` (:func:`.flow.admission_lease_ms`)."""
-    return [count, broker_id, *flow_args(queue, gates, lease_ms)]
+    gated by ``gates``, each slot leased ``lease_ms`` (:func:`.flow.admission_lease_ms`),
+    a job passed over by at most ``bound`` of higher lanes, at most ``key_limit`` (0: no
+    limit) deliveries of a key in flight (:mod:`.queuelanes`)."""
+    return [count, broker_id, *_taking(queue, gates, lease_ms, bound, key_limit)]
+
+
+def _taking(
+    queue: str, gates: tuple[Gate, ...], lease_ms: int, bound: int, key_limit: int
+) -> list[Any]:
+    """The ARGV that FETCH and SETTLE's refill end with: the lanes block's size, the
+    starvation bound, the per-key limit, then :func:`.flow.flow_args`."""
+    return [len(waiting_keys(queue)), bound, key_limit, *flow_args(queue, gates, lease_ms)]
 
 
 def taken(raw: list[Any], head: int = 0) -> tuple[Admission, list[tuple[str, bytes | None]]]:
@@ -457,8 +512,9 @@ def settle_keys(
     broker_id: str, queue: str, target: str, gates: tuple[Gate, ...] = ()
 ) -> tuple[str, ...]:
     """The KEYS of :data:`SETTLE` for a delivery held on ``queue`` gated by ``gates``;
-    ``target`` is the queue of a retry copy or requeue (``queue`` itself for a requeue).
-    Kept once made: every delivery is settled with them, and a worker holds a few queues."""
+    ``target`` is the queue of a retry copy or requeue (``queue`` itself for a requeue: the
+    copy then waits on its own lane). Kept once made: every delivery is settled with them,
+    and a worker holds a few queues."""
     return (
         acks_key(broker_id, queue),
         bodies_key(queue),
@@ -466,8 +522,8 @@ def settle_keys(
         bodies_key(target),
         *dead_letter_keys(queue),
         heartbeats_key(namespace_of(queue)),
-        queue_key(queue),
         message_index_key(namespace_of(queue)),
+        *waiting_keys(queue),
         *flow_keys(queue, gates),
     )
 
@@ -480,14 +536,35 @@ def settle_args(
     queue: str,
     gates: tuple[Gate, ...] = (),
     lease_ms: int = 0,
+    bound: int = DEFAULT_PRIORITY_BOUND,
+    key_limit: int = 0,
 ) -> list[Any]:
     """The ARGV of :data:`SETTLE`: ``settlement`` (kind, redis id, body, target id), then
-    take up to ``take`` for ``broker_id`` from ``queue`` gated by ``gates``."""
-    return [*settlement, broker_id, take, message_id, *flow_args(queue, gates, lease_ms)]
+    take up to ``take`` for ``broker_id`` from ``queue`` gated by ``gates``, within the
+    starvation ``bound`` and the ``key_limit`` (:func:`fetch_args`)."""
+    taking = _taking(queue, gates, lease_ms, bound, key_limit)
+    return [*settlement, broker_id, take, message_id, *taking]
 
 
-#: What :data:`BACKLOG` returns per queue, in order (its record width is the length).
-BACKLOG_FIELDS: Final = ("depth", "head", "delayed", "delayed_head", "dead_letters", "next_due")
+#: The lanes beside a queue's own list (:func:`.keys.lane_key`), in :data:`BACKLOG`'s order.
+_OTHER_LANES: Final = tuple(p for p in PRIORITIES if p != DEFAULT_PRIORITY)
+
+#: What :data:`BACKLOG` returns per queue, in order (its record width is the length): the
+#: depth counts every lane; ``head`` is the queue's own list's, ``<priority>_head`` each
+#: other lane's (the oldest waiting message is one of them: each lane is in line order).
+BACKLOG_FIELDS: Final = (
+    "depth",
+    "head",
+    "delayed",
+    "delayed_head",
+    "dead_letters",
+    "next_due",
+    *(f"{priority}_head" for priority in _OTHER_LANES),
+    "fair_head",
+)
+#: The :data:`BACKLOG_FIELDS` holding the head of each lane of a queue (the fair lane's:
+#: its message waiting the longest).
+LANE_HEADS: Final = ("head", *(f"{priority}_head" for priority in _OTHER_LANES), "fair_head")
 
 #: The members of every set of KEYS (this worker's acks sets), in one call (the
 #: Recovery pass's look for orphans: one round trip, however many queues).
@@ -517,9 +594,11 @@ def members_of(raw: list[Any]) -> list[list[Any]]:
 #: The backlog of several queues in one call (constant work per queue).
 #: KEYS: :func:`backlog_keys` of each queue, :data:`BACKLOG_KEYS` keys per queue.
 #: ARGV: ids tried at a list's head when one has no body; keys per queue.
-#: Returns per queue the :data:`BACKLOG_FIELDS`: llen, head body or false, delayed (the
-#: delay list's llen plus the due set's zcard), the delay list's head body or false,
-#: dead-letter count, the due set's earliest score (ms) or false.
+#: Returns per queue the :data:`BACKLOG_FIELDS`: every lane's llen summed, head body or
+#: false, delayed (the delay list's llen plus the due set's zcard), the delay list's head
+#: body or false, dead-letter count, the due set's earliest score (ms) or false, then the
+#: head body (or false) of each other lane (keys 7 on of a queue's), and of the fair lane's
+#: message waiting the longest (its zset by due time, the last key of a queue's).
 BACKLOG: Final = """
 local out = {}
 local probe = tonumber(ARGV[1])
@@ -533,12 +612,17 @@ local function head(list, bodies)
   return false
 end
 for i = 1, #KEYS, width do
-  table.insert(out, redis.call('llen', KEYS[i]))
+  local depth = redis.call('llen', KEYS[i]) + redis.call('zcard', KEYS[i + width - 2])
+  for j = i + 6, i + width - 3 do depth = depth + redis.call('llen', KEYS[j]) end
+  table.insert(out, depth)
   table.insert(out, head(KEYS[i], KEYS[i + 1]))
   table.insert(out, redis.call('llen', KEYS[i + 2]) + redis.call('zcard', KEYS[i + 5]))
   table.insert(out, head(KEYS[i + 2], KEYS[i + 3]))
   table.insert(out, redis.call('zcard', KEYS[i + 4]))
   table.insert(out, redis.call('zrange', KEYS[i + 5], 0, 0, 'WITHSCORES')[2] or false)
+  for j = i + 6, i + width - 3 do table.insert(out, head(KEYS[j], KEYS[i + 1])) end
+  local oldest = redis.call('zrange', KEYS[i + width - 1], 0, 0)[1]
+  table.insert(out, oldest and redis.call('hget', KEYS[i + 1], oldest) or false)
 end
 return out
 """
@@ -547,7 +631,9 @@ return out
 def backlog_keys(queue: str) -> tuple[str, ...]:
     """The keys :data:`BACKLOG` reads for ``queue``, in its order."""
     keys = QueueKeys.of(queue)
-    return keys.ready, keys.ready_bodies, keys.delayed, keys.delayed_bodies, keys.dead, keys.due
+    own = keys.ready, keys.ready_bodies, keys.delayed, keys.delayed_bodies, keys.dead, keys.due
+    fair, since = fair_keys(queue)[:2]
+    return (*own, *(lane_key(canonical(queue), p) for p in _OTHER_LANES), fair, since)
 
 
 #: Keys :data:`BACKLOG` takes per queue.
@@ -562,16 +648,17 @@ def requeue_held(
     body: bytes = b"",
     silent_ms: int = 0,
 ) -> bool:
-    """Put a message held by ``broker_id`` back at the tail of ``queue``, storing ``body``
+    """Put a message held by ``broker_id`` back at the tail of its lane of ``queue``
+    (:mod:`.queuelanes`, read from its body), storing ``body``
     first when given. False when it was no longer held (someone else moved it), or when
     ``silent_ms`` (> 0: the recovery of a silent worker) is given and ``broker_id`` has
     beaten since (:data:`SILENT`)."""
     keys = (
         acks_key(broker_id, queue),
         bodies_key(queue),
-        queue_key(queue),
         heartbeats_key(namespace_of(queue)),
         gates_key(namespace_of(queue)),
+        *waiting_keys(queue),
     )
     name = gated_name(queue)
     return bool(
@@ -599,6 +686,7 @@ def dead_letter_held(
         message_index_key(namespace_of(queue)),
         heartbeats_key(namespace_of(queue)),
         gates_key(namespace_of(queue)),
+        *waiting_keys(queue),
     )
     name = gated_name(queue)
     return bool(
@@ -730,15 +818,15 @@ def stale_workers(client: redis.Redis, namespace: str, timeout_ms: int) -> list[
 def replay_dead_letters(
     client: redis.Redis, queue: str, moves: Sequence[tuple[str, str, bytes, str]]
 ) -> int:
-    """Move each dead letter ``redis id`` of ``queue`` to the tail of ``queue`` as ``new redis
-    id`` with ``body``, indexed under ``message id`` (:data:`REPLAY`, for each of ``moves``),
-    in one round trip; returns how many moved (the others were already gone: the removal is
-    the guard)."""
+    """Move each dead letter ``redis id`` of ``queue`` to the tail of its lane of ``queue``
+    as ``new redis id`` with ``body``, indexed under ``message id`` (:data:`REPLAY`, for each
+    of ``moves``), in one round trip; returns how many moved (the others were already gone:
+    the removal is the guard)."""
     keys = (
         *dead_letter_keys(queue),
         bodies_key(queue),
-        queue_key(queue),
         message_index_key(namespace_of(queue)),
+        *waiting_keys(canonical(queue)),
     )
     pipe = client.pipeline(transaction=False)
     for redis_id, new_redis_id, body, message_id in moves:

@@ -54,6 +54,9 @@ if TYPE_CHECKING:
 PAUSED: Final = "paused"
 BUDGET: Final = "budget"
 RATE: Final = "rate"
+#: A fair lane's keyed messages passed over for their key's ``fair_key_limit``
+#: (:mod:`.queuelanes`).
+KEY: Final = "key"
 
 
 @dataclass(frozen=True)
@@ -99,7 +102,7 @@ local function release(gates, queue, id)
 end
 """
 
-#: Lua: ``admission`` decides how many of ``want`` messages of the list ``list`` may be
+#: Lua: ``admission`` decides how many of ``want`` messages (``waiting`` wait) may be
 #: taken now: none while ``queue`` is in the paused hash, else as many as every gate allows
 #: (gates: KEYS from ``key0`` on, two a gate (in-flight zset, bucket); ARGV from ``arg0``,
 #: three a gate: limit, calls per s, burst). Returns allowed, reason, how many it leaves
@@ -109,7 +112,7 @@ end
 #: ''), it records there the queue's in-flight sets. ``queue`` '' (a delay queue) is neither
 #: paused nor gated.
 ADMIT: Final = """
-local function admission(now, list, paused, queue, want, key0, arg0)
+local function admission(now, waiting, paused, queue, want, key0, arg0)
   local buckets = {}
   if queue == '' or want <= 0 then return want, '', 0, 0, buckets end
   local allowed, reason, wait = want, '', 0
@@ -143,7 +146,7 @@ local function admission(now, list, paused, queue, want, key0, arg0)
     end
   end
   if reason == '' then return allowed, '', 0, 0, buckets end
-  local left = math.min(want, redis.call('llen', list)) - allowed
+  local left = math.min(want, waiting) - allowed
   if left <= 0 then return allowed, '', 0, 0, buckets end
   return allowed, reason, left, wait, buckets
 end

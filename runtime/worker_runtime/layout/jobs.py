@@ -12,18 +12,23 @@ from .clock import redis_now_ms
 from .delivery import CLOCK, INDEX
 from .keys import (
     CANCEL_CHANNEL,
+    DEFAULT_PRIORITY,
     NAMESPACE,
     SANDBOX_NAMESPACE,
     WAKE_CHANNEL,
     bodies_key,
     cancelled_key,
+    canonical,
+    fair_keys,
     group_keys,
+    lane_key,
     message_index_key,
     message_place,
     namespace_of,
     queue_key,
     sent_key,
 )
+from .queuelanes import LANES
 from .schema import text
 
 if TYPE_CHECKING:
@@ -39,18 +44,26 @@ SENT_TTL_MS: Final = 600_000
 #: ``once`` (a producer's send), only when no message of the same message id was sent in the
 #: last :data:`SENT_TTL_MS` (:func:`sent_key`, written first: a resend whose first send was
 #: stored, or is stored later, stores nothing).
-#: KEYS: the bodies hash, the queue, the message index, the sent marker.
+#: A keyed message (ARGV[8], its fairness key) waits on the queue's fair lane instead, at
+#: its key's next turn (:mod:`.queuelanes`).
+#: KEYS: the bodies hash, the list it waits on (its lane, :func:`waiting_list`), the
+#: message index, the sent marker, then for a keyed message :func:`.keys.fair_keys`.
 #: ARGV: redis id, body, message id, place, the marker's TTL ms ('': not once), wake channel,
-#: queue to wake ('': none).
+#: queue to wake ('': none), fairness key ('': none), when it is due (ms).
 #: Returns 1 when stored, 0 when the message id was sent already.
 ENQUEUE: Final = (
     INDEX
+    + LANES
     + """
 if ARGV[5] ~= '' and not redis.call('set', KEYS[4], ARGV[1], 'NX', 'PX', ARGV[5]) then
   return 0
 end
 redis.call('hset', KEYS[1], ARGV[1], ARGV[2])
-redis.call('rpush', KEYS[2], ARGV[1])
+if ARGV[8] ~= '' then
+  fair_put(5, ARGV[1], ARGV[8], tonumber(ARGV[9]))
+else
+  redis.call('rpush', KEYS[2], ARGV[1])
+end
 keep_place(KEYS[3], ARGV[3], ARGV[4])
 if ARGV[7] ~= '' then redis.call('publish', ARGV[6], ARGV[7]) end
 return 1
@@ -58,20 +71,39 @@ return 1
 )
 
 
+def waiting_list(queue: str, priority: str = DEFAULT_PRIORITY) -> str:
+    """The list a new message of ``queue`` waits on: its lane of ``priority``
+    (:func:`.keys.lane_key`), or, on a delay queue, the delay list (the move of a due
+    message puts it on its lane)."""
+    return queue_key(queue) if queue != canonical(queue) else lane_key(queue, priority)
+
+
 def enqueue_message(
-    script: Any, queue: str, redis_id: str, body: bytes, message_id: str, once: bool
+    script: Any,
+    queue: str,
+    redis_id: str,
+    body: bytes,
+    message_id: str,
+    once: bool,
+    priority: str = DEFAULT_PRIORITY,
+    key: str = "",
+    due_ms: int = 0,
 ) -> bool:
     """:data:`ENQUEUE` (``script``: it registered on a client, :meth:`redis.Redis.
-    register_script`) the message ``redis_id`` with ``body`` on ``queue``; ``once``: a
-    producer's send, stored only when ``message_id`` was not sent in the last
+    register_script`) the message ``redis_id`` with ``body`` on ``queue``, on the lane of
+    ``priority``, or with a fairness ``key`` (due at ``due_ms``) on its fair lane; ``once``:
+    a producer's send, stored only when ``message_id`` was not sent in the last
     :data:`SENT_TTL_MS`. True when stored."""
     namespace = namespace_of(queue)
-    keys = [bodies_key(queue), queue_key(queue), message_index_key(namespace)]
+    keys = [bodies_key(queue), waiting_list(queue, priority), message_index_key(namespace)]
     keys += [sent_key(message_id, namespace)]
+    keyed = key if priority == DEFAULT_PRIORITY and queue == canonical(queue) else ""
+    if keyed:
+        keys += fair_keys(queue)
     wake = queue if namespace == NAMESPACE else ""  # the sandbox's consumers poll
     ttl = SENT_TTL_MS if once else ""
     place = message_place(queue, redis_id)
-    args = [redis_id, body, message_id, place, ttl, WAKE_CHANNEL, wake]
+    args = [redis_id, body, message_id, place, ttl, WAKE_CHANNEL, wake, keyed, due_ms]
     return bool(script(keys=keys, args=args))
 
 
@@ -108,12 +140,13 @@ return 1
 @dataclass(frozen=True)
 class Callback:
     """A group's completion callback as :data:`GROUP_MEMBER_DONE` enqueues it: its queue (or
-    delay queue), its redis id, its encoded body and its message id."""
+    delay queue), its redis id, its encoded body, its message id and its priority."""
 
     queue: str
     redis_id: str
     body: bytes
     message_id: str
+    priority: str = DEFAULT_PRIORITY
 
 
 def group_member_done(
@@ -129,7 +162,7 @@ def group_member_done(
     argv: list[Any] = [member, ttl_ms, WAKE_CHANNEL]
     for callback in callbacks:
         namespace = namespace_of(callback.queue)
-        keys += [queue_key(callback.queue), bodies_key(callback.queue)]
+        keys += [waiting_list(callback.queue, callback.priority), bodies_key(callback.queue)]
         keys += [message_index_key(namespace)]
         wakes = namespace == NAMESPACE  # the sandbox's consumers poll
         argv += [callback.redis_id, callback.body, callback.message_id]

@@ -312,3 +312,62 @@ def downstream_key(name: str) -> str:
 def downstream_rate_key(name: str) -> str:
     """The token bucket of downstream ``name``'s rate: hash ``tokens``, ``at`` (ms)."""
     return f"{NAMESPACE}:__downstream__.{name}.rate"
+
+
+# -- a queue's lanes: priorities (ours; issue #42) ------------------------------------------
+
+#: The priority lanes of every queue, highest first (a message's ``priority`` option, an
+#: actor's ``priority_lane`` option). ``normal``, the default, is Dramatiq's own list
+#: (:func:`queue_key`: KEDA's list, where bare Dramatiq producers append); the others sit
+#: beside it (:func:`lane_key`). Every lane's bodies are the queue's (:func:`bodies_key`).
+PRIORITIES: Final = ("high", "normal", "low")
+#: The lane of a message that names none.
+DEFAULT_PRIORITY: Final = "normal"
+
+
+def lane_key(queue: str, priority: str = DEFAULT_PRIORITY) -> str:
+    """The list of ids waiting on ``queue`` (a canonical queue) at ``priority``:
+    :func:`queue_key` for :data:`DEFAULT_PRIORITY`, ``<queue key>.<priority>`` for the others
+    (a queue's name holds no dot: no queue's key is another's lane)."""
+    if priority == DEFAULT_PRIORITY:
+        return queue_key(queue)
+    return f"{queue_key(queue)}.{priority}"
+
+
+def lane_keys(queue: str) -> tuple[str, ...]:
+    """Every list a consumer of ``queue`` takes from, highest priority first: the lanes of
+    :data:`PRIORITIES`; a delay queue has one list (:func:`queue_key`), ordered by due time."""
+    if queue != canonical(queue):
+        return (queue_key(queue),)
+    return tuple(lane_key(queue, priority) for priority in PRIORITIES)
+
+
+def lanes_state_key(queue: str) -> str:
+    """The hash of ``queue``'s lanes (priority -> jobs of higher lanes taken since it was
+    last taken from, while it had messages waiting): the fetch's starvation bound."""
+    return f"{queue_key(canonical(queue))}.lanes"
+
+
+def fair_keys(queue: str) -> tuple[str, ...]:
+    """The keys of ``queue``'s fair lane (per-key fairness, :mod:`.queuelanes`), in the
+    scripts' order: the zset of its waiting keyed ids by turn (virtual time), the zset of
+    the same ids by when each became due (the backlog's age), the hash id -> key of every
+    keyed message waiting or running, the hash key -> its last turn given, the hash key ->
+    its deliveries in flight, and the lanes hash (:func:`lanes_state_key`)."""
+    base = queue_key(canonical(queue))
+    return (
+        f"{base}.fair",
+        f"{base}.fair.since",
+        f"{base}.fair.of",
+        f"{base}.fair.last",
+        f"{base}.fair.busy",
+        lanes_state_key(queue),
+    )
+
+
+def waiting_keys(queue: str) -> tuple[str, ...]:
+    """Every key a script that puts a message back on ``queue`` needs to place it on its
+    lane: :func:`lane_keys`, then (not for a delay queue) :func:`fair_keys`."""
+    if queue != canonical(queue):
+        return lane_keys(queue)
+    return (*lane_keys(queue), *fair_keys(queue))

@@ -20,6 +20,8 @@ from .keys import (
     QueueKeys,
     activity_key,
     dead_letter_keys,
+    fair_keys,
+    lane_keys,
     message_index_key,
     namespace_of,
 )
@@ -73,15 +75,18 @@ def waiting_page(
     client: redis.Redis, queue: str, start: int, size: int
 ) -> tuple[int, list[tuple[str, bytes | None]]]:
     """Page ``start`` .. ``start + size - 1`` of the messages waiting on ``queue``, in line
-    order, or, for its delay queue ``q.DQ``, of its delayed messages by due time (those a
-    producer just appended and no worker has ordered yet come last), in one round trip
-    whatever the queue holds: (how many wait, [(redis id, body or None when taken
-    meanwhile)])."""
+    order (its lanes one after the other, highest priority first, the fair lane after the
+    plain normal list: :func:`.keys.lane_keys`), or, for its delay queue ``q.DQ``, of its
+    delayed messages by due time (those a producer just appended and no worker has ordered
+    yet come last), in one round trip whatever the queue holds: (how many wait, [(redis
+    id, body or None when taken meanwhile)])."""
     keys = QueueKeys.of(queue)
-    used: tuple[str, ...] = (keys.ready, keys.ready_bodies)
-    script = WAITING_PAGE
+    used: tuple[str, ...]
     if queue.endswith(DELAY_SUFFIX):
         script, used = DELAYED_PAGE, (keys.due, keys.delayed, keys.delayed_bodies)
+    else:
+        high, normal, low = lane_keys(queue)
+        script, used = WAITING_PAGE, (keys.ready_bodies, high, normal, fair_keys(queue)[0], low)
     reply = client.eval(script, len(used), *used, start, size)
     count, pairs = int(reply[0]), reply[1:]
     return count, [
@@ -101,14 +106,34 @@ local function with_bodies(out, ids, bodies)
 end
 """
 
-#: A page of a list of redis ids and their bodies.  KEYS: the list, its bodies.
-#: ARGV: first index, how many.  Returns [length, id1, body1 or false, ...].
+#: A page of lists (and the fair lane's zset, KEYS[4], in turn order) of redis ids read one
+#: after the other, and their bodies.  KEYS: the bodies, then the lanes.
+#: ARGV: first index, how many.  Returns [the lanes' length summed, id1, body1 or false, ...].
 WAITING_PAGE: Final = (
     _WITH_BODIES
     + """
-local first = tonumber(ARGV[1])
-local ids = redis.call('lrange', KEYS[1], first, first + tonumber(ARGV[2]) - 1)
-return with_bodies({redis.call('llen', KEYS[1])}, ids, KEYS[2])
+local first, size = tonumber(ARGV[1]), tonumber(ARGV[2])
+local total, ids = 0, {}
+for i = 2, #KEYS do
+  local sorted = i == 4
+  local length
+  if sorted then length = redis.call('zcard', KEYS[i]) else length = redis.call('llen', KEYS[i]) end
+  local from = math.max(0, first - total)
+  if #ids < size and from < length then
+    local last = from + size - #ids - 1
+    local page
+    if sorted then
+      page = redis.call('zrange', KEYS[i], from, last)
+    else
+      page = redis.call('lrange', KEYS[i], from, last)
+    end
+    for _, id in ipairs(page) do
+      table.insert(ids, id)
+    end
+  end
+  total = total + length
+end
+return with_bodies({total}, ids, KEYS[1])
 """
 )
 

@@ -13,7 +13,14 @@ from dramatiq.broker import MessageProxy
 from dramatiq.middleware import GroupCallbacks, MiddlewareError
 from dramatiq.rate_limits.backends import RedisBackend
 
-from ..layout import NAMESPACE, REDIS_MESSAGE_ID, Callback, group_member_done, namespace_of
+from ..layout import (
+    NAMESPACE,
+    REDIS_MESSAGE_ID,
+    Callback,
+    group_member_done,
+    namespace_of,
+    stored_priority,
+)
 from ..settlement import REQUEUE, settle_with
 
 logger = logging.getLogger(__name__)
@@ -84,7 +91,13 @@ class GroupCompletion(GroupCallbacks):
                 for callback in options.get("group_completion_callbacks") or []
             ]
             stored = [
-                Callback(c.queue_name, c.options[REDIS_MESSAGE_ID], c.encode(), c.message_id)
+                Callback(
+                    c.queue_name,
+                    c.options[REDIS_MESSAGE_ID],
+                    c.encode(),
+                    c.message_id,
+                    stored_priority(c.options),
+                )
                 for c in callbacks
             ]
             fired = group_member_done(

@@ -239,8 +239,8 @@ def instruments() -> Instruments:
                 throttled=Counter(
                     contract.JOBS_THROTTLED,
                     "Messages a fetch left queued for want of a downstream slot (reason "
-                    "budget) or token (rate); a message waiting through several fetches "
-                    "counts at each.",
+                    "budget) or token (rate), or passed over for their key's limit in "
+                    "flight (key); a message waiting through several fetches counts at each.",
                     ["queue", "reason"],
                 ),
             )
