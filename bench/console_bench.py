@@ -15,16 +15,29 @@ its wall time is measured around it and its peak memory is the child's ``ru_maxr
 interpreter start). ``--baseline-from`` bakes another checkout of the template (e.g.
 ``/work/main`` before #27) and runs its ``dlq list`` on a tenth of the dead letters,
 side by side. Writes ``bench/results/console_bench-<UTC>.json``.
+
+    python bench/console_bench.py --worker-calls [--jobs N] [--window S] [--baseline REV]
+
+The Redis calls the truthful status, the activity charts and the progress reports (#41)
+added to a worker: one worker process of 8 threads of this build and of ``--baseline``
+(default: the parent of the commit that added ``tests/test_status_truth.py``), each on
+its own redis-server, counted with ``MONITOR`` (the bench's own connection and the job
+body's calls, keys ``bench:*``, left out): per no-op job (``--jobs``, after 200 of
+warm-up), per idle second (``--window``), and, on this build, per ``checkpoint(progress=,
+note=)`` a handler makes. Round trips are the commands the worker sent; commands in
+scripts are those its Lua ran. Counts and ratios in one run (no timing).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -35,6 +48,7 @@ from cookiecutter.main import cookiecutter
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _results
 import _workers
+import flow_bench
 
 DEAD_QUEUE = "reports"
 BATCH = 20_000
@@ -162,12 +176,187 @@ print(json.dumps({{"best_s": min(times), "median_s": sorted(times)[2],
 """
 
 
+#: The actors the worker-calls part runs: flow_bench's no-op and a job reporting progress.
+CALLS_ACTORS = (
+    flow_bench.ACTORS
+    + """
+
+from ..lifecycle import checkpoint
+
+
+@dramatiq.actor(queue_name="notifications", max_retries=0)
+def calls_progress(run, steps):
+    for step in range(steps):
+        checkpoint(progress=(step + 1) / steps, note=f"step {step + 1} of {steps}")
+    _client.incr("bench:" + run)
+"""
+)
+
+
+class Tally(threading.Thread):
+    """What ``MONITOR`` shows while :attr:`counting`, by command: ``sent`` (round trips a
+    worker sent) and ``lua`` (run inside its scripts); the connection at ``ours`` (the
+    bench's) and every command naming a ``bench:*`` key (the job body's) left out."""
+
+    def __init__(self, url: str, ours: str) -> None:
+        super().__init__(daemon=True)
+        self.client = redis.Redis.from_url(url)
+        self.ours = ours
+        self.counting = False
+        self.counts: dict[str, collections.Counter[str]] = {
+            "sent": collections.Counter(),
+            "lua": collections.Counter(),
+        }
+
+    def run(self) -> None:
+        try:
+            with self.client.monitor() as monitor:
+                for command in monitor.listen():
+                    if not self.counting:
+                        continue
+                    if f"{command['client_address']}:{command['client_port']}" == self.ours:
+                        continue
+                    words = command["command"].split(" ")
+                    if any(word.startswith("bench:") for word in words):
+                        continue
+                    kind = "lua" if command["client_type"] == "lua" else "sent"
+                    self.counts[kind][words[0].lower()] += 1
+        except (redis.RedisError, OSError):
+            return
+
+    def window(self, work: Any) -> dict[str, dict[str, int]]:
+        """Count while ``work()`` runs: the counts of that window."""
+        for counter in self.counts.values():
+            counter.clear()
+        self.counting = True
+        try:
+            work()
+        finally:
+            time.sleep(0.3)  # what the last settlement sends after the job body
+            self.counting = False
+        return {kind: dict(counter) for kind, counter in self.counts.items()}
+
+
+def per(counts: dict[str, dict[str, int]], unit: float) -> dict[str, Any]:
+    """``counts`` divided by ``unit`` (jobs, seconds, checkpoints), with totals."""
+    return {
+        **{f"{kind}_total": round(sum(c.values()) / unit, 3) for kind, c in counts.items()},
+        **{
+            kind: {k: round(v / unit, 3) for k, v in sorted(c.items())}
+            for kind, c in counts.items()
+        },
+    }
+
+
+def run_jobs(client: redis.Redis, tally: Tally, run: str, jobs: int, actor: str, *args: Any) -> Any:
+    """Stage ``jobs`` messages of ``actor`` (uncounted), release them and count until the
+    last one's body ran: the window's counts."""
+    staged = f"bench:staging:{run}"
+    pipe = client.pipeline(transaction=False)
+    for _ in range(jobs):
+        item = _workers.message(actor, run, *args)
+        redis_id = item.options["redis_message_id"]
+        pipe.hset(f"{_workers.NS}:{_workers.QUEUE}.msgs", redis_id, item.encode())
+        pipe.rpush(staged, redis_id)
+    pipe.execute()
+
+    def work() -> None:
+        client.rename(staged, f"{_workers.NS}:{_workers.QUEUE}")
+        client.publish(f"{_workers.NS}:__wake__", _workers.QUEUE)
+        _workers.wait_for(lambda: int(client.get("bench:" + run) or 0) >= jobs, 600, run)
+
+    return tally.window(work)
+
+
+def worker_calls(root: Path, builds: dict[str, Path], jobs: int, window_s: float) -> dict[str, Any]:
+    """Each build's Redis calls per job, per idle second and (this build) per checkpoint."""
+    found: dict[str, Any] = {}
+    for name, project in builds.items():
+        server = _workers.redis_server(root / f"redis-calls-{name}")
+        process = flow_bench.start(project, server, root, f"calls-{name}", WORKER_CONCURRENCY="8")
+        client = redis.Redis.from_url(server.url, single_connection_client=True)
+        tally = Tally(server.url, str(client.client_info()["addr"]))
+        tally.start()
+        try:
+            time.sleep(0.5)  # the monitor is attached
+            run_jobs(client, tally, "warm", 200, "flow_noop")
+            found[name] = {"per_job": per(run_jobs(client, tally, "jobs", jobs, "flow_noop"), jobs)}
+            found[name]["per_idle_s"] = per(tally.window(lambda: time.sleep(window_s)), window_s)
+            if name == "this":
+                steps, few = 20, max(50, jobs // 10)
+                plain = run_jobs(client, tally, "p0", few, "calls_progress", 0)
+                reported = run_jobs(client, tally, "p20", few, "calls_progress", steps)
+                found[name]["per_checkpoint"] = {
+                    kind: round(
+                        (sum(reported[kind].values()) - sum(plain[kind].values())) / (few * steps),
+                        4,
+                    )
+                    for kind in ("sent", "lua")
+                }
+        finally:
+            _workers.stop(process)
+            client.close()
+            server.stop()
+        print(name, found[name], flush=True)
+    if "baseline" in found:
+        this, base = found["this"], found["baseline"]
+        for unit in ("per_job", "per_idle_s"):
+            for kind in ("sent", "lua"):
+                key = f"{kind}_total"
+                found[f"{unit}_{kind}_ratio"] = round(
+                    this[unit][key] / max(base[unit][key], 1e-9), 3
+                )
+                names = set(this[unit][kind]) | set(base[unit][kind])
+                found[f"{unit}_{kind}_added"] = {
+                    n: round(this[unit][kind].get(n, 0) - base[unit][kind].get(n, 0), 3)
+                    for n in sorted(names)
+                    if abs(this[unit][kind].get(n, 0) - base[unit][kind].get(n, 0)) >= 0.005
+                }
+    return found
+
+
+def default_calls_baseline() -> str:
+    added = flow_bench.git(
+        "log", "--diff-filter=A", "--format=%H", "--", "tests/test_status_truth.py"
+    ).splitlines()
+    if not added:
+        raise SystemExit("no commit adds tests/test_status_truth.py: give --baseline")
+    return flow_bench.git("rev-parse", f"{added[-1]}^")
+
+
+def calls_main(args: argparse.Namespace) -> None:
+    revision = args.baseline or default_calls_baseline()
+    with tempfile.TemporaryDirectory(prefix="console-calls-") as tmp:
+        root = Path(tmp)
+        this = _workers.add_actors(
+            flow_bench.bake_project(root / "this", database="none"), flow_bench=CALLS_ACTORS
+        )
+        baseline = flow_bench.bake_at(revision, root / "baseline")
+        results = {
+            "baseline": revision,
+            "head": flow_bench.git("rev-parse", "HEAD"),
+            "jobs": args.jobs,
+            "window_s": args.window,
+            **worker_calls(root, {"this": this, "baseline": baseline}, args.jobs, args.window),
+        }
+    _results.write("console_bench", results, part="worker_calls")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--processes", type=int, default=50)
     parser.add_argument("--baseline-from", type=Path, help="another checkout of the template")
+    parser.add_argument(
+        "--worker-calls", action="store_true", help="only the Redis calls a worker makes"
+    )
+    parser.add_argument("--jobs", type=int, default=2000, help="--worker-calls: no-op jobs")
+    parser.add_argument("--window", type=float, default=20.0, help="--worker-calls: idle s")
+    parser.add_argument("--baseline", help="--worker-calls: the template revision compared")
     args = parser.parse_args()
+    if args.worker_calls:
+        calls_main(args)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         project = _workers.bake(root / "bake", database="none")

@@ -139,8 +139,9 @@ def default_baseline(module: str = "flow") -> str:
     return git("rev-parse", f"{added.splitlines()[-1]}^")
 
 
-def bake_at(revision: str, root: Path) -> Path:
-    """The template as of ``revision``, baked (``database=none``) with :data:`ACTORS`."""
+def bake_at(revision: str, root: Path, actors: str = ACTORS) -> Path:
+    """The template as of ``revision``, baked (``database=none``) with ``actors`` (default
+    :data:`ACTORS`)."""
     source = root / "template"
     source.mkdir(parents=True)
     archive = subprocess.run(
@@ -154,7 +155,7 @@ def bake_at(revision: str, root: Path) -> Path:
             str(source), no_input=True, output_dir=str(out), extra_context={"database": "none"}
         )
     )
-    return _workers.add_actors(project, flow_bench=ACTORS)
+    return _workers.add_actors(project, flow_bench=actors)
 
 
 def start(project: Path, server: Any, root: Path, name: str, **settings: str) -> Any:

@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import time
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -96,11 +97,13 @@ def consoles(lc_project: Path, redis_url: str, tmp_path: Path) -> Iterator[Any]:
 
 
 def kill_letter(client: redis.Redis, queue: str, actor: str, *args: Any, reason: str,
-                traceback: str | None = None, kwargs: dict[str, Any] | None = None) -> str:
-    """A dead letter of ``queue`` as the worker leaves one; returns its redis id."""
+                traceback: str | None = None, kwargs: dict[str, Any] | None = None,
+                redis_id: str | None = None) -> str:
+    """A dead letter of ``queue`` as the worker leaves one (kept under ``redis_id``, default
+    its job id); returns its redis id."""
     message: Message[Any] = Message(queue_name=queue, actor_name=actor, args=args,
                                     kwargs=kwargs or {}, options={})
-    redis_id = message.message_id
+    redis_id = redis_id or message.message_id
     options = {"redis_message_id": redis_id, "dead_letter_reason": reason, "retries": 4}
     if traceback:
         options["traceback"] = traceback
@@ -333,6 +336,10 @@ def test_the_activity_page_charts_the_last_hour_from_the_workers_counts(
         assert page.locator("script").count() == 0
         quiet = page.locator("section.activity", has_text="reports").locator("p").inner_text()
         assert quiet.startswith("Last hour: 0 done, 0 failed"), quiet
+        # Bounded: a hash a queue a minute, each gone after the hour (and a few minutes).
+        client = redis.Redis.from_url(redis_url)
+        kept = list(client.scan_iter("dramatiq:__activity__.*"))
+        assert kept and all(0 < client.pttl(key) <= 65 * 60_000 for key in kept), kept
     finally:
         page.close()
 
@@ -570,3 +577,149 @@ def test_the_exporter_mounts_the_console_only_when_asked(
         assert "read-only" in read_only.records("console_start")[0]["msg"]
     finally:
         page.close()
+
+
+def fits(page: Any, width: int, what: str) -> None:
+    """Nothing of ``page`` sticks out of a ``width`` px screen (no sideways scroll)."""
+    overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+    assert overflow <= 0, f"{what} at {width} px overflows by {overflow} px"
+
+
+def test_every_action_works_at_both_widths_with_the_token_and_is_audited(
+        browser: Any, consoles: Any, redis_url: str, tmp_path: Path) -> None:
+    """Each action a form offers, done as an operator would at 1400 and at 390 px: replay
+    and purge the selected dead letters (a list, one letter's page), replay a summary group,
+    replay and purge every letter matching a filter, cancel a waiting and a delayed job,
+    pause and resume a queue (refused with a wrong token first); each answered, each in
+    Redis, each on its page without a sideways scroll, each one ``console_action`` line."""
+    client = redis.Redis.from_url(redis_url)
+    console = consoles(CONSOLE_TOKEN=TOKEN)
+    jobs = Jobs(redis_url)
+    dead = "dramatiq:reports.XQ"
+    expected: list[tuple[str, str, int | None]] = []
+    for width in WIDTHS:
+        client.flushall()
+        chosen = kill_letter(client, "reports", "build_report", 1, reason="TimeoutError: slow")
+        purged = kill_letter(client, "reports", "build_report", 2, reason="TimeoutError: down")
+        shown = kill_letter(client, "reports", "build_report", 3, reason="RuntimeError: once")
+        for number in range(3):
+            kill_letter(client, "reports", "build_report", number,
+                        reason=f"KeyError: 'q{number}' in report {number}")
+        acme = [kill_letter(client, "reports", "build_report", n,
+                            reason=f"ValueError: tenant acme-{n} has no rows") for n in range(3)]
+        beta = [kill_letter(client, "reports", "build_report", n,
+                            reason=f"OSError: disk beta-{n} full") for n in range(2)]
+        invoice = kill_letter(client, "reports", "send_invoice", 5, reason="ValueError: x",
+                              redis_id=f"redis-{width}")
+        job_id = Message.decode(client.hget(f"{dead}.msgs", invoice)).message_id
+        waiting = Message(queue_name="partner", actor_name="call_partner", args=(),
+                          kwargs={"order_id": "o-9"}, options={})
+        jobs.broker.enqueue(waiting)
+        later = Message(queue_name="notifications", actor_name="lc_quick", args=("d",),
+                        kwargs={}, options={})
+        jobs.broker.enqueue(later, delay=600_000)
+        context = browser.new_context(viewport={"width": width, "height": 900})
+        page = context.new_page()
+
+        def done(name: str, status: int, said: str, w: int = width, p: Any = page) -> None:
+            """The answer to action ``name``: 200, saying ``said``, inert, fitting ``w`` px."""
+            assert status == 200, (name, w, p.inner_text("body"))
+            assert said in p.inner_text("body"), (name, w, p.inner_text("body"))
+            assert p.locator("script").count() == 0
+            fits(p, w, name)
+            p.screenshot(path=str(tmp_path / f"action-{name}-{w}.png"), full_page=True)
+
+        try:
+            page.goto(f"{console.url}/dead?queue=reports")
+            fits(page, width, "the dead letters' form")
+            page.check(f"input[name=id][value='{chosen}']")
+            done("replay", sign_and_press(page, "replay", TOKEN, "/dead/act"),
+                 "Replayed 1 of 1 selected dead letters")
+            page.check(f"input[name=id][value='{purged}']")
+            done("purge", sign_and_press(page, "purge", TOKEN, "/dead/act"),
+                 "Purged 1 of 1 selected dead letters")
+            assert not {chosen, purged} & {m.decode() for m in client.zrange(dead, 0, -1)}
+
+            page.goto(f"{console.url}/dead/show?queue=reports&id={shown}")
+            fits(page, width, "a dead letter's form")
+            done("purge-one", sign_and_press(page, "purge", TOKEN, "/dead/act"),
+                 "Purged 1 of 1 selected dead letters")
+            assert client.zscore(dead, shown) is None
+
+            page.goto(f"{console.url}/dead/summary?queue=reports")
+            fits(page, width, "the summary's form")
+            page.locator("tr", has_text="KeyError").locator("input[name=group]").check()
+            done("replay-group", sign_and_press(page, "replay-group", TOKEN, "/dead/act"),
+                 "Replayed 3 dead letters of the group build_report / KeyError")
+
+            for sought in ("SEND_INVOICE", job_id, f"redis-{width}"):  # actor, job id, redis id
+                query = urllib.parse.urlencode({"queue": "reports", "find": sought})
+                page.goto(f"{console.url}/dead?{query}")
+                assert page.locator("table tbody tr").count() == 1, sought
+                assert "send_invoice" in page.inner_text("table tbody tr"), sought
+            page.goto(f"{console.url}/dead?queue=reports&find=ACME")
+            fits(page, width, "a filtered page's form")
+            assert page.locator("button[value=replay-matching]").inner_text() == (
+                "Replay all 3 matching")
+            done("replay-matching", sign_and_press(page, "replay-matching", TOKEN, "/dead/act"),
+                 "Replayed 3 dead letters matching 'ACME'")
+            page.goto(f"{console.url}/dead?queue=reports&find=beta")
+            done("purge-matching", sign_and_press(page, "purge-matching", TOKEN, "/dead/act"),
+                 "Purged 2 dead letters matching 'beta'")
+            left = {m.decode() for m in client.zrange(dead, 0, -1)}
+            assert left == {invoice}, left  # every other letter acted on, each by one action
+            assert client.llen("dramatiq:reports") == 1 + 3 + 3, "the replayed ones wait"
+            assert not set(acme + beta) & left
+
+            page.goto(f"{console.url}/jobs?queue=partner")
+            fits(page, width, "the waiting jobs' form")
+            page.check(f"input[name=id][value='{waiting.message_id}']")
+            done("cancel", sign_and_press(page, "cancel", TOKEN, "/jobs/act"),
+                 "Cancelled 1 selected jobs (")
+            page.goto(f"{console.url}/jobs?queue=notifications&kind=delayed")
+            page.check(f"input[name=id][value='{later.message_id}']")
+            done("cancel-delayed", sign_and_press(page, "cancel", TOKEN, "/jobs/act"),
+                 "Cancelled 1 selected jobs (")
+            for message in (waiting, later):
+                assert client.zscore("dramatiq:__cancelled__", message.message_id) is not None
+
+            page.goto(f"{console.url}/")
+            fits(page, width, "the overview's form")
+            page.check("input[name=queue][value=notifications]")
+            assert sign_and_press(page, "pause", "wrong", "/queues/act") == 403
+            assert "Refused: wrong or missing token" in page.inner_text("body")
+            signed = {"queue": "notifications", "action": "pause", "token": TOKEN}
+            unconfirmed = page.request.post(f"{console.url}/queues/act",
+                                            form={**signed, "who": "alice"})
+            assert unconfirmed.status == 400 and "tick the confirmation box" in (
+                unconfirmed.text())
+            anonymous = page.request.post(f"{console.url}/queues/act",
+                                          form={**signed, "confirm": "yes"})
+            assert anonymous.status == 400 and "give your name" in anonymous.text()
+            assert not client.hexists("dramatiq:__paused__", "notifications")
+            page.check("input[name=queue][value=notifications]")
+            done("pause", sign_and_press(page, "pause", TOKEN, "/queues/act"),
+                 "Queue notifications: paused")
+            assert client.hexists("dramatiq:__paused__", "notifications")
+            row = page.locator("table").first.locator("tr", has_text="notifications")
+            assert "paused" in row.inner_text()
+            row.locator("input[name=queue]").check()
+            done("resume", sign_and_press(page, "resume", TOKEN, "/queues/act"),
+                 "Queue notifications: resumed")
+            assert not client.hexists("dramatiq:__paused__", "notifications")
+        finally:
+            context.close()
+        expected += [("replay", "replayed", 1), ("purge", "purged", 1), ("purge", "purged", 1),
+                     ("replay-group", "replayed", 3), ("replay-matching", "replayed", 3),
+                     ("purge-matching", "purged", 2), ("cancel", "cancelled", 1),
+                     ("cancel", "cancelled", 1), ("pause", "refused", None),
+                     ("pause", "refused", None), ("pause", "refused", None),
+                     ("pause", "paused", 1), ("resume", "resumed", 1)]
+    actions = [r for r in console.records() if r.get("event") == "console_action"]
+    assert [(r["action"], r["outcome"], r.get("count")) for r in actions] == expected
+    assert [r["who"] for r in actions] == (["alice"] * 10 + [""] + ["alice"] * 2) * 2
+    assert all(r["remote"] == "127.0.0.1" for r in actions)
+    assert [r["queue"] for r in actions if r["action"] in ("pause", "resume")] == [
+        "notifications"] * 10
+    assert [r["find"] for r in actions if r["action"].endswith("-matching")] == [
+        "ACME", "beta"] * 2

@@ -14,15 +14,21 @@
 * Bad values of ``DOWNSTREAM_<NAME>_*`` refuse to boot: exit 78, one line.
 
 The idle consumers poll at most every second (``IDLE_POLL_MS``) and a held-back one waits
-at most a second too, so each consumer asks for the paused queue at least once a second:
-the few seconds a pause is watched here are that many refused fetches per consumer, the
-same decision a 30 s watch would see thirty times.
+at most a second too, so each consumer asks for the paused queue at least once a second.
+The issue's "not fetched for 30 s" is proven as "no fetch across every poll of every
+consumer", each poll counted (Redis's ``MONITOR``, :class:`FetchWatch`): every process asks
+for the paused queue several times a watch at its steady one-second pace, and each ask is
+the same stateless decision (the queue in a hash with no expiry, checked in the fetch
+script), so a 30 s watch would see the same refusal thirty times; the pause cannot lapse
+with time (its key has no TTL).
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -123,6 +129,50 @@ def metric(text: str, name: str, **labels: str) -> float | None:
     return None
 
 
+class FetchWatch:
+    """The fetches (the FETCH script: KEYS the queue, its bodies, the fetching process's acks
+    set) each worker process sends for ``queue``, counted from Redis's ``MONITOR`` while the
+    watch is on; ``polls`` maps each process's broker id to its count."""
+
+    def __init__(self, redis_url: str, queue: str) -> None:
+        self.queue = queue
+        self.polls: collections.Counter[str] = collections.Counter()
+        self.counting = False
+        self._client = redis.Redis.from_url(redis_url)
+        self._monitor = self._client.monitor().__enter__()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        acks = f"{NS}:__acks__."
+        head = [f"{NS}:{self.queue}", f"{NS}:{self.queue}.msgs"]
+        try:
+            for command in self._monitor.listen():
+                words = command["command"].split(" ")
+                if (self.counting and words[0].upper() == "EVALSHA" and words[3:5] == head
+                        and len(words) > 5 and words[5].startswith(acks)):
+                    self.polls[words[5][len(acks):-len(self.queue) - 1]] += 1
+        except (redis.RedisError, OSError, AttributeError):
+            return  # closed at the end
+
+    def count(self, seconds: float) -> collections.Counter[str]:
+        """Count the fetches for ``seconds``: each process's polls meanwhile."""
+        self.polls.clear()
+        self.counting = True
+        time.sleep(seconds)
+        self.counting = False
+        return collections.Counter(self.polls)
+
+    def close(self) -> None:
+        self._monitor.__exit__()
+        self._client.close()
+
+
+#: Fetches of the paused queue each process must be seen sending in a 3 s watch: its
+#: steady one-second poll, at least.
+POLLS = 3
+
+
 def test_a_paused_queue_is_fetched_by_no_worker_while_another_flows_then_resumes(
         flow_project: Path, redis_url: str, client: redis.Redis,
         workers: Callable[..., Worker]) -> None:
@@ -140,7 +190,17 @@ def test_a_paused_queue_is_fetched_by_no_worker_while_another_flows_then_resumes
     for job_id in flowing:
         send(redis_url, PARTNER, "flow_call", job_id, 0.05)
     wait_for(lambda: done(client, flowing) == len(flowing), 30, "the partner jobs to run")
-    time.sleep(3)  # three polls at least of each notifications consumer
+    watch = FetchWatch(redis_url, "notifications")
+    more = [f"q{i}" for i in range(40)]
+    try:
+        for job_id in more:  # about 3 s of work for the external pool's threads
+            send(redis_url, PARTNER, "flow_call", job_id, 1.0)
+        polls = watch.count(3)  # while the partner's queue flows
+        wait_for(lambda: done(client, more) == len(more), 60, "the partner jobs to run again")
+    finally:
+        watch.close()
+    assert len(polls) == 2 and min(polls.values()) >= POLLS, f"each process asks: {polls}"
+    assert client.ttl(f"{NS}:__paused__") == -1, "a pause that never lapses"
     assert not any(starts(client, job_id) for job_id in waiting)
     assert client.llen(f"{NS}:notifications") == len(waiting)
     assert held(client, "notifications") == 0, "nothing fetched, nothing held"
@@ -155,7 +215,13 @@ def test_a_paused_queue_is_fetched_by_no_worker_while_another_flows_then_resumes
     assert interactive.stop() == 0
     restarted = workers(WORKER_PROCESSES="2")
     wait_for(lambda: len(restarted.children()) == 2, 30, "the restarted pool's processes")
-    time.sleep(3)
+    watch = FetchWatch(redis_url, "notifications")
+    try:
+        after = watch.count(3)
+    finally:
+        watch.close()
+    assert len(after) == 2 and min(after.values()) >= POLLS, f"each new process asks: {after}"
+    assert not set(after) & set(polls), "the new processes, not the old ones"
     assert not any(starts(client, job_id) for job_id in waiting)
     assert held(client, "notifications") == 0
 

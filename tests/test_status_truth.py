@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from _lifecycle import QUEUE, Jobs, Worker, bake_with_actors, get, wait_for, workers_of
 from bakery import PYTHON, package_of, project_env, run_cli
 from dramatiq import Message
@@ -58,6 +59,11 @@ def truth_two(job_id: str) -> None:
 def truth_fail(job_id: str) -> None:
     _record("start", job_id)
     raise ValueError(f"job {job_id} failed")
+
+
+@dramatiq.actor(queue_name="notifications", max_retries=0)
+def truth_dead(job_id: str) -> None:
+    raise ValueError(f"job {job_id} cannot run")
 
 
 @dramatiq.actor(queue_name="notifications", max_retries=0, time_limit=600_000)
@@ -168,6 +174,19 @@ def test_a_job_is_running_only_between_its_own_start_and_end(
     assert "3 live processes, 0 running jobs" in text, text
 
 
+def beat_every_s(redis_url: str, pid: int) -> float:
+    """How often the worker process ``pid`` beats, as its record in Redis says."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        for key in client.scan_iter("dramatiq:__process__.*"):
+            record = json.loads(client.get(key) or "{}")
+            if record.get("pid") == pid:
+                return float(record["beat_every_ms"]) / 1000
+    finally:
+        client.close()
+    raise AssertionError(f"no process record of {pid}")
+
+
 def test_a_process_that_exits_is_gone_at_once_and_a_frozen_one_is_stale(
         project: Path, redis_url: str, workers: Any, console: Console) -> None:
     reloaded = workers(WORKER_PROCESSES="2", WORKER_CONCURRENCY="1")
@@ -187,9 +206,15 @@ def test_a_process_that_exits_is_gone_at_once_and_a_frozen_one_is_stale(
     survivor = workers(WORKER_PROCESSES="2", WORKER_CONCURRENCY="1")
     wait_for(lambda: len(live(snapshot(console))) == 3, 30, "3 live processes again")
     victim = survivor.children()[0]
+    beat_s = beat_every_s(redis_url, victim)
+    killed_at = time.monotonic()
     os.kill(victim, signal.SIGKILL)
-    wait_for(lambda: survivor.records("process_died"), 10, "the supervisor to bury it")
-    assert victim not in {p["pid"] for p in snapshot(console)["processes"]}
+    wait_for(lambda: victim not in {p["pid"] for p in snapshot(console)["processes"]}, 10,
+             "the killed process gone from the list")
+    gone_s = time.monotonic() - killed_at
+    assert gone_s < beat_s, f"gone {gone_s:.2f} s after the kill: more than a beat ({beat_s} s)"
+    assert survivor.records("process_died"), "its supervisor buried it"
+    wait_for(lambda: len(live(snapshot(console))) == 3, 30, "its replacement listed")
 
     # A frozen process: stale (3 of its 4 s beat intervals and a second), with its age.
     [stopped] = frozen.children()
@@ -252,6 +277,23 @@ def test_work_no_live_process_serves_is_flagged(
     assert checked.stdout.strip() == "every queue with work has a live process serving it"
 
 
+def test_delayed_work_due_that_no_process_serves_is_flagged(
+        project: Path, redis_url: str, console: Console) -> None:
+    """Nothing waits on ``reports``, but a delayed job there is due and no process runs to
+    move it: flagged all the same (status, its --check, the console, the same rule)."""
+    jobs = Jobs(redis_url)
+    jobs.broker.enqueue(Message(queue_name="reports", actor_name="truth_two", args=("d",),
+                                kwargs={}, options={}), delay=500)
+    row = wait_for(lambda: (r := queue_row(snapshot(console), "reports"))["unserved"] and r,
+                   10, "the due delayed job flagged")
+    assert (row["waiting"], row["delayed"], row["consumers"]) == (0, 1, 0), row
+    checked = status(project, redis_url, "--check")
+    assert checked.returncode == 1, checked
+    [line] = checked.stdout.splitlines()
+    assert line.startswith("unserved: queue reports (pool ") and " delayed work due " in line
+    assert "Unserved: queue reports (pool " in get(console.url + "/")[1]
+
+
 def test_a_handler_progress_and_note_show_with_its_running_job(
         project: Path, redis_url: str, workers: Any, console: Console) -> None:
     jobs = Jobs(redis_url)
@@ -283,3 +325,32 @@ def test_status_into_a_closed_pipe_ends_quietly(project: Path, redis_url: str) -
                           check=False)
     os.close(write)
     assert done.returncode == 0 and done.stderr == "", done.stderr
+
+
+def test_dlq_show_takes_the_job_id_a_log_line_prints(
+        project: Path, redis_url: str, workers: Any) -> None:
+    """The id an operator copies from the worker's log line of a job that died is enough
+    for ``dlq show`` and ``dlq replay`` (the dead letter is kept under another, Redis, id)."""
+    jobs = Jobs(redis_url)
+    worker = workers(WORKER_CONCURRENCY="1")
+    wait_for(lambda: worker.children(), 30, "a worker process")
+    jobs.enqueue("truth_dead", "gone")
+
+    def died() -> list[dict[str, Any]]:
+        return [r for r in worker.records("job_end")
+                if r.get("actor") == "truth_dead" and r.get("outcome") == "dead_letter"]
+
+    [line] = wait_for(died, 30, "the job's dead-letter log line")
+    client = redis.Redis.from_url(redis_url)
+    [redis_id] = client.zrange("dramatiq:notifications.XQ", 0, -1)
+    assert line["job_id"] != redis_id.decode(), "the log prints another id than Redis keeps"
+    env = project_env(project, REDIS_URL=redis_url, WORKER_STATE_DIR="/nonexistent")
+    shown = run_cli(project, "dlq", "show", line["job_id"], "--json", env=env)
+    assert shown.returncode == 0, shown.stderr
+    found = json.loads(shown.stdout)
+    assert (found["redis_id"], found["actor"]) == (redis_id.decode(), "truth_dead"), found
+    assert found["reason"].startswith("ValueError: job gone cannot run"), found
+    replayed = run_cli(project, "dlq", "replay", line["job_id"], env=env)
+    assert replayed.returncode == 0 and replayed.stdout.strip() == "replayed 1 dead letter"
+    wait_for(lambda: len(died()) == 2, 30, "the replayed job to run (and die) again")
+    assert {r["job_id"] for r in died()} == {line["job_id"]}, "the same job id, run again"

@@ -1,14 +1,12 @@
 """The console's pages: HTML of the overview (with ``/status.json``), the waiting and
 delayed jobs, the activity of the last hour, the dead letters, a dead letter, the summary,
-the schedules and the capacity chart, and the actions a form asks for (:class:`Console`);
-:mod:`.server` serves them."""
+the schedules and the capacity chart, with the forms of the actions (:class:`Console`);
+:mod:`.actions` does what a form posts, :mod:`.server` serves them."""
 
 from __future__ import annotations
 
-import hmac
 import html
 import json
-import logging
 import math
 import time
 import urllib.parse
@@ -31,8 +29,6 @@ if TYPE_CHECKING:
 
     from ..pools import PoolsFile
 
-
-logger = logging.getLogger(__name__)
 
 #: The variable that enables actions; unset (or empty): the console is read-only.
 TOKEN_ENV = "CONSOLE_TOKEN"  # noqa: S105  (a variable's name, not a secret)
@@ -171,7 +167,33 @@ class Console:
         """``/status.json``: the :meth:`status` as ``status --json`` prints it."""
         return json.dumps(self.status().as_dict()).encode()
 
-    def overview(self, params: dict[str, str] | None = None) -> bytes:
+    def _queue_choice(self, queue: str) -> str:
+        """A queue's name in the overview; with actions enabled, a button to choose it (for
+        pause or resume)."""
+        if not self.token:
+            return e(queue)
+        return (
+            f'<label><input type=radio name=queue value="{e(queue)}" required '
+            f'aria-label="select queue {e(queue)}"> {e(queue)}</label>'
+        )
+
+    def _queue_form(self, queues: str) -> str:
+        """The overview's queue table; with actions enabled, in a form that pauses or
+        resumes the queue chosen (``POST /queues/act``)."""
+        if not self.token:
+            return queues
+        return (
+            f'<form method=post action="{self.link("/queues/act")}">'
+            + queues
+            + self._action_fields(
+                "the selected queue",
+                "<button name=action value=pause>Pause queue</button> "
+                "<button name=action value=resume>Resume queue</button>",
+            )
+            + "</form>"
+        )
+
+    def overview(self, params: dict[str, str] | None = None, notice: str = "") -> bytes:
         refresh_s = _refresh(params or {})
         status = self.status()
         queues = table(
@@ -187,7 +209,7 @@ class Console:
             ],
             [
                 [
-                    e(q.queue)
+                    self._queue_choice(q.queue)
                     + (' <strong class="bad">unserved</strong>' if q.unserved else "")
                     + (' <strong class="note">paused</strong>' if q.paused else "")
                     + (
@@ -259,7 +281,8 @@ class Console:
         mode = (
             "Actions are enabled (CONSOLE_TOKEN is set)."
             if self.token
-            else "Read-only: set CONSOLE_TOKEN to enable replay and purge."
+            else "Read-only: set CONSOLE_TOKEN to enable actions (replay, purge, cancel, "
+            "pause, resume)."
         )
         toggle = (
             f'Auto-refresh every {refresh_s} s: <a href="{self.link("/")}">stop</a>'
@@ -272,7 +295,8 @@ class Console:
         return self.page(
             "Queues and workers",
             f'<p class="note">{e(mode)} Redis time {e(_iso_ms(status.now_ms))}. {toggle}</p>'
-            f"<h2>Queues</h2>{flagged}{queues}{_downstreams(status)}"
+            + (notice or "")
+            + f"<h2>Queues</h2>{flagged}{self._queue_form(queues)}{_downstreams(status)}"
             f"<h2>Worker processes</h2>{processes}",
             refresh_s,
         )
@@ -281,7 +305,7 @@ class Console:
         """``/jobs?queue=Q&kind=waiting|delayed&page=N``: the messages waiting on a queue (or
         its delay queue: ``delay=`` and retries in their backoff), in line order,
         :data:`PAGE_SIZE` a page, one round trip a page however many wait."""
-        queue = self._queue(params)
+        queue = self.queue_of(params)
         kind = "delayed" if params.get("kind") == "delayed" else "waiting"
         number = _page_number(params)
         listed = layout.delay_queue(queue) if kind == "delayed" else queue
@@ -339,12 +363,8 @@ class Console:
             table(header, rows) if rows else f'<p class="note">Nothing {e(kind)} on {e(queue)}.</p>'
         )
         acting = (
-            self._action_fields()
-            .replace("dead letters", "jobs")
-            .replace(
-                "<button name=action value=replay>Replay selected</button> "
-                "<button name=action value=purge>Purge selected</button>",
-                "<button name=action value=cancel>Cancel selected</button>",
+            self._action_fields(
+                "the selected jobs", "<button name=action value=cancel>Cancel selected</button>"
             )
             if rows
             else ""
@@ -391,14 +411,15 @@ class Console:
         )
         return self.page("Activity, last hour", body)
 
-    def _queue(self, params: dict[str, str]) -> str:
+    def queue_of(self, params: dict[str, str]) -> str:
+        """The queue ``params`` names (``queue``); NotFoundError unless it is shown here."""
         queue = params.get("queue", "")
         if queue not in self.queues:
             raise NotFoundError(f"no queue {queue!r} in pools.toml")
         return queue
 
     def dead(self, params: dict[str, str], notice: str = "") -> bytes:
-        queue = self._queue(params)
+        queue = self.queue_of(params)
         number = _page_number(params)
         sought = params.get("find", "").strip()[:200]
         total = dlq.count(self.client, queue)
@@ -460,8 +481,11 @@ class Console:
             + "</p>"
             + f'<form method=post action="{self.link("/dead/act")}">'
             + f'<input type=hidden name=queue value="{e(queue)}">'
+            + (f'<input type=hidden name=find value="{e(sought)}">' if sought else "")
             + listing
-            + self._action_fields()
+            + self._action_fields(
+                "the selected dead letters", _dead_buttons(matching if sought else 0, read >= total)
+            )
             + "</form>"
         )
         return self.page(f"Dead letters: {queue}", body)
@@ -472,14 +496,12 @@ class Console:
         """Page ``number`` of ``queue``'s dead letters whose actor, reason, job id or redis
         id holds ``sought`` (any case), read oldest first, at most :data:`FILTER_READS`:
         (the page, how many match, how many were read)."""
-        wanted = sought.casefold()
         first = number * PAGE_SIZE
         page: list[dlq.DeadLetter] = []
         matching = read = 0
         for letter in dlq.stream(self.client, queue, self.max_bytes):
             read += 1
-            said = " ".join((letter.actor, letter.reason, letter.message_id, letter.redis_id))
-            if wanted in said.casefold():
+            if dlq.matches(letter, sought):
                 if first <= matching < first + PAGE_SIZE:
                     page.append(letter)
                 matching += 1
@@ -487,24 +509,24 @@ class Console:
                 break
         return page, matching, read
 
-    def _action_fields(self) -> str:
+    def _action_fields(self, what: str, buttons: str) -> str:
+        """The fieldset of an action on ``what``: the operator's name (logged), the token,
+        the confirmation, and ``buttons`` (HTML); read-only: a note instead."""
         if not self.token:
             return (
-                '<p class="note">Read-only: actions (replay, purge, cancel) need CONSOLE_TOKEN '
-                "set where the console runs.</p>"
+                '<p class="note">Read-only: actions (replay, purge, cancel, pause, resume) '
+                "need CONSOLE_TOKEN set where the console runs.</p>"
             )
         return (
-            "<fieldset><legend>Act on the selected dead letters</legend>"
+            f"<fieldset><legend>Act on {e(what)}</legend>"
             "<label>Your name <input name=who required maxlength=80 autocomplete=off></label> "
             "<label>Token <input type=password name=token required autocomplete=off></label> "
             "<label><input type=checkbox name=confirm value=yes required> "
-            "I have reviewed the selected dead letters</label> "
-            "<button name=action value=replay>Replay selected</button> "
-            "<button name=action value=purge>Purge selected</button></fieldset>"
+            f"I have reviewed {e(what)}</label> {buttons}</fieldset>"
         )
 
     def summary(self, params: dict[str, str], notice: str = "") -> bytes:
-        queue = self._queue(params)
+        queue = self.queue_of(params)
         counted = dlq.Summary()
         for letter in dlq.stream(self.client, queue, self.max_bytes):
             counted.add(letter)
@@ -525,14 +547,9 @@ class Console:
             for r in kinds
         ]
         listing = table(["", "count", "actor", "exception", "reason"], rows, numeric={1})
-        fields = (
-            self._action_fields()
-            .replace("the selected dead letters", "every dead letter of the selected group")
-            .replace(
-                "<button name=action value=replay>Replay selected</button> "
-                "<button name=action value=purge>Purge selected</button>",
-                "<button name=action value=replay-group>Replay all of this group</button>",
-            )
+        fields = self._action_fields(
+            "every dead letter of the selected group",
+            "<button name=action value=replay-group>Replay all of this group</button>",
         )
         body = (
             (notice or "")
@@ -548,7 +565,7 @@ class Console:
         return self.page(f"Dead letters by actor and reason: {queue}", body)
 
     def show(self, params: dict[str, str]) -> bytes:
-        queue = self._queue(params)
+        queue = self.queue_of(params)
         try:
             letter = dlq.find(self.client, [queue], params.get("id", ""), self.max_bytes)
         except dlq.DeadLetterError as error:
@@ -577,7 +594,7 @@ class Console:
                 f'<form method=post action="{self.link("/dead/act")}">'
                 f'<input type=hidden name=queue value="{e(queue)}">'
                 f'<input type=hidden name=id value="{e(letter.redis_id)}">'
-                + self._action_fields().replace("the selected dead letters", "this dead letter")
+                + self._action_fields("this dead letter", _DEAD_BUTTONS)
                 + "</form>"
             )
         return self.page(f"Dead letter {letter.redis_id}", body)
@@ -661,117 +678,6 @@ class Console:
         )
         return self.page("Capacity", body)
 
-    # -- actions ----------------------------------------------------------------------
-
-    def act(self, form: dict[str, list[str]], remote: str) -> tuple[int, bytes]:
-        """Replay or purge the selected dead letters, or replay a whole group of the
-        summary; (HTTP status, page)."""
-        queue = self._queue({"queue": _one(form, "queue")})
-        action = _one(form, "action")
-        ids = list(dict.fromkeys(form.get("id", [])))
-        who = _one(form, "who").strip()[:80]
-        params = {"queue": queue}
-        group = _group(_one(form, "group"), queue) if action == "replay-group" else None
-        needs = "a group" if action == "replay-group" else "at least one dead letter"
-        chosen = group is not None if action == "replay-group" else bool(ids)
-        refusal = self._refusal(
-            form, action, ("replay", "purge", "replay-group"), chosen, who, needs
-        )
-        logged = {"action": action, "queue": queue, "ids": ids, "who": who, "remote": remote}
-        if group is not None:
-            logged["group"] = list(group)
-        page = self.summary if action == "replay-group" else self.dead
-        if refusal:
-            status, why = refusal
-            logger.warning(
-                "console action refused: %s", why, extra=_action_record(logged, "refused")
-            )
-            return status, page(params, notice=f'<p class="bad">Refused: {e(why)}</p>')
-        problems: list[str] = []
-        if group is not None:
-            done, problems = dlq.replay_group(self.client, group, self.max_bytes)
-            verb, what = "replayed", f"dead letters of the group {' / '.join(group[1:])}"
-        else:
-            letters = [
-                letter
-                for redis_id in ids
-                for letter in _found(self.client, queue, redis_id, self.max_bytes)
-            ]
-            if action == "replay":
-                done, problems = dlq.replay_page(self.client, queue, letters)
-            else:
-                done = layout.purge_dead_letters(
-                    self.client, queue, [letter.redis_id for letter in letters]
-                )
-            verb = "replayed" if action == "replay" else "purged"
-            what = f"of {len(ids)} selected dead letters"
-        logger.info(
-            "console %s %d %s of %s for %s",
-            verb,
-            done,
-            what,
-            queue,
-            who,
-            extra=_action_record(logged, verb, count=done),
-        )
-        said = f"{verb.capitalize()} {done} {what}" + "".join(f"; {p}" for p in problems)
-        return 200, page(params, notice=f'<p class="ok">{e(said)}.</p>')
-
-    def cancel(self, form: dict[str, list[str]], remote: str) -> tuple[int, bytes]:
-        """Cancel the selected jobs of ``/jobs`` (``producer.cancel``: skipped when taken,
-        interrupted when running, counted ``cancelled``); (HTTP status, page)."""
-        queue = self._queue({"queue": _one(form, "queue")})
-        kind = _one(form, "kind") or "waiting"
-        ids = list(dict.fromkeys(form.get("id", [])))
-        who = _one(form, "who").strip()[:80]
-        action = _one(form, "action")
-        refusal = self._refusal(form, action, ("cancel",), bool(ids), who, "at least one job")
-        logged = {"action": action, "queue": queue, "ids": ids, "who": who, "remote": remote}
-        params = {"queue": queue, "kind": kind}
-        if refusal:
-            status, why = refusal
-            logger.warning(
-                "console action refused: %s", why, extra=_action_record(logged, "refused")
-            )
-            return status, self.jobs(params, notice=f'<p class="bad">Refused: {e(why)}</p>')
-        found = sum(layout.record_cancel(self.client, message_id) for message_id in ids)
-        logger.info(
-            "console cancelled %d jobs of %s (%d found queued, delayed or running) for %s",
-            len(ids),
-            queue,
-            found,
-            who,
-            extra=_action_record(logged, "cancelled", count=len(ids), found=found),
-        )
-        said = f"Cancelled {len(ids)} selected jobs ({found} found queued, delayed or running)"
-        return 200, self.jobs(params, notice=f'<p class="ok">{e(said)}.</p>')
-
-    def _refusal(
-        self,
-        form: dict[str, list[str]],
-        action: str,
-        actions: tuple[str, ...],
-        chosen: bool,
-        who: str,
-        needs: str,
-    ) -> tuple[int, str] | None:
-        """Why an action is refused (HTTP status, one line), None when it may run: the
-        token, a known action (of ``actions``), the confirmation, a name, and something
-        chosen (``needs`` says what)."""
-        if not self.token:
-            return 403, "the console is read-only (CONSOLE_TOKEN is not set)"
-        if not hmac.compare_digest(_one(form, "token").encode(), self.token.encode()):
-            return 403, "wrong or missing token; nothing was changed"
-        if action not in actions:
-            return 400, "unknown action"
-        if _one(form, "confirm") != "yes":
-            return 400, "tick the confirmation box; nothing was changed"
-        if not who:
-            return 400, "give your name (the action is logged with it); nothing was changed"
-        if not chosen:
-            return 400, f"select {needs}; nothing was changed"
-        return None
-
 
 class NotFoundError(Exception):
     """A page of something that does not exist (an unknown queue or id)."""
@@ -786,15 +692,24 @@ def _group_value(row: dict[str, Any]) -> str:
     return json.dumps([row["queue"], row["actor"], row["exception"], row["reason"]])
 
 
-def _group(value: str, queue: str) -> tuple[str, str, str, str] | None:
-    """The group a form names (:func:`_group_value`) when it is one of ``queue``'s."""
-    try:
-        group = json.loads(value)
-    except ValueError:
-        return None
-    if not (isinstance(group, list) and len(group) == 4 and all(isinstance(g, str) for g in group)):
-        return None
-    return (group[0], group[1], group[2], group[3]) if group[0] == queue else None
+#: The buttons of a dead letter (or of the selected ones).
+_DEAD_BUTTONS = (
+    "<button name=action value=replay>Replay selected</button> "
+    "<button name=action value=purge>Purge selected</button>"
+)
+
+
+def _dead_buttons(matching: int, exact: bool) -> str:
+    """The dead-letter page's buttons; on a filtered page (``matching`` > 0 letters match the
+    filter; ``exact``: every letter was read to count them) also: replay or purge every one
+    that matches."""
+    if not matching:
+        return _DEAD_BUTTONS
+    every = f"all {matching:,}" if exact else "all"
+    return (
+        f"{_DEAD_BUTTONS} <button name=action value=replay-matching>Replay {every} matching"
+        f"</button> <button name=action value=purge-matching>Purge {every} matching</button>"
+    )
 
 
 def _page_number(params: dict[str, str]) -> int:
@@ -834,12 +749,6 @@ def _iso_ms(ms: int) -> str:
     from ..scheduling.schedules import utc_iso
 
     return utc_iso(ms / 1000)
-
-
-def _action_record(logged: dict[str, Any], outcome: str, **more: Any) -> dict[str, Any]:
-    """The ``extra`` of a ``console_action`` log line: ``logged`` (action, queue, ids, who,
-    remote), its ``outcome`` and ``more``."""
-    return {"event": "console_action", **logged, "outcome": outcome, **more}
 
 
 def _levels(result: dict[str, Any] | None) -> list[tuple[int, float, list[float]]]:
@@ -980,20 +889,6 @@ def capacity_chart(levels: list[tuple[int, float, list[float]]], knee: int | Non
         )
     parts.append("</svg>")
     return "".join(parts)
-
-
-def _one(form: dict[str, list[str]], name: str) -> str:
-    values = form.get(name) or [""]
-    return values[0]
-
-
-def _found(
-    client: redis.Redis, queue: str, redis_id: str, max_bytes: int | None
-) -> list[dlq.DeadLetter]:
-    try:
-        return [dlq.find(client, [queue], redis_id, max_bytes)]
-    except dlq.DeadLetterError:
-        return []
 
 
 def _shorter(text: str, width: int) -> str:

@@ -28,12 +28,15 @@ Also mountable in the exporter: with ``CONSOLE_IN_EXPORTER=true`` the worker's e
 serves the same pages under ``/console/`` on ``METRICS_PORT`` (:data:`EXPORTER_PREFIX`),
 with the same token, headers and escaping (off by default).
 
-Read-only unless ``CONSOLE_TOKEN`` is set. An action (``POST /dead/act``, replay or
-purge) needs that token typed into its form, the box "I have reviewed them"
-ticked, and the operator's name; it acts on the ids selected and nothing else, and is
-logged (one JSON line: event ``console_action``, who, from where, what, how many moved).
-A refused action changes nothing and says why (403 without the token or with a wrong one,
-400 without the confirmation or a selection).
+Read-only unless ``CONSOLE_TOKEN`` is set. An action needs that token typed into its
+form, the box "I have reviewed ..." ticked, and the operator's name: ``POST /dead/act``
+replays or purges the selected dead letters, every one matching the page's filter, or a
+whole group of the summary; ``POST /jobs/act`` cancels the selected jobs; ``POST
+/queues/act`` pauses or resumes the queue chosen on the overview (as ``pause`` and
+``resume`` do). It acts on what was chosen and nothing else, and is logged (one JSON line:
+event ``console_action``, who, from where, what, how many moved). A refused action changes
+nothing and says why (403 without the token or with a wrong one, 400 without the
+confirmation or a selection).
 
 It binds 127.0.0.1 by default: reach it with ``kubectl port-forward``. Every response
 carries ``Content-Security-Policy: default-src 'none'`` (no script, no frame, no form
@@ -57,6 +60,7 @@ from ..cli.args import command_parser
 from ..exitcodes import EX_CONFIG, EX_OK
 from ..service import current
 from ..status import pools_file, pools_queues
+from . import actions
 from .pages import STYLE, TOKEN_ENV, Console, NotFoundError, e
 
 if TYPE_CHECKING:
@@ -119,8 +123,12 @@ def serve(handler: BaseHTTPRequestHandler, console: Console, method: str) -> Non
 
 
 def _post(handler: BaseHTTPRequestHandler, console: Console, path: str | None) -> None:
-    actions = {"/dead/act": console.act, "/jobs/act": console.cancel}
-    if path not in actions:
+    acts: dict[str, Callable[[Console, dict[str, list[str]], str], tuple[int, bytes]]] = {
+        "/dead/act": actions.dead,
+        "/jobs/act": actions.jobs,
+        "/queues/act": actions.queues,
+    }
+    if path not in acts:
         send(handler, 404, console.page("Not found", "<p>No such page.</p>"))
         return
     try:
@@ -135,7 +143,7 @@ def _post(handler: BaseHTTPRequestHandler, console: Console, path: str | None) -
     result: dict[str, tuple[int, bytes]] = {}
 
     def act() -> bytes:
-        result["done"] = actions[path](form, remote)
+        result["done"] = acts[path](console, form, remote)
         return result["done"][1]
 
     _answer(handler, console, act, status=lambda: result.get("done", (200, b""))[0])

@@ -20,7 +20,7 @@ import json
 import re
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
 
@@ -264,18 +264,53 @@ def replay_group(
     max_bytes: int | None = None,
     now_ms: int | None = None,
 ) -> tuple[int, list[str]]:
-    """Replay every dead letter of ``group`` (:func:`group_of`) a page at a time, each page
-    read again past what stays (the others, those that cannot run); (how many moved, one
-    line per letter skipped)."""
+    """Replay every dead letter of ``group`` (:func:`group_of`); (how many moved, one line
+    per letter skipped)."""
     queue = group[0]
+    return replay_where(client, queue, lambda letter: group_of(letter) == group, max_bytes, now_ms)
+
+
+def matches(letter: DeadLetter, sought: str) -> bool:
+    """Whether ``letter``'s actor, reason, job id or redis id holds ``sought`` (any case):
+    the console's filter."""
+    said = " ".join((letter.actor, letter.reason, letter.message_id, letter.redis_id))
+    return sought.casefold() in said.casefold()
+
+
+def replay_where(
+    client: redis.Redis,
+    queue: str,
+    chosen: Callable[[DeadLetter], bool],
+    max_bytes: int | None = None,
+    now_ms: int | None = None,
+) -> tuple[int, list[str]]:
+    """Replay every dead letter of ``queue`` that ``chosen`` keeps, a page at a time, each
+    page read again past what stays (the others, those that cannot run); (how many moved,
+    one line per letter skipped)."""
     moved, left = 0, 0
     skipped: list[str] = []
     while page := read_page(client, queue, left, PAGE, max_bytes):
-        chosen = [letter for letter in page if group_of(letter) == group]
-        done, problems = replay_page(client, queue, chosen, now_ms) if chosen else (0, [])
+        kept = [letter for letter in page if chosen(letter)]
+        done, problems = replay_page(client, queue, kept, now_ms) if kept else (0, [])
         moved, skipped = moved + done, skipped + problems
-        left += len(page) - len(chosen) + len(problems)
+        left += len(page) - len(kept) + len(problems)
     return moved, skipped
+
+
+def purge_where(
+    client: redis.Redis,
+    queue: str,
+    chosen: Callable[[DeadLetter], bool],
+    max_bytes: int | None = None,
+) -> int:
+    """Delete every dead letter of ``queue`` that ``chosen`` keeps, a page at a time, each
+    page read again past what stays; how many were deleted."""
+    purged, left = 0, 0
+    while page := read_page(client, queue, left, PAGE, max_bytes):
+        kept = [letter.redis_id for letter in page if chosen(letter)]
+        purged += layout.purge_dead_letters(client, queue, kept) if kept else 0
+        left += len(page) - len(kept)
+    return purged
 
 
 def arguments_text(fields: dict[str, Any] | None, width: int = 80) -> str:
