@@ -352,6 +352,7 @@ def sign_and_press(page: Any, button: str, token: str, posted: str) -> int:
     page.check("input[name=confirm]")
     with page.expect_response(lambda r: r.url.endswith(posted)) as response:
         page.click(f"button[value={button}]")
+    page.wait_for_load_state("load")  # the answer's stylesheet too (a narrow page's cards)
     return int(response.value.status)
 
 
@@ -582,7 +583,10 @@ def test_the_exporter_mounts_the_console_only_when_asked(
 def fits(page: Any, width: int, what: str) -> None:
     """Nothing of ``page`` sticks out of a ``width`` px screen (no sideways scroll)."""
     overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
-    assert overflow <= 0, f"{what} at {width} px overflows by {overflow} px"
+    wide = page.evaluate("Array.from(document.body.querySelectorAll('*')).filter(e => "
+                         "e.getBoundingClientRect().right > window.innerWidth).map(e => "
+                         "e.tagName + ' ' + (e.textContent || '').slice(0, 60))")
+    assert overflow <= 0, f"{what} at {width} px overflows by {overflow} px: {wide}"
 
 
 def test_every_action_works_at_both_widths_with_the_token_and_is_audited(
