@@ -348,7 +348,9 @@ def test_dlq_show_takes_the_job_id_a_log_line_prints(
     shown = run_cli(project, "dlq", "show", line["job_id"], "--json", env=env)
     assert shown.returncode == 0, shown.stderr
     found = json.loads(shown.stdout)
-    assert (found["redis_id"], found["actor"]) == (redis_id.decode(), "truth_dead"), found
+    assert found["redis_id"] == redis_id.decode(), found
+    assert (found["message"]["message_id"], found["message"]["actor_name"]) == (
+        line["job_id"], "truth_dead"), found
     assert found["reason"].startswith("ValueError: job gone cannot run"), found
     replayed = run_cli(project, "dlq", "replay", line["job_id"], env=env)
     assert replayed.returncode == 0 and replayed.stdout.strip() == "replayed 1 dead letter"
