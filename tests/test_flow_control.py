@@ -155,12 +155,18 @@ class FetchWatch:
         except (redis.RedisError, OSError, AttributeError):
             return  # closed at the end
 
-    def count(self, seconds: float) -> collections.Counter[str]:
-        """Count the fetches for ``seconds``: each process's polls meanwhile."""
+    def count(self, processes: int, polls: int, timeout: float = 30) -> collections.Counter[str]:
+        """Count the fetches until each of ``processes`` processes sent ``polls`` at least
+        (a process that starts meanwhile: from its first): each one's polls meanwhile."""
         self.polls.clear()
         self.counting = True
-        time.sleep(seconds)
-        self.counting = False
+        self.window = (time.time(), time.time())
+        try:
+            wait_for(lambda: len(self.polls) >= processes and min(self.polls.values()) >= polls,
+                     timeout, f"{polls} fetches of {self.queue} from each of {processes}")
+        finally:
+            self.counting = False
+            self.window = (self.window[0], time.time())
         return collections.Counter(self.polls)
 
     def close(self) -> None:
@@ -168,9 +174,9 @@ class FetchWatch:
         self._client.close()
 
 
-#: Fetches of the paused queue each process must be seen sending in a 3 s watch: its
-#: steady one-second poll, at least.
-POLLS = 3
+#: Fetches of the paused queue each process is watched sending: the first few come fast
+#: (the idle pause grows from 5 ms), the last ones at the steady one-second pace.
+POLLS = 10
 
 
 def test_a_paused_queue_is_fetched_by_no_worker_while_another_flows_then_resumes(
@@ -193,13 +199,16 @@ def test_a_paused_queue_is_fetched_by_no_worker_while_another_flows_then_resumes
     watch = FetchWatch(redis_url, "notifications")
     more = [f"q{i}" for i in range(40)]
     try:
-        for job_id in more:  # about 3 s of work for the external pool's threads
+        for job_id in more:  # 5 s of work for the external pool's 2 x 4 threads
             send(redis_url, PARTNER, "flow_call", job_id, 1.0)
-        polls = watch.count(3)  # while the partner's queue flows
+        polls = watch.count(2, POLLS)  # while the partner's queue flows
         wait_for(lambda: done(client, more) == len(more), 60, "the partner jobs to run again")
     finally:
         watch.close()
-    assert len(polls) == 2 and min(polls.values()) >= POLLS, f"each process asks: {polls}"
+    first, last = watch.window
+    flowed = [t for job_id in more for t in starts(client, job_id) if first <= t <= last]
+    assert len(flowed) >= 16, f"the partner queue flowed meanwhile: {len(flowed)} started"
+    assert len(polls) == 2, f"only the pool's two processes fetch it: {polls}"
     assert client.ttl(f"{NS}:__paused__") == -1, "a pause that never lapses"
     assert not any(starts(client, job_id) for job_id in waiting)
     assert client.llen(f"{NS}:notifications") == len(waiting)
@@ -217,10 +226,10 @@ def test_a_paused_queue_is_fetched_by_no_worker_while_another_flows_then_resumes
     wait_for(lambda: len(restarted.children()) == 2, 30, "the restarted pool's processes")
     watch = FetchWatch(redis_url, "notifications")
     try:
-        after = watch.count(3)
+        after = watch.count(2, POLLS)
     finally:
         watch.close()
-    assert len(after) == 2 and min(after.values()) >= POLLS, f"each new process asks: {after}"
+    assert len(after) == 2, f"only the pool's two new processes fetch it: {after}"
     assert not set(after) & set(polls), "the new processes, not the old ones"
     assert not any(starts(client, job_id) for job_id in waiting)
     assert held(client, "notifications") == 0
