@@ -25,7 +25,8 @@ its own redis-server, counted with ``MONITOR`` (the bench's own connection and t
 body's calls, keys ``bench:*``, left out): per no-op job (``--jobs``, after 200 of
 warm-up), per idle second (``--window``), and, on this build, per ``checkpoint(progress=,
 note=)`` a handler makes. Round trips are the commands the worker sent; commands in
-scripts are those its Lua ran. Counts and ratios in one run (no timing).
+scripts are those its Lua ran. Counts and ratios in one run (no timing), written as a
+``partial`` console_bench result (``"part": "worker_calls"``).
 """
 
 from __future__ import annotations
@@ -339,7 +340,8 @@ def calls_main(args: argparse.Namespace) -> None:
             "window_s": args.window,
             **worker_calls(root, {"this": this, "baseline": baseline}, args.jobs, args.window),
         }
-    _results.write("console_bench", results, part="worker_calls")
+    # partial: kept beside the full runs, not the one bench/report.py summarises
+    _results.write("console_bench", results, part="worker_calls", partial=True)
 
 
 def main() -> None:
