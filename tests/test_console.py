@@ -633,28 +633,30 @@ def test_every_action_works_at_both_widths_with_the_token_and_is_audited(
             fits(p, w, name)
             p.screenshot(path=str(tmp_path / f"action-{name}-{w}.png"), full_page=True)
 
+        def act(name: str, path: str | None, box: str | None, button: str, said: str,
+                w: int = width, p: Any = page) -> None:
+            """Open ``path`` (None: stay), tick ``box`` (a selector, or None), sign and press
+            ``button``: answered 200 saying ``said``."""
+            if path is not None:
+                p.goto(console.url + path)
+                fits(p, w, f"the form of {path}")
+            if box is not None:
+                p.check(box)
+            posted = "/jobs/act" if button == "cancel" else "/dead/act"
+            done(name, sign_and_press(p, button, TOKEN, posted), said)
+
         try:
-            page.goto(f"{console.url}/dead?queue=reports")
-            fits(page, width, "the dead letters' form")
-            page.check(f"input[name=id][value='{chosen}']")
-            done("replay", sign_and_press(page, "replay", TOKEN, "/dead/act"),
-                 "Replayed 1 of 1 selected dead letters")
-            page.check(f"input[name=id][value='{purged}']")
-            done("purge", sign_and_press(page, "purge", TOKEN, "/dead/act"),
-                 "Purged 1 of 1 selected dead letters")
+            act("replay", "/dead?queue=reports", f"input[name=id][value='{chosen}']", "replay",
+                "Replayed 1 of 1 selected dead letters")
+            act("purge", None, f"input[name=id][value='{purged}']", "purge",
+                "Purged 1 of 1 selected dead letters")
             assert not {chosen, purged} & {m.decode() for m in client.zrange(dead, 0, -1)}
-
-            page.goto(f"{console.url}/dead/show?queue=reports&id={shown}")
-            fits(page, width, "a dead letter's form")
-            done("purge-one", sign_and_press(page, "purge", TOKEN, "/dead/act"),
-                 "Purged 1 of 1 selected dead letters")
+            act("purge-one", f"/dead/show?queue=reports&id={shown}", None, "purge",
+                "Purged 1 of 1 selected dead letters")
             assert client.zscore(dead, shown) is None
-
-            page.goto(f"{console.url}/dead/summary?queue=reports")
-            fits(page, width, "the summary's form")
-            page.locator("tr", has_text="KeyError").locator("input[name=group]").check()
-            done("replay-group", sign_and_press(page, "replay-group", TOKEN, "/dead/act"),
-                 "Replayed 3 dead letters of the group build_report / KeyError")
+            act("replay-group", "/dead/summary?queue=reports",
+                "tr:has-text('KeyError') input[name=group]", "replay-group",
+                "Replayed 3 dead letters of the group build_report / KeyError")
 
             for sought in ("SEND_INVOICE", job_id, f"redis-{width}"):  # actor, job id, redis id
                 query = urllib.parse.urlencode({"queue": "reports", "find": sought})
@@ -662,28 +664,22 @@ def test_every_action_works_at_both_widths_with_the_token_and_is_audited(
                 assert page.locator("table tbody tr").count() == 1, sought
                 assert "send_invoice" in page.inner_text("table tbody tr"), sought
             page.goto(f"{console.url}/dead?queue=reports&find=ACME")
-            fits(page, width, "a filtered page's form")
             assert page.locator("button[value=replay-matching]").inner_text() == (
                 "Replay all 3 matching")
-            done("replay-matching", sign_and_press(page, "replay-matching", TOKEN, "/dead/act"),
-                 "Replayed 3 dead letters matching 'ACME'")
-            page.goto(f"{console.url}/dead?queue=reports&find=beta")
-            done("purge-matching", sign_and_press(page, "purge-matching", TOKEN, "/dead/act"),
-                 "Purged 2 dead letters matching 'beta'")
+            act("replay-matching", "/dead?queue=reports&find=ACME", None, "replay-matching",
+                "Replayed 3 dead letters matching 'ACME'")
+            act("purge-matching", "/dead?queue=reports&find=beta", None, "purge-matching",
+                "Purged 2 dead letters matching 'beta'")
             left = {m.decode() for m in client.zrange(dead, 0, -1)}
             assert left == {invoice}, left  # every other letter acted on, each by one action
             assert client.llen("dramatiq:reports") == 1 + 3 + 3, "the replayed ones wait"
             assert not set(acme + beta) & left
 
-            page.goto(f"{console.url}/jobs?queue=partner")
-            fits(page, width, "the waiting jobs' form")
-            page.check(f"input[name=id][value='{waiting.message_id}']")
-            done("cancel", sign_and_press(page, "cancel", TOKEN, "/jobs/act"),
-                 "Cancelled 1 selected jobs (")
-            page.goto(f"{console.url}/jobs?queue=notifications&kind=delayed")
-            page.check(f"input[name=id][value='{later.message_id}']")
-            done("cancel-delayed", sign_and_press(page, "cancel", TOKEN, "/jobs/act"),
-                 "Cancelled 1 selected jobs (")
+            act("cancel", "/jobs?queue=partner", f"input[name=id][value='{waiting.message_id}']",
+                "cancel", "Cancelled 1 selected jobs (")
+            act("cancel-delayed", "/jobs?queue=notifications&kind=delayed",
+                f"input[name=id][value='{later.message_id}']", "cancel",
+                "Cancelled 1 selected jobs (")
             for message in (waiting, later):
                 assert client.zscore("dramatiq:__cancelled__", message.message_id) is not None
 
