@@ -253,6 +253,9 @@ def test_every_page_fits_both_widths_in_light_and_dark_and_refreshes_without_scr
     retry = Message(queue_name="notifications", actor_name="lc_quick", args=("r1",), kwargs={},
                     options={"retries": 2})
     jobs.broker.enqueue(retry, delay=600_000)
+    client.set("dramatiq:__capacity__.reports", capacity_result("build_report", [
+        {"concurrency": c, "jobs_per_s": r, "gain": None, "rounds": [r]}
+        for c, r in ((1, 9.5), (2, 18.9), (4, 20.1))], 2))
     with one_job_running(lc_project, redis_url, tmp_path / "w", jobs, 2, "5000"):
         console = consoles()
         pages = {
@@ -295,6 +298,10 @@ def test_every_page_fits_both_widths_in_light_and_dark_and_refreshes_without_scr
                     if width == 390:  # a row is a card: every value under its column's name
                         cell = page.locator("td[data-label='dead letters']").first
                         assert cell.is_visible() and cell.bounding_box()["x"] < 390
+                    page.goto(console.url + pages["capacity"])
+                    chart = page.locator("svg").bounding_box()
+                    assert chart is not None and chart["x"] + chart["width"] <= width, chart
+                    assert f"Warning: {NOISE}." in page.inner_text("body")
                     page.goto(console.url + pages["waiting"])
                     assert 'order_id="o-1", amount=12.5' in page.inner_text("body")
                     page.goto(console.url + pages["delayed"])

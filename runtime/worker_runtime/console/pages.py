@@ -55,6 +55,7 @@ pre { background: var(--code); padding: 0.6em; overflow-x: auto; white-space: pr
 .note { color: var(--muted); } .bad { color: var(--bad); } .ok { color: var(--ok); }
 fieldset { margin-top: 1em; }
 svg.activity-chart { width: 100%; max-width: 600px; height: 120px; display: block; }
+svg.chart { max-width: 100%; height: auto; display: block; }
 @media (max-width: 640px) {
   body { margin: 0.6em; }
   nav a { display: inline-block; margin: 0 0.8em 0.4em 0; }
