@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo wheelhouse test lint e2e-build e2e e2e-full bench bench-report venv clean
+.PHONY: demo wheelhouse locks test lint e2e-build e2e e2e-full bench bench-report venv clean
 
 venv: $(VENV)/.installed
 
@@ -21,6 +21,12 @@ demo: venv
 # and make infra-install run with no network (scripts/wheelhouse.py). Needs the index once.
 wheelhouse: venv
 	$(BIN)/python scripts/wheelhouse.py
+
+# {{cookiecutter.project}}/locks: the lock files every bake carries (per Python and options,
+# the versions of requirements-dev.txt; the post-gen hook keeps the bake's pair). After a
+# change of a dependency or a pin; tests/test_packaging.py runs `scripts/locks.py --check`.
+locks: venv
+	$(BIN)/python scripts/locks.py
 
 # The e2e tests (marker e2e) run alone in `make e2e`: a real control plane wants the cores.
 test: venv

@@ -20,6 +20,9 @@ PROJECT = Path.cwd()
 PACKAGE = PROJECT / "src" / ANSWERS["package"]
 #: Where the bake came from, read by its Makefile (make install, make infra-install).
 SOURCE_FILE = PROJECT / "template-source.mk"
+#: The lock files of every supported Python and runtime extras set (worker-template's
+#: `make locks`, scripts/locks.py): the bake keeps its own pair.
+LOCKS = PROJECT / "locks"
 REMOTE = re.compile(r"^((git|hg)\+)?(git|ssh|file|https?)://|^\w+@[\w.]+|^(gh|gl|bb):")
 
 
@@ -43,6 +46,24 @@ def remove_db_files() -> None:
 def remove_sandbox_files() -> None:
     """The sandbox pool's actor and the handlers' door to the runtime's sandbox."""
     remove(PACKAGE / "sandbox.py", PACKAGE / "actors" / "sandbox.py")
+
+
+def runtime_extras() -> list[str]:
+    """worker-runtime's extras of the options (pyproject.toml pins the same)."""
+    chosen = {"postgres": ANSWERS["database"] == "postgres",
+              "sandbox": ANSWERS["sandbox_pool"] == "yes"}
+    return [extra for extra, wanted in chosen.items() if wanted]
+
+
+def keep_locks() -> None:
+    """requirements.lock (the image's) and requirements-dev.lock (make install, CI): the
+    pair of this bake's Python and extras; every other variant's files removed."""
+    folder = LOCKS / ANSWERS["python_version"]
+    stem = "-".join(["runtime", *runtime_extras()])
+    for suffix, name in (("", "requirements.lock"), ("-dev", "requirements-dev.lock")):
+        if (folder / f"{stem}{suffix}.lock").is_file():
+            (folder / f"{stem}{suffix}.lock").replace(PROJECT / name)
+    remove(LOCKS)
 
 
 def template_dir(given: str) -> Path | None:
@@ -78,9 +99,13 @@ def is_remote(template: str) -> bool:
 
 def record_source(template: str, repo_dir: str) -> None:
     """template-source.mk: the template as given to cookiecutter; when it was a local
-    directory, that directory and its commit (when it is a git checkout)."""
-    directory = None if is_remote(template) else template_dir(repo_dir)
-    commit = git(directory, "rev-parse", "--verify", "HEAD") if directory else ""
+    directory, that directory and the commit rendered (when it is a git checkout). cruft
+    renders a clone of it (no ``_repo_dir``: the hook's parent runs in the clone), at the
+    commit it creates or updates to: the directory recorded stays the one given, so `cruft
+    update` moves the commit line only."""
+    directory = None if is_remote(template) else template_dir(template)
+    rendered = template_dir(repo_dir or ".")
+    commit = git(rendered, "rev-parse", "--verify", "HEAD") if directory and rendered else ""
     lines = [
         "# Where this service was baked from (hooks/post_gen_project.py). make install and make",
         "# infra-install take worker-runtime and worker-infra from TEMPLATE_COMMIT of the",
@@ -89,13 +114,14 @@ def record_source(template: str, repo_dir: str) -> None:
         f"TEMPLATE_DIR := {directory or ''}",
         f"TEMPLATE_COMMIT := {commit}",
     ]
-    if directory and commit and git(directory, "status", "--porcelain", "--untracked-files=no"):
+    if rendered and commit and git(rendered, "status", "--porcelain", "--untracked-files=no"):
         lines.append("# The checkout had uncommitted changes: they are not in TEMPLATE_COMMIT.")
     SOURCE_FILE.write_text("\n".join(lines) + "\n")
 
 
 def main() -> None:
     record_source(ANSWERS.get("_template", ""), ANSWERS.get("_repo_dir", ""))
+    keep_locks()
     if ANSWERS["database"] != "postgres":
         remove_db_files()
     if ANSWERS["sandbox_pool"] != "yes":

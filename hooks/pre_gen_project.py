@@ -146,11 +146,11 @@ def check_image(answers: dict[str, str]) -> str | None:
 
 
 def check_template_source(answers: dict[str, str]) -> str | None:
-    repo, ref = answers["template_repo"], answers["template_ref"]
+    repo, ref = answers["template_repo"], answers.get("_template_ref", "v0")
     if not TEMPLATE_REPO.match(repo):
         return f"template_repo {repo!r}: must be a git URL (https://, ssh://, git@ or file://)"
     if not TEMPLATE_REF.match(ref):
-        return f"template_ref {ref!r}: must be a git tag or branch name"
+        return f"_template_ref {ref!r}: must be a git tag or branch name"
     return None
 
 

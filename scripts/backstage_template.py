@@ -37,7 +37,6 @@ VALIDATION = {
     "k8s_namespace": ("DNS_LABEL", 55),
     "image": ("IMAGE_NAME", None),
     "template_repo": ("TEMPLATE_REPO", None),
-    "template_ref": ("TEMPLATE_REF", None),
     "owner": ("ENTITY_REF", None),
     "system": ("SYSTEM_REF", None),
     "grafana_url": ("HTTP_URL", None),
@@ -46,7 +45,7 @@ VALIDATION = {
 PAGES = {
     "Service": ("project", "package", "description", "python_version", "database",
                 "sandbox_pool"),
-    "Deployment": ("k8s_namespace", "image", "template_repo", "template_ref"),
+    "Deployment": ("k8s_namespace", "image", "template_repo"),
     "Catalog": ("owner", "system", "grafana_url"),
 }
 #: Catalog answers picked from the catalog with Backstage's own fields, not typed.

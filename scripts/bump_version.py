@@ -1,7 +1,9 @@
 """Move the template's one version (worker-runtime's and worker-infra's) to NEW everywhere
 it is written: runtime/pyproject.toml (the source), infra/pyproject.toml (its version and
-its dependency on worker-runtime), the bake's pins (pyproject.toml), cookiecutter.json's and
-template.yaml's tag, and a new CHANGELOG.md heading. tests/test_packaging.py checks they agree.
+its dependency on worker-runtime), the bake's pins (pyproject.toml), cookiecutter.json's
+``_template_ref`` (the tag infra/requirements.txt pins: a private variable, so ``cruft
+update`` takes the new one), and a new CHANGELOG.md heading. tests/test_packaging.py checks
+they agree.
 
     python scripts/bump_version.py 0.2.0
 """
@@ -38,10 +40,11 @@ def bump(root: Path, new: str) -> str:
     rewrite(root / "infra" / "pyproject.toml", (f'version = "{old}"', f'version = "{new}"'),
             (f'"worker-runtime=={old}"', f'"worker-runtime=={new}"'))
     rewrite(root / "{{cookiecutter.project}}" / "pyproject.toml", (f'=={old}",', f'=={new}",'))
-    rewrite(root / "cookiecutter.json", (f'"template_ref": "v{old}"', f'"template_ref": "v{new}"'))
-    rewrite(root / "template.yaml", (f"default: v{old}", f"default: v{new}"))
+    rewrite(root / "cookiecutter.json",
+            (f'"_template_ref": "v{old}"', f'"_template_ref": "v{new}"'))
     changelog = root / "CHANGELOG.md"
-    changelog.write_text(changelog.read_text().replace("\n## ", f"\n## {new} (unreleased)\n\n## ", 1))
+    heading = f"\n## {new} (unreleased)\n\n## "
+    changelog.write_text(changelog.read_text().replace("\n## ", heading, 1))
     return old
 
 

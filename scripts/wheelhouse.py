@@ -3,7 +3,9 @@
 A bake made from this checkout installs worker-runtime and worker-infra from the commit it
 was baked from (its template-source.mk), and their dependencies, its dev tools, the Pulumi
 program's requirements and the build backend (setuptools) from this folder with pip's
-``--no-index`` when it exists: `make install` and `make infra-install` then need no network.
+``--no-index`` when it exists: `make install`, `make wheel` and `make infra-install` then
+need no network. The pins of every lock file a bake carries (scripts/locks.py) are here, so
+make install and the image's install (the Dockerfile's) take exactly those.
 This script is the one step that does (``pip download``, from the package index or
 PIP_INDEX_URL); `make wheelhouse` runs it. Wheels for this interpreter only: a bake whose
 venv runs another Python falls back to the package index.
@@ -19,6 +21,8 @@ import tempfile
 from pathlib import Path
 
 from cookiecutter.main import cookiecutter  # type: ignore[import-untyped]
+from locks import LOCKS, applies, read_lock
+from packaging.markers import default_environment
 
 TEMPLATE = Path(__file__).resolve().parents[1]
 DEST = TEMPLATE / "build" / "wheelhouse"
@@ -38,6 +42,30 @@ def infra_requirements(project: Path, output: Path) -> Path:
     return path
 
 
+def locked(output: Path) -> list[Path]:
+    """Every pin of the lock files that applies to this interpreter, in requirement files
+    holding one version of each name (a name the variants pin at two versions: two files)."""
+    env = dict(default_environment())
+    rounds: list[dict[str, str]] = []
+    for lock in sorted(LOCKS.rglob("*.lock")):
+        for name, pins in read_lock(lock).items():
+            for pin in pins:
+                if not applies(pin.marker, env):
+                    continue
+                line = f"{name}=={pin.version}"
+                if any(taken.get(name) == line for taken in rounds):
+                    continue
+                free = next((taken for taken in rounds if name not in taken), None)
+                if free is None:
+                    rounds.append(free := {})
+                free[name] = line
+    paths = []
+    for index, taken in enumerate(rounds):
+        paths.append(output / f"locked-{index}.txt")
+        paths[-1].write_text("".join(f"{line}\n" for line in taken.values()))
+    return paths
+
+
 def download(dest: Path, *requirements: str) -> int:
     command = [sys.executable, "-m", "pip", "download", "--quiet", "--dest", str(dest)]
     return subprocess.run([*command, *requirements], check=False).returncode
@@ -53,6 +81,8 @@ def main(dest: Path = DEST) -> int:
         code = download(dest, "pip", "setuptools>=69", runtime, f"{project}[dev]") or download(
             dest, runtime, str(TEMPLATE / "infra"), "-r",
             str(infra_requirements(project, Path(scratch))))
+        for pins in locked(Path(scratch)):
+            code = code or download(dest, "--no-deps", "-r", str(pins))
     if code == 0:
         print(f"wheelhouse: {len(list(dest.iterdir()))} files in {dest}")
     return code

@@ -258,25 +258,32 @@ def test_ci_actions_are_pinned_by_commit_and_kept_current(project: Path) -> None
 
 @pytest.mark.slow
 def test_make_lock_pins_what_make_install_the_image_and_ci_install(tmp_path: Path) -> None:
-    """A fresh bake installs from pyproject.toml's ranges and says to run `make lock`;
-    `make lock` writes requirements.lock and requirements-dev.lock (uv, universal), every
-    dependency pinned; `make install` then installs exactly those versions, and the
-    Dockerfile and CI install from the lock files too."""
+    """A fresh bake carries its lock files and installs from them; after a change of
+    pyproject.toml's dependencies, `make lock` rewrites requirements.lock and
+    requirements-dev.lock (uv, universal, hashes), every dependency pinned but worker-runtime;
+    `make install` then installs exactly those versions, and the Dockerfile and CI install
+    from the lock files too."""
     project = bake_project(tmp_path, project="lock-worker")
     # worker-runtime from this checkout (no index has it: #40's packaging makes it the default)
     runtime = f"WORKER_TEMPLATE={TEMPLATE}"
     done = make(project, "install", runtime, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    assert "no requirements-dev.lock yet" in done.stdout and "make lock" in done.stdout
+    assert "install: the versions of requirements-dev.lock" in done.stdout
+    pyproject = project / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace('    "pytest>=8",\n',
+                                                       '    "pytest>=8",\n    "toolz>=0.12",\n'))
+    assert "toolz" not in (project / "requirements-dev.lock").read_text()
     done = make(project, "lock", runtime, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     pins = {}
     for name in ("requirements.lock", "requirements-dev.lock"):
-        lines = [line.split(";")[0].strip() for line in (project / name).read_text().splitlines()
+        lines = [line for line in (project / name).read_text().splitlines()
                  if line and not line.startswith((" ", "#"))]
-        assert lines and all("==" in line for line in lines), lines
-        pins[name] = dict(line.split("==") for line in lines)
+        assert lines and all("==" in line and line.endswith("\\") for line in lines), lines
+        pins[name] = dict(line.split()[0].split("==") for line in lines)  # hashes follow
+        assert "worker-runtime" not in pins[name]
     assert "pytest" in pins["requirements-dev.lock"] and "pytest" not in pins["requirements.lock"]
+    assert "toolz" in pins["requirements-dev.lock"]
     assert {"dramatiq", "redis", "pydantic", "psycopg"} <= set(pins["requirements.lock"])
     done = make(project, "install", runtime, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
@@ -284,11 +291,11 @@ def test_make_lock_pins_what_make_install_the_image_and_ci_install(tmp_path: Pat
     freeze = subprocess.run([str(project / ".venv" / "bin" / "python"), "-m", "pip", "freeze"],
                             capture_output=True, text=True, timeout=120, check=True).stdout
     installed = dict(line.split("==") for line in freeze.splitlines() if "==" in line)
-    for name in ("pydantic", "redis", "pytest", "mypy"):
+    for name in ("pydantic", "redis", "pytest", "mypy", "toolz"):
         assert installed[name] == pins["requirements-dev.lock"][name], name
     dockerfile = (project / "Dockerfile").read_text()
-    assert "COPY pyproject.toml requirements.loc[k] ./" in dockerfile
-    assert "-r requirements.lock" in dockerfile
+    assert "COPY requirements.lock ./" in dockerfile
+    assert "--require-hashes -r requirements.lock" in dockerfile
     assert "!requirements.lock" in (project / ".dockerignore").read_text().splitlines()
     ci = (project / ".github" / "workflows" / "ci.yml").read_text()
     assert "pip install -e" not in ci and ci.count("make install PYTHON=python") == 2

@@ -272,7 +272,7 @@ def test_dockerignore_sends_only_what_the_image_copies(baked: tuple[Path, dict[s
     for keyword, rest in dockerfile_instructions(project):
         if keyword == "COPY" and not rest.startswith("--from"):
             copied |= {source.rstrip("/") for source in rest.split()[:-1]}
-    # `requirements.loc[k]`: a file copied when present (the lock files come with make lock)
+    # `build/wheel[s]`: a folder copied when present (worker-runtime's wheel: make wheel)
     optional = {re.sub(r"\[(.)\]", r"\1", source) for source in copied if "[" in source}
     copied = {source for source in copied if "[" not in source}
     assert copied | optional == allowed, (

@@ -1120,7 +1120,7 @@ def test_a_fresh_bake_renders_prod_following_its_readme(tmp_path: Path) -> None:
     ):
         subprocess.run([*git, *command], cwd=repo, check=True, capture_output=True)
     project = bake_project(
-        tmp_path / "out", template_repo=f"file://{repo}", template_ref="v9.9.9"
+        tmp_path / "out", template_repo=f"file://{repo}", _template_ref="v9.9.9"
     )
     # Its recorded source (this checkout, which infra-install would prefer) left out: the pins.
     (project / "template-source.mk").unlink()

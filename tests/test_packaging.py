@@ -1,19 +1,28 @@
 """The template's packaging (#40 items 4 and 5): one version for worker-runtime and
-worker-infra, a bake that records where it came from, and a fresh bake of a local checkout
-that installs, tests and renders with no network and no variable to set."""
+worker-infra, a bake that records where it came from, a fresh bake of a local checkout
+that installs, tests and renders with no network and no variable to set, lock files of the
+versions the template's CI tests in every bake (the image installs from them), and
+`cruft update` across a runtime-only change that touches the pins alone."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 import tomllib
+import urllib.error
+import urllib.request
 from pathlib import Path
 
+import dockerbuild
 import pytest
-from bakery import TEMPLATE, bake_project, make, project_env
+from packaging.utils import canonicalize_name
+from bakery import TEMPLATE, RedisServer, bake_project, free_port, make, project_env, wait_for
 
 CHANGELOG_HEADING = re.compile(r"^## (\d+\.\d+\.\d+)", re.MULTILINE)
 
@@ -53,8 +62,7 @@ def test_the_runtime_and_infra_carry_the_one_version() -> None:
     pins = re.findall(r'"worker-runtime(?:\[[a-z,]+\])?==([^"]+)"', baked)
     assert pins and set(pins) == {version}, pins
     answers = json.loads((TEMPLATE / "cookiecutter.json").read_text())
-    assert answers["template_ref"] == f"v{version}"
-    assert f"default: v{version}" in (TEMPLATE / "template.yaml").read_text()
+    assert answers["_template_ref"] == f"v{version}"
     headings = CHANGELOG_HEADING.findall((TEMPLATE / "CHANGELOG.md").read_text())
     assert headings and headings[0] == version, headings
 
@@ -97,19 +105,26 @@ def offline(*command: str) -> list[str]:
     return ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "offline", *command]
 
 
-@pytest.mark.slow
-def test_a_fresh_bake_of_this_checkout_installs_tests_and_renders_offline(
-        tmp_path: Path) -> None:
-    """The wheelhouse filled once (make wheelhouse, with the index), then in a fresh bake of
-    this checkout with no network and no variable: make install (worker-runtime from the
-    commit the bake recorded), make test, make infra-install (worker-infra and worker-runtime
-    from that commit), make manifests STACK=dev."""
+@pytest.fixture(scope="module")
+def wheelhouse() -> Path:
+    """build/wheelhouse filled (make wheelhouse, with the index: the one step that needs
+    it), once per module; the tests then cut the network (skipped without unshare -n)."""
     if shutil.which("unshare") is None or subprocess.run(
             offline("true"), capture_output=True, check=False).returncode != 0:
         pytest.skip("no network namespace here (unshare -n)")
     filled = subprocess.run([sys.executable, str(TEMPLATE / "scripts" / "wheelhouse.py")],
                             capture_output=True, text=True, timeout=1800, check=False)
     assert filled.returncode == 0, filled.stdout[-2000:] + filled.stderr[-3000:]
+    return TEMPLATE / "build" / "wheelhouse"
+
+
+@pytest.mark.slow
+def test_a_fresh_bake_of_this_checkout_installs_tests_and_renders_offline(
+        tmp_path: Path, wheelhouse: Path) -> None:
+    """With the wheelhouse filled, in a fresh bake of this checkout with no network and no
+    variable: make install (worker-runtime from the commit the bake recorded, its
+    dependencies at the versions of the lock the bake carries), make test, make
+    infra-install (worker-infra and worker-runtime from that commit), make manifests."""
     project = bake_project(tmp_path, project="offline-worker")
     commit = git(TEMPLATE, "rev-parse", "HEAD")
     assert recorded(project)["TEMPLATE_COMMIT"] == commit
@@ -237,3 +252,177 @@ def test_an_upgrade_is_one_pin_and_the_service_suite_stays_green(tmp_path: Path)
     assert PLANTED in config()
     done = make(project, "test", timeout=900, wrap=offline)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+# -- The lock files every bake carries, and the image installed from them -------------------
+
+LOCKS_SCRIPT = Path("scripts") / "locks.py"
+LOCK_DIR = Path("{{cookiecutter.project}}") / "locks"
+
+
+def check_locks(template: Path) -> subprocess.CompletedProcess[str]:
+    """`scripts/locks.py --check` of the template checkout (or copy) ``template``."""
+    return subprocess.run([sys.executable, str(template / LOCKS_SCRIPT), "--check"],
+                          capture_output=True, text=True, timeout=600, check=False)
+
+
+def test_every_bake_carries_the_fresh_lock_pair_of_its_python_and_options(
+        tmp_path: Path) -> None:
+    """The template's lock files are fresh (scripts/locks.py --check: every dependency the
+    bakes declare, transitively, locked with hashes at the CI's versions); a bake keeps its
+    own pair as requirements.lock and requirements-dev.lock and no other."""
+    done = check_locks(TEMPLATE)
+    assert done.returncode == 0, done.stderr[-3000:]
+    project = bake_project(tmp_path, python_version="3.12", database="none", sandbox_pool="yes")
+    assert not (project / "locks").exists()
+    for name, stem in (("requirements.lock", "runtime-sandbox.lock"),
+                       ("requirements-dev.lock", "runtime-sandbox-dev.lock")):
+        assert (project / name).read_text() == (TEMPLATE / LOCK_DIR / "3.12" / stem).read_text()
+    assert "psycopg" not in (project / "requirements.lock").read_text()
+    assert "pyseccomp==" in (project / "requirements.lock").read_text()
+
+
+def test_a_lock_missing_a_dependency_the_bake_declares_is_stale(tmp_path: Path) -> None:
+    """A dependency added to the bake's pyproject.toml, then a transitive one (pydantic's
+    annotated-types) taken out of one lock: each fails the check, naming it."""
+    copy = tmp_path / "template"
+    shutil.copytree(TEMPLATE, copy, ignore=shutil.ignore_patterns(
+        ".venv", "build", "node_modules", "*.egg-info", "__pycache__", ".*_cache", ".git",
+        "tests", "bench", "docs"))
+    pyproject = copy / "{{cookiecutter.project}}" / "pyproject.toml"
+    declared = pyproject.read_text()
+    pyproject.write_text(declared.replace("dependencies = [\n",
+                                          'dependencies = [\n    "toolz>=0.12",\n', 1))
+    done = check_locks(copy)
+    assert done.returncode == 1, done.stderr
+    stale = done.stderr.splitlines()
+    assert sum("toolz (required by the bake) is not locked" in line
+               for line in stale) == 24, stale[:5]
+    assert stale[-1] == "run `make locks` at worker-template's root and commit the files"
+    pyproject.write_text(declared)
+    lock = copy / LOCK_DIR / "3.11" / "runtime-postgres-sandbox.lock"
+    lines = lock.read_text().splitlines(keepends=True)
+    start = next(i for i, line in enumerate(lines) if line.startswith("annotated-types=="))
+    end = next(i for i in range(start + 1, len(lines)) if not lines[i].startswith(" "))
+    lock.write_text("".join(lines[:start] + lines[end:]))
+    done = check_locks(copy)
+    assert done.returncode == 1, done.stderr
+    stale = [line for line in done.stderr.splitlines() if line.startswith("stale lock")]
+    assert len(stale) == 1 and re.fullmatch(
+        r"stale lock: runtime-postgres-sandbox\.lock: annotated-types \(required by "
+        r"pydantic==[\d.]+\) is not locked", stale[0]), stale
+
+
+def readyz(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as response:
+            return bool(response.status == 200)
+    except (OSError, urllib.error.HTTPError):
+        return False
+
+
+@pytest.mark.slow
+def test_the_image_installs_offline_from_the_lock_and_the_runtime_wheel(
+        tmp_path: Path, wheelhouse: Path) -> None:
+    """A fresh bake: `make wheel` builds worker-runtime's wheel from the recorded commit,
+    then the Dockerfile's build stage runs as a builder runs it (its own RUN lines, read
+    from the Dockerfile: tests/dockerbuild.py) into a fresh venv with no network, pip
+    finding the wheelhouse: the locked dependencies with their hashes checked, the wheel,
+    the service. The image's command then starts from that venv alone and is ready."""
+    project = bake_project(tmp_path, project="image-worker")
+    # (the venv of make install builds it: this one, to spare the test an install)
+    done = make(project, "wheel", f"PYTHON={sys.executable}", timeout=600, wrap=offline)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    commit = git(TEMPLATE, "rev-parse", "HEAD")
+    assert f"wheel: worker-runtime from commit {commit}" in done.stdout, done.stdout
+    version = tomllib.loads((TEMPLATE / "runtime" / "pyproject.toml").read_text())["project"][
+        "version"]
+    assert [p.name for p in (project / "build" / "wheels").iterdir()] == [
+        f"worker_runtime-{version}-py3-none-any.whl"]
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    env = {"PATH": f"{venv / 'bin'}:/usr/local/bin:/usr/bin:/bin", "HOME": str(tmp_path),
+           "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheelhouse),
+           "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    dockerfile = project / "Dockerfile"
+    started = time.monotonic()
+    dockerbuild.run_stage(dockerbuild.stage(dockerfile, "build"), project, tmp_path / "root",
+                          env, {"PREFIX": str(venv)}, offline)
+    print(f"the image's install: {time.monotonic() - started:.0f} s", file=sys.stderr)
+    python = str(venv / "bin" / "python")
+    freeze = subprocess.run([python, "-m", "pip", "freeze"], capture_output=True, text=True,
+                            timeout=120, check=True).stdout
+    locked = (project / "requirements.lock").read_text()
+    for line in freeze.splitlines():
+        if "==" in line and not line.startswith(("image-worker", "worker-runtime")):
+            name, _, version = line.partition("==")
+            pin = re.escape(f"{canonicalize_name(name)}=={version}")
+            assert re.search(rf"^{pin} [;\\]", locked, re.MULTILINE), line
+    assert "worker-runtime @ file://" in freeze  # the wheel, not an index
+    (tmp_path / "redis").mkdir()
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    command = dockerbuild.final_command(dockerfile)
+    assert command == ["image-worker", "worker"]
+    port = free_port()
+    worker = subprocess.Popen(
+        [str(venv / "bin" / command[0]), *command[1:]], cwd=tmp_path,
+        env={**env, "WORKER_POOLS_FILE": str(project / "pools.toml"), "REDIS_URL": server.url,
+             "WORKER_POOL": "interactive", "WORKER_STATE_DIR": str(tmp_path / "state"),
+             "METRICS_PORT": str(port), "WORKER_PROCESSES": "1"},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for(lambda: readyz(port) or worker.poll() is not None, 60, "/readyz")
+        assert worker.poll() is None and readyz(port)
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=60) == 0
+    finally:
+        if worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGKILL)
+        output = worker.communicate(timeout=30)[0].decode()
+        server.stop()
+    assert "Traceback" not in output, output[-3000:]
+
+
+# -- cruft update across a runtime-only change ----------------------------------------------
+
+CRUFT = Path(sys.executable).parent / "cruft"
+PIN_FILES = {"pyproject.toml", "infra/requirements.txt", "requirements.lock",
+             "requirements-dev.lock", "template-source.mk", ".cruft.json",
+             "catalog-info.yaml"}  # (catalog-info.yaml: its docs link names the version's tag)
+
+
+def test_cruft_update_across_a_runtime_only_change_moves_the_pins_alone(tmp_path: Path) -> None:
+    """A service created by `cruft create` from a checkout at commit A (recording that
+    checkout and A); the runtime changes (commit B: a planted line, the version bumped by
+    scripts/bump_version.py); `cruft update` applies cleanly and touches the pins alone:
+    worker-runtime's in pyproject.toml, infra/requirements.txt's tag, the recorded commit
+    (template-source.mk, .cruft.json)."""
+    repo = template_repo(tmp_path / "template")
+    old = git(repo, "rev-parse", "HEAD")
+    env = {**os.environ, "HOME": str(tmp_path)}
+    created = subprocess.run([str(CRUFT), "create", str(repo), "--no-input", "--output-dir",
+                              str(tmp_path / "out")], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=300, check=False)
+    assert created.returncode == 0, created.stdout + created.stderr
+    project = tmp_path / "out" / "orders-worker"
+    assert recorded(project) == {"TEMPLATE_SOURCE": str(repo), "TEMPLATE_DIR": str(repo),
+                                 "TEMPLATE_COMMIT": old}
+    git(project, "init", "-q")
+    commit(project, "created")
+    new = plant_a_runtime_change(repo)
+    updated = subprocess.run([str(CRUFT), "update", "--skip-apply-ask"], cwd=project, env=env,
+                             capture_output=True, text=True, timeout=300, check=False)
+    assert updated.returncode == 0, updated.stdout + updated.stderr
+    assert "has been updated" in updated.stdout, updated.stdout + updated.stderr
+    changed = set(git(project, "diff", "--name-only", "HEAD").split())
+    changed |= set(git(project, "ls-files", "--others", "--exclude-standard").split())
+    assert changed <= PIN_FILES and {"pyproject.toml", "infra/requirements.txt",
+                                     "template-source.mk", ".cruft.json"} <= changed, changed
+    diff = git(project, "diff", "-U0", "HEAD", "--", *sorted(changed - {".cruft.json"}))
+    removed = [line[1:] for line in diff.splitlines() if line[:1] == "-" and line[:3] != "---"]
+    added = [line[1:] for line in diff.splitlines() if line[:1] == "+" and line[:3] != "+++"]
+    assert [line.replace("0.1.0", "0.1.1").replace(old, new) for line in removed] == added
+    assert '    "worker-runtime[postgres,sandbox]==0.1.1",' in added
+    assert recorded(project)["TEMPLATE_COMMIT"] == new
+    assert json.loads((project / ".cruft.json").read_text())["commit"] == new
