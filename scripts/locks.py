@@ -102,7 +102,7 @@ def read_lock(path: Path) -> dict[str, list[Pin]]:
 
 def environment(python: str) -> dict[str, str]:
     """The markers' environment of the image: Linux, CPython ``python``."""
-    env = dict(default_environment())
+    env = {key: str(value) for key, value in default_environment().items()}
     env.update(python_version=python, python_full_version=f"{python}.0", sys_platform="linux",
                platform_system="Linux", os_name="posix", implementation_name="cpython",
                platform_python_implementation="CPython")
@@ -143,7 +143,7 @@ def installed_requires(name: str, version: str) -> list[Requirement] | None:
 
 def ci_pins() -> dict[str, str]:
     """requirements-dev.txt's ``name==version`` lines: the versions the template's CI runs."""
-    pins = {}
+    pins: dict[str, str] = {}
     for line in CI_PINS.read_text().splitlines():
         requirement = line.split("#")[0].strip()
         if "==" in requirement and not requirement.startswith("-"):

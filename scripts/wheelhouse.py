@@ -45,7 +45,7 @@ def infra_requirements(project: Path, output: Path) -> Path:
 def locked(output: Path) -> list[Path]:
     """Every pin of the lock files that applies to this interpreter, in requirement files
     holding one version of each name (a name the variants pin at two versions: two files)."""
-    env = dict(default_environment())
+    env = {key: str(value) for key, value in default_environment().items()}
     rounds: list[dict[str, str]] = []
     for lock in sorted(LOCKS.rglob("*.lock")):
         for name, pins in read_lock(lock).items():

@@ -178,7 +178,9 @@ def test_dockerfile_is_hadolint_clean_non_root_and_exec_form(
     assert len(froms) == 3 and re.fullmatch(pinned + " AS pinned", froms[0]), froms
     assert froms[1:] == ["${BASE_IMAGE} AS build", "${BASE_IMAGE}"], froms
     args = [rest for keyword, rest in instructions if keyword == "ARG"]
-    assert args == ["BASE_IMAGE=pinned"], args
+    # PREFIX: where the build stage installs (tests/test_packaging.py runs that stage's RUN
+    # lines into a venv by giving it); the final stage copies /install.
+    assert args == ["BASE_IMAGE=pinned", "PREFIX=/install"], args
     assert instructions.index(("ARG", args[0])) < instructions.index(("FROM", froms[0]))
     user = [rest for keyword, rest in instructions if keyword == "USER"]
     assert user == [f"{POD_UID}:{POD_UID}"], user

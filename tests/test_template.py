@@ -176,7 +176,8 @@ def test_hooks_are_idempotent(tmp_path: Path) -> None:
     hook = (TEMPLATE / "hooks" / "post_gen_project.py").read_text()
     rendered = hook.replace(
         '{{ cookiecutter | tojson }}',
-        '{"package": "idem_worker", "database": "none", "sandbox_pool": "no"}',
+        '{"package": "idem_worker", "database": "none", "sandbox_pool": "no",'
+        ' "python_version": "3.11"}',
     )
     for _ in range(2):
         subprocess.run([PYTHON, "-c", rendered], cwd=project, check=True)
