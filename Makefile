@@ -75,7 +75,7 @@ lint: venv
 # Each benchmark writes bench/results/<script>-<UTC>.json; the report prints one table
 # from the latest of each (bench-report alone reprints it).
 BENCHES := throughput_bench compare_bench call_count lifecycle_bench metrics_bench sandbox_overhead bake_bench \
-           capacity_bench idle_cost console_bench flow_bench
+           capacity_bench idle_cost console_bench flow_bench unique_bench
 
 bench: venv
 	for script in $(BENCHES); do \

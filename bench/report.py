@@ -384,6 +384,19 @@ def flow(results: dict[str, Any]) -> Iterator[Row]:
         )
 
 
+def unique(results: dict[str, Any]) -> Iterator[Row]:
+    us = results["us_per_send"]
+    yield (
+        (
+            "unique send vs plain send: us per send, one producer, "
+            f"{results['sends_per_round']:,} x {results['rounds']} rounds"
+        ),
+        f"{us['unique']:.0f} (skipped: {us['skipped']:.0f})",
+        f"plain {us['plain']:.0f}",
+        f"{_f(results['unique_over_plain'])} x (skipped {_f(results['skipped_over_plain'])} x)",
+    )
+
+
 SUMMARIES: dict[str, Callable[[dict[str, Any]], Iterator[Row]]] = {
     "throughput_bench": throughput,
     "compare_bench": compare,
@@ -396,6 +409,7 @@ SUMMARIES: dict[str, Callable[[dict[str, Any]], Iterator[Row]]] = {
     "capacity_bench": capacity,
     "console_bench": console,
     "flow_bench": flow,
+    "unique_bench": unique,
 }
 
 

@@ -384,8 +384,9 @@ def test_a_scrape_costs_one_redis_call_whatever_the_backlog(
     # its size and its earliest); beside it, the live consumers of queue_consumers and
     # queue_unserved: the heartbeats, read with TIME in one pipeline (then each worker's
     # record and acks sets: none here); and the flow state of queue_paused, one HMGET of the
-    # paused queues (#42; no downstream budget in this pool: nothing more).
-    assert calls == {"llen": 2, "lrange": 2, "hget": 2, "zcard": 2, "zrange": 2, "hmget": 1}
+    # paused queues, and of jobs_deduplicated_total, one HMGET of the unique jobs' counts (#42;
+    # no downstream budget in this pool: nothing more).
+    assert calls == {"llen": 2, "lrange": 2, "hget": 2, "zcard": 2, "zrange": 2, "hmget": 2}
 
 
 def test_livez_and_readyz(metrics_project: Path, redis_url: str, redis_server: Any,

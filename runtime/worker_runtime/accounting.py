@@ -61,8 +61,9 @@ def dead_letter(
     """
     message = message.copy(options={layout.DEAD_LETTER_REASON: reason})
     redis_id = message.options[layout.REDIS_MESSAGE_ID]
+    lock = message.options.get(layout.UNIQUE_LOCK, "")
     moved = layout.dead_letter_held(
-        client, broker_id, queue, redis_id, message.encode(), message.message_id, silent_ms
+        client, broker_id, queue, redis_id, message.encode(), message.message_id, silent_ms, lock
     )
     if moved:
         _said("dead-lettered message", message, queue, "dead_letter", reason=reason)

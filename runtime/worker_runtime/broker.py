@@ -25,7 +25,7 @@ from dramatiq.middleware import (
 
 from . import layout, redisclient, timing
 from .consumer import SettlingRedisBroker
-from .middleware import MessageSize, Pipelines, StoredResults, Tracing
+from .middleware import MessageSize, Pipelines, StoredResults, Tracing, UniqueJobs
 from .middleware.groups import GroupCompletion
 from .outage import Outage
 from .pools import redis_connections
@@ -100,7 +100,8 @@ def producer_middleware(max_message_bytes: int, client: redis.Redis) -> list[Mid
     Tracing, which puts the trace context in the message (when ``OTEL_*`` turns it on), and
     MessageSize, last, which refuses a message over ``max_message_bytes``. StoredResults (on
     ``client``) lets ``message.get_result()`` read a stored result; GroupCompletion lets
-    ``group(...).run()`` create a group's barrier."""
+    ``group(...).run()`` create a group's barrier; UniqueJobs declares the ``unique`` actor
+    option (the broker takes a unique job's lock with its enqueue)."""
     return [
         Tracing(),
         AgeLimit(),
@@ -111,6 +112,7 @@ def producer_middleware(max_message_bytes: int, client: redis.Redis) -> list[Mid
         GroupCompletion(client),
         Retries(),
         CurrentMessage(),
+        UniqueJobs(),
         MessageSize(max_message_bytes),
     ]
 

@@ -78,7 +78,7 @@ from dramatiq.common import compute_backoff, current_millis, dq_name
 from dramatiq.errors import ConnectionClosed
 from dramatiq.middleware import Middleware, MiddlewareError
 
-from . import brokerstate, layout, redisclient
+from . import brokerstate, layout, redisclient, unique
 from .holds import HOLD_EPOCH, HoldWatch
 from .lanes import SettleLanes
 from .messages import dead_letter_body, indexed_id, inspect
@@ -417,7 +417,12 @@ class SettlingConsumer(_RedisConsumer):
         epoch = self.broker.holds.epoch  # before the refill is sent
         try:
             settled, fetched, admission = self.broker.settle_and_take(
-                self.queue_name, redis_id, settlement, refill, message.message_id
+                self.queue_name,
+                redis_id,
+                settlement,
+                refill,
+                message.message_id,
+                message.options.get(layout.UNIQUE_LOCK, ""),
             )
         except redis.RedisError as error:
             # Still held: Dramatiq retries the settlement until Redis answers; in the drain,
@@ -669,10 +674,19 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
         ``eta`` of a delayed message, and the ``message_timestamp`` of a new one (not yet
         enqueued: no redis id; one moved from the delay queue keeps its own), from which
         the backlog's age is counted. A new one is stored once per message id
-        (:data:`.layout.ENQUEUE`): a resend after an uncertain send stores nothing."""
+        (:data:`.layout.ENQUEUE`): a resend after an uncertain send stores nothing. A new
+        unique job (:mod:`.unique`) is stored only while no equal job holds its lock, else
+        :class:`.unique.DuplicateJob` is raised (a debounce may replace the pending one)."""
         new = layout.REDIS_MESSAGE_ID not in message.options
+        lock = None
+        if new:  # a unique job (:mod:`.unique`) takes its lock in the same call
+            message, lock = unique.lock_for(self.actors.get(message.actor_name), message, delay)
         message = self.prepare_enqueue(message, delay)
-        if self._store(message, once=new):
+        stored = self._store(message, once=new, lock=lock)
+        if stored.action == layout.DEDUPE_SKIPPED:
+            key = message.options[layout.UNIQUE_LOCK]
+            raise unique.DuplicateJob(message.actor_name, key, stored.holder)
+        if stored.stored:
             self.emit_after("enqueue", message, delay)
         return message
 
@@ -801,12 +815,14 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
             *args,
         ]
 
-    def _store(self, message: Message[Any], once: bool = False) -> bool:
+    def _store(
+        self, message: Message[Any], once: bool = False, lock: layout.UniqueLock | None = None
+    ) -> layout.Stored:
         """Store ``message`` (prepared by :meth:`prepare_enqueue`), note its place in the
         message index (:func:`.layout.message_index_key`) and wake the idle consumers of its
         queue (not the sandbox's: its Redis user may not use pub/sub, its consumers poll), in
         one step (:data:`.layout.ENQUEUE`); ``once``: only when its message id was not sent
-        in the last :data:`.layout.SENT_TTL_MS`. True when stored."""
+        in the last :data:`.layout.SENT_TTL_MS`; ``lock``: a unique job's, taken with it."""
         return layout.enqueue_message(
             self.enqueue_script,
             message.queue_name,
@@ -817,6 +833,7 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
             layout.stored_priority(message.options),
             str(message.options.get(layout.FAIRNESS_KEY_OPTION) or ""),
             int(message.message_timestamp),
+            lock,
         )
 
     def wake(self, queue: str) -> None:
@@ -854,13 +871,20 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
         return [bool(held) for held in pipe.execute()] if deliveries else []
 
     def settle_and_take(
-        self, queue: str, redis_id: str, settlement: Settlement, take: int, message_id: str = ""
+        self,
+        queue: str,
+        redis_id: str,
+        settlement: Settlement,
+        take: int,
+        message_id: str = "",
+        lock: str = "",
     ) -> tuple[bool, list[tuple[str, bytes | None]], layout.Admission]:
         """:meth:`settle` (which frees the delivery's downstream slots), then take up to
         ``take`` messages off ``queue`` into this worker's acks set as flow control admits
         (:mod:`.layout.flow`), in one call: (settled, [(redis id, body or None), ...], what
         it said of those it left queued). ``message_id`` (default: none) keeps the message
-        index (:func:`.layout.message_index_key`)."""
+        index (:func:`.layout.message_index_key`); ``lock``: a unique job's, freed by an ack
+        or a dead letter (:mod:`.layout.unique`)."""
         gates = () if queue.endswith(layout.DELAY_SUFFIX) else self.gates.get(queue, ())
         target = settlement.target_queue or queue
         raw = self.lanes.call(
@@ -876,6 +900,7 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
                 self.lease_ms,
                 self.bound,
                 self.key_limit(queue),
+                lock,
             ),
         )
         if raw[0] and settlement.kind in ("retry", "requeue"):

@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
@@ -188,10 +188,12 @@ class SettledMultiProcessCollector(MultiProcessCollector):
 
 
 class FlowCollector(Collector):
-    """``queue_paused{queue}`` (1 while ``pause`` holds it) for ``queues``, and per
+    """``queue_paused{queue}`` (1 while ``pause`` holds it) and
+    ``jobs_deduplicated_total{queue,action}`` (sends of unique jobs skipped or replaced,
+    :mod:`.unique`, counted in Redis by every producer) for ``queues``, and per
     downstream resource of ``limits`` (name -> ``capacity - reserved`` in effect)
     ``downstream_in_use{downstream}`` (deliveries of every pool holding a slot) and
-    ``downstream_limit{downstream}``, read from Redis at each scrape (two round trips);
+    ``downstream_limit{downstream}``, read from Redis at each scrape (three round trips);
     absent from a scrape while Redis does not answer."""
 
     def __init__(self, client: redis.Redis, queues: Sequence[str], limits: Mapping[str, int]):
@@ -203,6 +205,7 @@ class FlowCollector(Collector):
         try:
             paused = layout.paused_queues(self.client, self.queues)
             uses = layout.downstream_use(self.client, list(self.limits))
+            deduped = layout.dedupe_counts(self.client, self.queues)
         except redis.RedisError as error:
             logger.warning("flow metrics unavailable: %s", error)
             return []
@@ -224,7 +227,15 @@ class FlowCollector(Collector):
         for use in uses:
             in_use.add_metric([use.name], float(use.in_use))
             limit.add_metric([use.name], float(self.limits[use.name]))
-        return [gauge, in_use, limit]
+        dedupe = CounterMetricFamily(
+            "jobs_deduplicated",
+            "Sends of a unique job an equal job's lock turned away (skipped) or merged into "
+            "the pending delayed one (replaced), by every producer (counted in Redis).",
+            labels=["queue", "action"],
+        )
+        for (queue, action), count in sorted(deduped.items()):
+            dedupe.add_metric([queue, action], float(count))
+        return [gauge, in_use, limit, dedupe]
 
 
 def _settled(path: str) -> bool:

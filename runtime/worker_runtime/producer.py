@@ -42,11 +42,21 @@ never runs the job twice::
 ``message_id`` is any unique string of yours (an order id, a request id); without it each
 call is a new message. With an actor's ``send``, resend the message the error carries:
 ``broker.enqueue(error.message)``.
+
+Unique jobs (:mod:`.unique`): at most one job per actor and key queued, delayed or running;
+an equal send raises :class:`.unique.DuplicateJob` and enqueues nothing::
+
+    from worker_runtime.unique import DuplicateJob, Unique
+
+    try:
+        enqueue("build_report", "r-1", 10, unique=Unique(key="report_id", ttl_ms=3_600_000))
+    except DuplicateJob:
+        ...  # an equal job is queued or running: it covers this request
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dramatiq import Message
 
@@ -55,6 +65,9 @@ from .actors import load
 
 __all__ = ["cancel", "enqueue"]
 
+if TYPE_CHECKING:
+    from .unique import Unique
+
 
 def enqueue(
     actor_name: str,
@@ -62,6 +75,7 @@ def enqueue(
     delay_ms: int | None = None,
     message_id: str | None = None,
     priority: str | None = None,
+    unique: Unique | None = None,
     **kwargs: Any,
 ) -> Message[Any]:
     """Send a message to the actor ``actor_name`` (on its queue); return the message sent.
@@ -77,15 +91,22 @@ def enqueue(
         actor's ``priority_lane``, else normal): a worker takes the highest lane first, and
         a waiting job is passed over by at most the pool's ``priority_bound`` jobs of
         higher lanes (:mod:`.layout.queuelanes`).
+      unique: a :class:`.unique.Unique`: skip (or debounce) while an equal job is queued,
+        delayed or running (default: the actor's ``unique`` option, if any).
 
     Raises:
       dramatiq.errors.ActorNotFound: no actor has that name.
       .layout.PriorityError: ``priority`` is not one of them (nothing is sent).
       .brokerstate.EnqueueUncertain: Redis did not answer; the message may have been enqueued.
+      .unique.DuplicateJob: ``unique``: an equal job holds the lock; nothing was enqueued.
+      .unique.UniqueError: ``unique`` names a field the actor does not take, or debounces
+        without ``delay_ms``.
     """
     broker = load()
     actor = broker.get_actor(actor_name)
-    options = {} if priority is None else {layout.PRIORITY_OPTION: priority}
+    options: dict[str, Any] = {} if priority is None else {layout.PRIORITY_OPTION: priority}
+    if unique is not None:
+        options["unique"] = unique
     message: Message[Any] = actor.message_with_options(args=args, kwargs=kwargs, **options)
     if message_id is not None:
         message = message.copy(message_id=message_id)

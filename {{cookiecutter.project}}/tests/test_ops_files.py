@@ -54,6 +54,8 @@ CONTRACT = {
     "downstream_in_use",
     "downstream_limit",
     "jobs_throttled_total",
+    # unique jobs' sends turned away (issue #42 item 3), counted in Redis by every producer
+    "jobs_deduplicated_total",
     # handlers that would not stop at their time limit (#39 item 5)
     "jobs_time_limit_exceeded_total",
 }

@@ -10,6 +10,7 @@ One module per concept:
 * :mod:`.delivery`: fetch, settle, requeue, dead letters, heartbeats, the backlog;
 * :mod:`.flow`: flow control at the fetch: paused queues, downstream budgets and rates;
 * :mod:`.queuelanes`: a queue's lanes (priorities) and the fetch's choice among them;
+* :mod:`.unique`: unique jobs' locks (taken by the enqueue, freed by the settlement);
 * :mod:`.lookup`: a message found by its ``message_id`` (live, or among dead letters);
 * :mod:`.leases`: locks held by a token (run locks, idempotency leases);
 * :mod:`.schedule_store`: the scheduler's scripts and each schedule's state hash.
@@ -156,6 +157,8 @@ from .keys import (
     schedule_state_key,
     scheduler_leader_key,
     sent_key,
+    unique_counts_key,
+    unique_key,
     waiting_keys,
     with_delay_queues,
 )
@@ -221,6 +224,16 @@ from .schema import (
     raw_bytes,
     text,
 )
+from .unique import (
+    DEDUPE_ACTIONS,
+    DEDUPE_REPLACED,
+    DEDUPE_SKIPPED,
+    UNIQUE_LOCK,
+    UNLOCK,
+    Stored,
+    UniqueLock,
+    dedupe_counts,
+)
 
 __all__ = [
     "ACQUIRE_IDEMPOTENCY",
@@ -246,6 +259,9 @@ __all__ = [
     "DEAD_LETTER_REASON",
     "DEAD_SUFFIX",
     "DEAD_WITH_MESSAGE_ID",
+    "DEDUPE_ACTIONS",
+    "DEDUPE_REPLACED",
+    "DEDUPE_SKIPPED",
     "DEFAULT_PRIORITY",
     "DEFAULT_PRIORITY_BOUND",
     "DELAYED_PAGE",
@@ -297,6 +313,8 @@ __all__ = [
     "STAGE_IDS",
     "STALE_WORKERS",
     "STILL_HELD",
+    "UNIQUE_LOCK",
+    "UNLOCK",
     "WAITING_PAGE",
     "WAKE_CHANNEL",
     "Admission",
@@ -308,6 +326,8 @@ __all__ = [
     "PriorityError",
     "QueueKeys",
     "ScheduleState",
+    "Stored",
+    "UniqueLock",
     "acks_key",
     "acks_pattern",
     "acquire_idempotency",
@@ -325,6 +345,7 @@ __all__ = [
     "dead_letter_candidates",
     "dead_letter_held",
     "dead_letter_keys",
+    "dedupe_counts",
     "delay_queue",
     "deliveries",
     "downstream_key",
@@ -397,6 +418,8 @@ __all__ = [
     "stored_priority",
     "taken",
     "text",
+    "unique_counts_key",
+    "unique_key",
     "waiting_keys",
     "waiting_list",
     "waiting_page",

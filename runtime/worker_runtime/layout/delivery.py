@@ -53,6 +53,7 @@ from .keys import (
 )
 from .queuelanes import LANES
 from .schema import message_fields, text
+from .unique import UNLOCK
 
 if TYPE_CHECKING:
     import redis
@@ -130,22 +131,25 @@ end
 """
 
 #: Dead-letter a held message: the same guards, then the zset and bodies, as Dramatiq's
-#: nack; its index entry and its downstream slots (:data:`.flow.RELEASE`) go with it.
+#: nack; its index entry, its downstream slots (:data:`.flow.RELEASE`) and its unique
+#: job's lock (:data:`.unique.UNLOCK`) go with it.
 #: KEYS: acks set, bodies of the queue, dead zset, dead bodies, the message index,
 #: heartbeats, the gates hash, the queue's lanes block (:func:`.keys.waiting_keys`: a keyed
 #: delivery's count in flight).  ARGV: id, body, message id ('': not known), the holder's
-#: broker id, silent ms, the queue's name ('' for a delay queue).
+#: broker id, silent ms, the queue's name ('' for a delay queue), its lock ('': none).
 DEAD_LETTER: Final = (
     CLOCK
     + INDEX
     + SILENT
     + RELEASE
     + LANES
+    + UNLOCK
     + """
 if not silent(KEYS[6], ARGV[4], tonumber(ARGV[5])) then return 0 end
 if redis.call('srem', KEYS[1], ARGV[1]) == 1 then
   release(KEYS[7], ARGV[6], ARGV[1])
   unfair(8, #KEYS - 7, ARGV[1])
+  unlock(ARGV[7], ARGV[3])
   redis.call('zadd', KEYS[3], now_ms(), ARGV[1])
   redis.call('hset', KEYS[4], ARGV[1], ARGV[2])
   redis.call('hdel', KEYS[2], ARGV[1])
@@ -270,21 +274,28 @@ return redis.call('zrangebyscore', KEYS[1], 0, now_ms() - tonumber(ARGV[1]))
 #: The settled delivery's downstream slots are freed (in its queue's gates, given in KEYS)
 #: and the refill is admitted as FETCH's is (:mod:`.flow`), off the lanes as FETCH takes.
 #: A requeue, and a retry copy onto the queue itself, go to the message's own lane (read
-#: from its body); a retry copy onto the delay queue to its list.
+#: from its body); a retry copy onto the delay queue to its list. An ack or a dead letter
+#: frees the unique job's lock the last ARGV names (:data:`.unique.UNLOCK`; a retry copy
+#: and a requeue keep it).
 #: KEYS: acks set, bodies of the queue, target list, target bodies, dead zset, dead bodies,
 #: heartbeats, the message index, the queue's lanes block (:func:`.keys.waiting_keys`),
 #: then :func:`.flow.flow_keys`.  ARGV: kind (ack, retry, requeue, dead_letter), redis id,
 #: body (retry copy, dead letter; '' keeps the stored one), target id (retry copy), broker
 #: id, how many to take, message id ('': not indexed), the lanes block's size, the
-#: starvation bound, the per-key limit, then :func:`.flow.flow_args`.
+#: starvation bound, the per-key limit, then :func:`.flow.flow_args`, then the lock ('':
+#: none).
 #: Returns [settled (1 or 0), reason, deferred, wait ms, id1, body1, id2, body2, ...].
 SETTLE: Final = (
     LANES
     + CLOCK
     + INDEX
     + ADMIT
+    + UNLOCK
     + """
-local function unindex() drop_place(KEYS[8], ARGV[7], KEYS[2] .. ' ' .. ARGV[2]) end
+local function unindex()
+  drop_place(KEYS[8], ARGV[7], KEYS[2] .. ' ' .. ARGV[2])
+  unlock(ARGV[#ARGV], ARGV[7])
+end
 local n = tonumber(ARGV[8])
 local f0 = 9 + n
 local settled = redis.call('srem', KEYS[1], ARGV[2])
@@ -538,12 +549,14 @@ def settle_args(
     lease_ms: int = 0,
     bound: int = DEFAULT_PRIORITY_BOUND,
     key_limit: int = 0,
+    lock: str = "",
 ) -> list[Any]:
     """The ARGV of :data:`SETTLE`: ``settlement`` (kind, redis id, body, target id), then
     take up to ``take`` for ``broker_id`` from ``queue`` gated by ``gates``, within the
-    starvation ``bound`` and the ``key_limit`` (:func:`fetch_args`)."""
+    starvation ``bound`` and the ``key_limit`` (:func:`fetch_args`); ``lock``: the unique
+    job's lock an ack or a dead letter frees ('': none)."""
     taking = _taking(queue, gates, lease_ms, bound, key_limit)
-    return [*settlement, broker_id, take, message_id, *taking]
+    return [*settlement, broker_id, take, message_id, *taking, lock]
 
 
 #: The lanes beside a queue's own list (:func:`.keys.lane_key`), in :data:`BACKLOG`'s order.
@@ -674,11 +687,12 @@ def dead_letter_held(
     body: bytes,
     message_id: str,
     silent_ms: int = 0,
+    lock: str = "",
 ) -> bool:
     """Move a message held by ``broker_id`` to the dead letters of ``queue``, stored as
-    ``body``; its entry of the message index goes too (``message_id``; '' when not known).
-    False when it was no longer held, or ``broker_id`` beat within ``silent_ms`` (as
-    :func:`requeue_held`)."""
+    ``body``; its entry of the message index goes too (``message_id``; '' when not known),
+    and its unique job's ``lock`` ('': none). False when it was no longer held, or
+    ``broker_id`` beat within ``silent_ms`` (as :func:`requeue_held`)."""
     keys = (
         acks_key(broker_id, queue),
         bodies_key(queue),
@@ -691,7 +705,10 @@ def dead_letter_held(
     name = gated_name(queue)
     return bool(
         client.eval(
-            DEAD_LETTER, len(keys), *keys, redis_id, body, message_id, broker_id, silent_ms, name
+            DEAD_LETTER,
+            len(keys),
+            *keys,
+            *(redis_id, body, message_id, broker_id, silent_ms, name, lock),
         )
     )
 

@@ -19,6 +19,7 @@ from .keys import (
     bodies_key,
     cancelled_key,
     canonical,
+    due_key,
     fair_keys,
     group_keys,
     lane_key,
@@ -27,9 +28,11 @@ from .keys import (
     namespace_of,
     queue_key,
     sent_key,
+    unique_counts_key,
 )
 from .queuelanes import LANES
 from .schema import text
+from .unique import DEDUPE_REPLACED, DEDUPE_SKIPPED, Stored, UniqueLock
 
 if TYPE_CHECKING:
     import redis
@@ -46,18 +49,49 @@ SENT_TTL_MS: Final = 600_000
 #: stored, or is stored later, stores nothing).
 #: A keyed message (ARGV[8], its fairness key) waits on the queue's fair lane instead, at
 #: its key's next turn (:mod:`.queuelanes`).
+#: A unique job (:mod:`.unique`, ARGV[10] not '') is stored only while its lock is free, and
+#: takes it (the message id, for the TTL ARGV[10]); a lock held by another message id skips
+#: the send (counted in the counts hash), unless ARGV[11] is ``debounce`` and the holder is
+#: still delayed on this send's delay queue (its body in KEYS[1]): then the holder is
+#: dropped (its body, its due entry, its index entry: the delay list's stale id is dropped
+#: by MOVE_DUE) and this send stored in its place, with the lock (``replaced``, counted). A
+#: skipped send writes no sent marker (a resend is judged again).
 #: KEYS: the bodies hash, the list it waits on (its lane, :func:`waiting_list`), the
-#: message index, the sent marker, then for a keyed message :func:`.keys.fair_keys`.
+#: message index, the sent marker, then for a keyed message :func:`.keys.fair_keys`, then
+#: for a unique job its lock, the due set of its queue and the counts hash (the last three).
 #: ARGV: redis id, body, message id, place, the marker's TTL ms ('': not once), wake channel,
-#: queue to wake ('': none), fairness key ('': none), when it is due (ms).
-#: Returns 1 when stored, 0 when the message id was sent already.
+#: queue to wake ('': none), fairness key ('': none), when it is due (ms), the lock's TTL ms
+#: ('': not unique), mode (skip, debounce), the queue's name.
+#: Returns {1 stored, 0 the message id was sent already, 2 skipped, 3 replaced; holder}.
 ENQUEUE: Final = (
     INDEX
     + LANES
     + """
-if ARGV[5] ~= '' and not redis.call('set', KEYS[4], ARGV[1], 'NX', 'PX', ARGV[5]) then
-  return 0
+if ARGV[5] ~= '' and redis.call('exists', KEYS[4]) == 1 then return {0, ''} end
+local outcome, holder = 1, ''
+if ARGV[10] ~= '' then
+  local lock, due, counts = KEYS[#KEYS - 2], KEYS[#KEYS - 1], KEYS[#KEYS]
+  holder = redis.call('get', lock) or ''
+  if holder ~= '' then
+    outcome = 2
+    if ARGV[11] == 'debounce' then
+      local place = redis.call('hget', KEYS[3], holder)
+      local bodies, id = false, false
+      if place then bodies, id = string.match(place, '^(.+) ([^ ]+)$') end
+      if bodies == KEYS[1] and redis.call('hdel', KEYS[1], id) == 1 then
+        redis.call('zrem', due, id)
+        redis.call('hdel', KEYS[3], holder)
+        outcome = 3
+      end
+    end
+    local action = 'skipped'
+    if outcome == 3 then action = 'replaced' end
+    redis.call('hincrby', counts, ARGV[12] .. ' ' .. action, 1)
+    if outcome == 2 then return {2, holder} end
+  end
+  redis.call('set', lock, ARGV[3], 'PX', ARGV[10])
 end
+if ARGV[5] ~= '' then redis.call('set', KEYS[4], ARGV[1], 'PX', ARGV[5]) end
 redis.call('hset', KEYS[1], ARGV[1], ARGV[2])
 if ARGV[8] ~= '' then
   fair_put(5, ARGV[1], ARGV[8], tonumber(ARGV[9]))
@@ -66,9 +100,16 @@ else
 end
 keep_place(KEYS[3], ARGV[3], ARGV[4])
 if ARGV[7] ~= '' then redis.call('publish', ARGV[6], ARGV[7]) end
-return 1
+return {outcome, holder}
 """
 )
+
+_OUTCOMES: Final = {
+    1: ("", True),
+    0: ("", False),
+    2: (DEDUPE_SKIPPED, False),
+    3: (DEDUPE_REPLACED, True),
+}
 
 
 def waiting_list(queue: str, priority: str = DEFAULT_PRIORITY) -> str:
@@ -88,12 +129,13 @@ def enqueue_message(
     priority: str = DEFAULT_PRIORITY,
     key: str = "",
     due_ms: int = 0,
-) -> bool:
+    lock: UniqueLock | None = None,
+) -> Stored:
     """:data:`ENQUEUE` (``script``: it registered on a client, :meth:`redis.Redis.
     register_script`) the message ``redis_id`` with ``body`` on ``queue``, on the lane of
     ``priority``, or with a fairness ``key`` (due at ``due_ms``) on its fair lane; ``once``:
     a producer's send, stored only when ``message_id`` was not sent in the last
-    :data:`SENT_TTL_MS`. True when stored."""
+    :data:`SENT_TTL_MS`; ``lock``: a unique job's (:mod:`.unique`)."""
     namespace = namespace_of(queue)
     keys = [bodies_key(queue), waiting_list(queue, priority), message_index_key(namespace)]
     keys += [sent_key(message_id, namespace)]
@@ -103,8 +145,15 @@ def enqueue_message(
     wake = queue if namespace == NAMESPACE else ""  # the sandbox's consumers poll
     ttl = SENT_TTL_MS if once else ""
     place = message_place(queue, redis_id)
-    args = [redis_id, body, message_id, place, ttl, WAKE_CHANNEL, wake, keyed, due_ms]
-    return bool(script(keys=keys, args=args))
+    args: list[Any] = [redis_id, body, message_id, place, ttl, WAKE_CHANNEL, wake, keyed, due_ms]
+    if lock is None:
+        args += ["", "", ""]
+    else:
+        keys += [lock.key, due_key(queue), unique_counts_key(namespace)]
+        args += [lock.ttl_ms, "debounce" if lock.debounce else "skip", canonical(queue)]
+    outcome, holder = script(keys=keys, args=args)
+    action, stored = _OUTCOMES[int(outcome)]
+    return Stored(stored, action, text(holder))
 
 
 #: Count a group member as completed, once per member, and when it is the last one enqueue

@@ -371,3 +371,19 @@ def waiting_keys(queue: str) -> tuple[str, ...]:
     if queue != canonical(queue):
         return lane_keys(queue)
     return (*lane_keys(queue), *fair_keys(queue))
+
+
+# -- unique jobs (ours; issue #42 item 3, :mod:`.unique`) ----------------------------------
+
+
+def unique_key(actor: str, key: str, namespace: str = NAMESPACE) -> str:
+    """The lock of the unique jobs of ``actor`` whose key is ``key``: the message id of the
+    job that holds it, with the lock's TTL; taken by the enqueue that stores the job, freed
+    by the settlement that ends it (an ack, a dead letter)."""
+    return f"{namespace}:__unique__.{actor}.{key}"
+
+
+def unique_counts_key(namespace: str = NAMESPACE) -> str:
+    """The hash ``"<queue> <action>"`` -> how many sends a unique job's lock turned away
+    (``skipped``) or merged into the pending job (``replaced``), counted by the enqueue."""
+    return f"{namespace}:__unique_counts__"

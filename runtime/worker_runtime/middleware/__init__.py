@@ -28,6 +28,7 @@ from .schedule_lock import ScheduleLock
 from .shutdown import GracefulShutdown
 from .time_limit import CappedTimeLimit
 from .tracing import Tracing
+from .unique import UniqueJobs
 
 if TYPE_CHECKING:
     from ..settings import WorkerSettings
@@ -49,6 +50,7 @@ __all__ = [
     "Recovery",
     "StoredResults",
     "Tracing",
+    "UniqueJobs",
     "default_stack",
 ]
 
@@ -76,6 +78,7 @@ def default_stack(settings: WorkerSettings, client: redis.Redis) -> list[Middlew
         HeldCheck(),
         Attempts(settings.worker_max_attempts),
         ArgumentModels(),
+        UniqueJobs(),
         ScheduleLock(),
         Metrics(settings.worker_concurrency, queues=settings.worker_queues),
         ProgressRecorder(),
