@@ -37,6 +37,7 @@ from typing import Any
 import dramatiq
 import pytest
 import redis
+from worker_runtime import layout
 from _lifecycle import NS, Worker, bake_with_actors, get, wait_for, workers_of
 from bakery import project_env, run_cli
 
@@ -144,14 +145,19 @@ class FetchWatch:
         self._thread.start()
 
     def _read(self) -> None:
-        acks = f"{NS}:__acks__."
-        head = [f"{NS}:{self.queue}", f"{NS}:{self.queue}.msgs"]
+        # Where FETCH's KEYS name the queue's bodies and the fetching process's acks set
+        # (after EVALSHA, the script's sha and the number of keys).
+        keys = layout.fetch_keys("BROKER", self.queue)
+        bodies = 3 + keys.index(layout.bodies_key(self.queue))
+        acks = 3 + keys.index(layout.acks_key("BROKER", self.queue))
+        prefix, suffix = layout.acks_key("BROKER", self.queue).split("BROKER")
         try:
             for command in self._monitor.listen():
                 words = command["command"].split(" ")
-                if (self.counting and words[0].upper() == "EVALSHA" and words[3:5] == head
-                        and len(words) > 5 and words[5].startswith(acks)):
-                    self.polls[words[5][len(acks):-len(self.queue) - 1]] += 1
+                if (self.counting and words[0].upper() == "EVALSHA" and len(words) > acks
+                        and words[bodies] == layout.bodies_key(self.queue)
+                        and words[acks].startswith(prefix) and words[acks].endswith(suffix)):
+                    self.polls[words[acks][len(prefix):-len(suffix)]] += 1
         except (redis.RedisError, OSError, AttributeError):
             return  # closed at the end
 
