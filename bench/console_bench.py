@@ -177,12 +177,22 @@ print(json.dumps({{"best_s": min(times), "median_s": sorted(times)[2],
 """
 
 
-#: The actors the worker-calls part runs: flow_bench's no-op and a job reporting progress.
-CALLS_ACTORS = (
-    flow_bench.ACTORS
-    + """
+#: The actors the worker-calls part runs (in both builds: nothing newer than either): a
+#: no-op job, and one reporting its progress (``checkpoint(progress=)``: this build only).
+CALLS_ACTORS = """
+import os
+
+import dramatiq
+import redis
 
 from ..lifecycle import checkpoint
+
+_client = redis.Redis.from_url(os.environ["REDIS_URL"])
+
+
+@dramatiq.actor(queue_name="notifications", max_retries=0)
+def calls_noop(run):
+    _client.incr("bench:" + run)
 
 
 @dramatiq.actor(queue_name="notifications", max_retries=0)
@@ -191,7 +201,6 @@ def calls_progress(run, steps):
         checkpoint(progress=(step + 1) / steps, note=f"step {step + 1} of {steps}")
     _client.incr("bench:" + run)
 """
-)
 
 
 class Tally(threading.Thread):
@@ -280,8 +289,10 @@ def worker_calls(root: Path, builds: dict[str, Path], jobs: int, window_s: float
         tally.start()
         try:
             time.sleep(0.5)  # the monitor is attached
-            run_jobs(client, tally, "warm", 200, "flow_noop")
-            found[name] = {"per_job": per(run_jobs(client, tally, "jobs", jobs, "flow_noop"), jobs)}
+            run_jobs(client, tally, "warm", 200, "calls_noop")
+            found[name] = {
+                "per_job": per(run_jobs(client, tally, "jobs", jobs, "calls_noop"), jobs)
+            }
             found[name]["per_idle_s"] = per(tally.window(lambda: time.sleep(window_s)), window_s)
             if name == "this":
                 steps, few = 20, max(50, jobs // 10)
@@ -332,7 +343,7 @@ def calls_main(args: argparse.Namespace) -> None:
         this = _workers.add_actors(
             flow_bench.bake_project(root / "this", database="none"), flow_bench=CALLS_ACTORS
         )
-        baseline = flow_bench.bake_at(revision, root / "baseline")
+        baseline = flow_bench.bake_at(revision, root / "baseline", CALLS_ACTORS)
         results = {
             "baseline": revision,
             "head": flow_bench.git("rev-parse", "HEAD"),
