@@ -426,3 +426,34 @@ def test_cruft_update_across_a_runtime_only_change_moves_the_pins_alone(tmp_path
     assert '    "worker-runtime[postgres,sandbox]==0.1.1",' in added
     assert recorded(project)["TEMPLATE_COMMIT"] == new
     assert json.loads((project / ".cruft.json").read_text())["commit"] == new
+
+
+@pytest.mark.slow
+def test_the_real_image_builds_from_the_lock_and_the_runtime_wheel(tmp_path: Path) -> None:
+    """The bake's Dockerfile built for real (buildah, on make e2e-build's local base, with the
+    package index: scripts/e2e/images.py) after `make wheel`: the lock installs with its
+    hashes checked, and worker-runtime in the image is the wheel of the recorded commit, the
+    service importable with no network. Skipped where the base is not built (it takes 2 min)."""
+    sys.path.insert(0, str(TEMPLATE / "scripts" / "e2e"))
+    import build
+    import images
+
+    cache = build.cache_dir()
+    if shutil.which("buildah") is None or os.geteuid() != 0 or not images.has_image(
+            cache, images.base_ref()):
+        pytest.skip("no buildah, not root, or no e2e base image (make e2e-build)")
+    project = bake_project(tmp_path, project="image-worker")
+    done = make(project, "wheel", f"PYTHON={sys.executable}", timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ref = "localhost/image-worker:packaging"
+    images.bake_image(cache, project, ref)
+    container = images.buildah(cache, "from", ref, capture=True).split()[-1]
+    try:
+        said = images.buildah(
+            cache, "run", "--network", "none", container, "--", "python3", "-c",
+            "from importlib.metadata import distribution as d; import image_worker; "
+            "print(d('worker-runtime').read_text('direct_url.json'))", capture=True)
+    finally:
+        images.buildah(cache, "rm", container)
+    wheel = next((project / "build" / "wheels").iterdir()).name
+    assert json.loads(said.strip().splitlines()[-1])["url"] == f"file:///build/{wheel}", said
