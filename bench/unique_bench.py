@@ -1,11 +1,12 @@
 """Unique jobs (issue #42 item 3): the cost of a unique send against a plain one, side by
 side in one run.
 
-    python bench/unique_bench.py [--rounds 7] [--sends 2000]
+    python bench/unique_bench.py [--rounds 40] [--sends 250]
 
 One producer (the runtime's test service, ``runtime/tests/templateservice.py``, as an API process
 builds it: only ``REDIS_URL``) on a fresh redis-server sends ``send_notification`` three
-ways, rounds alternating (each round starts with the next way):
+ways, in short rounds alternating (each round starts with the next way), so that a load
+that drifts meanwhile weighs on the three alike:
 
 * ``plain``: a new message each send;
 * ``unique``: each with ``unique=Unique(key="notification_id", ...)``, every key new (the
@@ -14,7 +15,8 @@ ways, rounds alternating (each round starts with the next way):
   raised and caught, nothing stored).
 
 Per way: the median over rounds of the µs a send takes (the producer's wall time, encoding
-and the round trip included); the ratios ``unique / plain`` and ``skipped / plain``.
+and the round trip included); the ratios ``unique / plain`` and ``skipped / plain``, of the
+medians and (``paired_*``) the median of each round's own ratio.
 Writes ``bench/results/unique_bench-<UTC>.json``.
 """
 
@@ -57,10 +59,15 @@ def run_way(way: str, actor: Any, round_: int, sends: int) -> float:
     return (time.perf_counter() - started) / sends * 1e6
 
 
+def paired(timings: dict[str, list[float]], way: str) -> float:
+    ratios = [a / b for a, b in zip(timings[way], timings["plain"], strict=True)]
+    return round(statistics.median(ratios), 3)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--sends", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--sends", type=int, default=250)
     options = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         server = _workers.redis_server(Path(folder) / "redis")
@@ -91,6 +98,9 @@ def main() -> None:
         "us_per_send": {way: round(value, 1) for way, value in medians.items()},
         "unique_over_plain": round(medians["unique"] / medians["plain"], 3),
         "skipped_over_plain": round(medians["skipped"] / medians["plain"], 3),
+        # the median of each round's own ratio (the three ways of a round ran side by side)
+        "paired_unique_over_plain": paired(timings, "unique"),
+        "paired_skipped_over_plain": paired(timings, "skipped"),
         "rounds": options.rounds,
         "sends_per_round": options.sends,
         "all_us": {way: [round(v, 1) for v in values] for way, values in timings.items()},

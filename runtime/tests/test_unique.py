@@ -196,3 +196,24 @@ def test_an_unknown_key_field_is_one_line_and_enqueues_nothing(
             queue_name=QUEUE,
             unique=Unique(key="tenant", ttl_ms=1000),
         )(other)
+
+
+def test_a_typed_actors_key_is_its_model_field(
+    jobs: Jobs, record: dramatiq.Actor[Any, Any]
+) -> None:
+    notify = jobs.broker.actors["send_notification"]
+    jobs.queues.add(notify.queue_name)
+    layout.pause(jobs.client, notify.queue_name)
+    once = Unique(key="notification_id", ttl_ms=60_000)
+    try:
+        first = notify.send_with_options(args=(7, "welcome", "n-1"), unique=once)
+        with pytest.raises(DuplicateJob) as raised:
+            notify.send_with_options(
+                kwargs={"user_id": 8, "template": "x", "notification_id": "n-1"}, unique=once
+            )
+        assert raised.value.holder == first.message_id
+        key = layout.unique_key("send_notification", 'notification_id="n-1"')
+        assert layout.text(jobs.client.get(key)) == first.message_id
+        notify.send_with_options(args=(7, "welcome", "n-2"), unique=once)  # another key
+    finally:
+        layout.resume(jobs.client, notify.queue_name)

@@ -139,7 +139,16 @@ def _key_of(actor: dramatiq.Actor[Any, Any], message: Message[Any], spec: Unique
         key = spec.id
     else:
         check_fields(actor, spec)
-        if isinstance(actor, TypedActor):
+        if isinstance(actor, TypedActor) and not message.args:
+            # A typed send's kwargs are its model's JSON, by alias (validated at the send).
+            declared = actor.model.model_fields
+            values = {
+                field: message.kwargs.get(
+                    declared[field].serialization_alias or declared[field].alias or field
+                )
+                for field in spec.fields
+            }
+        elif isinstance(actor, TypedActor):
             model = actor.validate(message.args, message.kwargs, actor.model.version)
             values = model.model_dump(mode="json", include=set(spec.fields))
         else:
