@@ -204,15 +204,20 @@ def calls_progress(run, steps):
 
 
 class Tally(threading.Thread):
-    """What ``MONITOR`` shows while :attr:`counting`, by command: ``sent`` (round trips a
-    worker sent) and ``lua`` (run inside its scripts); the connection at ``ours`` (the
-    bench's) and every command naming a ``bench:*`` key (the job body's) left out."""
+    """What ``MONITOR`` shows inside a window, by command: ``sent`` (round trips a worker
+    sent) and ``lua`` (run inside its scripts); the connection at ``ours`` (the bench's) and
+    every command naming a ``bench:*`` key (the job body's) left out. A window opens and
+    closes at marker commands the bench sends (``GET bench:mark:*``), so it is cut where
+    Redis ran them, however far the monitor's reading lags behind."""
+
+    START, STOP = "bench:mark:start", "bench:mark:stop"
 
     def __init__(self, url: str, ours: str) -> None:
         super().__init__(daemon=True)
         self.client = redis.Redis.from_url(url)
         self.ours = ours
         self.counting = False
+        self.closed = threading.Event()
         self.counts: dict[str, collections.Counter[str]] = {
             "sent": collections.Counter(),
             "lua": collections.Counter(),
@@ -222,28 +227,34 @@ class Tally(threading.Thread):
         try:
             with self.client.monitor() as monitor:
                 for command in monitor.listen():
-                    if not self.counting:
-                        continue
-                    if f"{command['client_address']}:{command['client_port']}" == self.ours:
-                        continue
                     words = command["command"].split(" ")
-                    if any(word.startswith("bench:") for word in words):
+                    if f"{command['client_address']}:{command['client_port']}" == self.ours:
+                        if words[-1] == self.START:
+                            self.counting = True
+                        elif words[-1] == self.STOP:
+                            self.counting = False
+                            self.closed.set()
+                        continue
+                    if not self.counting or any(word.startswith("bench:") for word in words):
                         continue
                     kind = "lua" if command["client_type"] == "lua" else "sent"
                     self.counts[kind][words[0].lower()] += 1
         except (redis.RedisError, OSError):
             return
 
-    def window(self, work: Any) -> dict[str, dict[str, int]]:
-        """Count while ``work()`` runs: the counts of that window."""
+    def window(self, client: redis.Redis, work: Any) -> dict[str, dict[str, int]]:
+        """Count while ``work()`` runs (``client``: the bench's connection, at ``ours``):
+        the counts of that window."""
         for counter in self.counts.values():
             counter.clear()
-        self.counting = True
+        self.closed.clear()
+        client.get(self.START)
         try:
             work()
         finally:
             time.sleep(0.3)  # what the last settlement sends after the job body
-            self.counting = False
+            client.get(self.STOP)
+            self.closed.wait(60)
         return {kind: dict(counter) for kind, counter in self.counts.items()}
 
 
@@ -275,7 +286,7 @@ def run_jobs(client: redis.Redis, tally: Tally, run: str, jobs: int, actor: str,
         client.publish(f"{_workers.NS}:__wake__", _workers.QUEUE)
         _workers.wait_for(lambda: int(client.get("bench:" + run) or 0) >= jobs, 600, run)
 
-    return tally.window(work)
+    return tally.window(client, work)
 
 
 def worker_calls(root: Path, builds: dict[str, Path], jobs: int, window_s: float) -> dict[str, Any]:
@@ -293,7 +304,9 @@ def worker_calls(root: Path, builds: dict[str, Path], jobs: int, window_s: float
             found[name] = {
                 "per_job": per(run_jobs(client, tally, "jobs", jobs, "calls_noop"), jobs)
             }
-            found[name]["per_idle_s"] = per(tally.window(lambda: time.sleep(window_s)), window_s)
+            found[name]["per_idle_s"] = per(
+                tally.window(client, lambda: time.sleep(window_s)), window_s
+            )
             if name == "this":
                 steps, few = 20, max(50, jobs // 10)
                 plain = run_jobs(client, tally, "p0", few, "calls_progress", 0)
@@ -345,7 +358,7 @@ def calls_main(args: argparse.Namespace) -> None:
         )
         baseline = flow_bench.bake_at(revision, root / "baseline", CALLS_ACTORS)
         results = {
-            "baseline": revision,
+            "baseline_revision": revision,
             "head": flow_bench.git("rev-parse", "HEAD"),
             "jobs": args.jobs,
             "window_s": args.window,
