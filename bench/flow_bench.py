@@ -20,8 +20,8 @@ side by side in one run.
 * Lanes (priorities, ``layout/queuelanes.py``): the same no-op jobs through one worker
   process of 8 threads, rounds alternating: ``one``, every job on the queue's default lane
   (what a queue whose senders name no priority pays: the fetch's ``LLEN`` of each lane);
-  ``two``, half high and half low, both lanes busy to the end (the fetch chooses a lane per
-  job and keeps the starvation counts); ``before``, the template before lanes
+  ``two``, half high and half low (both busy for most of the run: the fetch chooses a
+  lane per job and keeps the starvation counts); ``before``, the template before lanes
   (``--lanes-baseline``, default the parent of the commit that added
   ``layout/queuelanes.py``). Figures: ``one_vs_before_cost``, ``two_vs_one_cost``.
 * Fairness (per-key fair lanes): key A with 20,000 no-op jobs queued (``--fair-backlog``),
@@ -68,7 +68,6 @@ import time
 
 import dramatiq
 import redis
-from worker_runtime.typed import JobArguments, actor
 
 _client = redis.Redis.from_url(os.environ["REDIS_URL"])
 _ENTER = _client.register_script(
@@ -88,6 +87,28 @@ def flow_noop_gated(run):
     _client.incr("bench:" + run)
 
 
+@dramatiq.actor(queue_name="partner", max_retries=3)
+def flow_call(job_id, ms):
+    _ENTER(keys=["fake:inflight", "fake:peak"])
+    _client.rpush("fake:starts", time.time())
+    _client.hincrby("fake:runs", job_id, 1)
+    try:
+        time.sleep(ms / 1000)
+    finally:
+        _client.decr("fake:inflight")
+"""
+#: The keyed actor of the fairness section (a bake of this revision only: before lanes, an
+#: actor option ``fair_key`` is refused).
+FAIR_ACTORS = """
+import os
+import time
+
+import redis
+from worker_runtime.typed import JobArguments, actor
+
+_client = redis.Redis.from_url(os.environ["REDIS_URL"])
+
+
 class TenantJob(JobArguments):
     tenant_id: str
     job_id: str
@@ -98,17 +119,6 @@ def flow_tenant(job: TenantJob):
     if job.tenant_id != "A":
         _client.hset("fair:start", job.job_id, time.time())
     _client.incr("fair:done")
-
-
-@dramatiq.actor(queue_name="partner", max_retries=3)
-def flow_call(job_id, ms):
-    _ENTER(keys=["fake:inflight", "fake:peak"])
-    _client.rpush("fake:starts", time.time())
-    _client.hincrby("fake:runs", job_id, 1)
-    try:
-        time.sleep(ms / 1000)
-    finally:
-        _client.decr("fake:inflight")
 """
 #: Budget and rate so high that they never bind (the ``on`` configuration).
 UNBOUND = {
@@ -298,26 +308,35 @@ def lanes_cost(root: Path, projects: dict[str, Path], rounds: int, jobs: int) ->
         for name, (_, _, client, lanes) in running.items():
             batch(client, "notifications", "flow_noop", f"lw-{name}", 500, pids[name], lanes)
         spans: dict[str, list[float]] = {name: [] for name in running}
+        cpus: dict[str, list[float]] = {name: [] for name in running}
         names = list(running)
         for index in range(rounds):
             for name in names[index % len(names) :] + names[: index % len(names)]:
                 _, _, client, lanes = running[name]
                 run = f"l{index}-{name}"
-                span, _ = batch(client, "notifications", "flow_noop", run, jobs, pids[name], lanes)
+                span, cpu = batch(
+                    client, "notifications", "flow_noop", run, jobs, pids[name], lanes
+                )
                 spans[name].append(span)
+                cpus[name].append(cpu)
     finally:
         for server, process, client, _ in running.values():
             _workers.stop(process)
             client.close()
             server.stop()
     rate = {name: jobs / statistics.median(values) for name, values in spans.items()}
+    cpu = {name: statistics.median(values) / jobs * 1e6 for name, values in cpus.items()}
     return {
         "jobs": jobs,
         "rounds": rounds,
         "spans_s": spans,
+        "cpu_s": cpus,
         "jobs_per_s": {name: round(value, 1) for name, value in rate.items()},
+        "cpu_us_per_job": {name: round(value, 1) for name, value in cpu.items()},
         "one_vs_before_cost": round(rate["before"] / rate["one"] - 1, 4),
         "two_vs_one_cost": round(rate["one"] / rate["two"] - 1, 4),
+        "one_vs_before_cpu_cost": round(cpu["one"] / cpu["before"] - 1, 4),
+        "two_vs_one_cpu_cost": round(cpu["two"] / cpu["one"] - 1, 4),
     }
 
 
@@ -492,7 +511,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="flow-bench-") as tmp:
         root = Path(tmp)
         current = _workers.add_actors(
-            bake_project(root / "current", database="none"), flow_bench=ACTORS
+            bake_project(root / "current", database="none"),
+            flow_bench=ACTORS,
+            flow_fair=FAIR_ACTORS,
         )
         if "cost" not in args.skip:
             baseline = bake_at(baseline_rev, root / "baseline")
@@ -504,7 +525,8 @@ def main() -> int:
             results["lanes_baseline"] = before
             projects = {"current": current, "baseline": bake_at(before, root / "before-lanes")}
             results["lanes"] = lanes_cost(root, projects, args.rounds, args.jobs)
-            print("lanes", {k: v for k, v in results["lanes"].items() if k != "spans_s"})
+            shown = {k: v for k, v in results["lanes"].items() if not k.endswith("_s")}
+            print("lanes", shown, flush=True)
         if "fairness" not in args.skip:
             results["fairness"] = fairness(root, current, args.fair_backlog)
             print("fairness", results["fairness"], flush=True)

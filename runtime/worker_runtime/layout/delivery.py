@@ -213,7 +213,7 @@ FETCH: Final = (
 local now = now_ms()
 local n = tonumber(ARGV[3])
 local f0 = 4 + n
-local len, fair, total = waiting(4, n)
+local len, fair, total = waiting(4, n, tonumber(ARGV[1]))
 local allowed, reason, left, wait, buckets =
   admission(now, total, KEYS[f0], ARGV[6], tonumber(ARGV[1]), f0 + 2, 8)
 local out = {reason, left, wait}
@@ -331,7 +331,7 @@ if settled == 1 then
   end
 end
 beat(KEYS[7], ARGV[5], now)
-local len, fair, total = waiting(9, n)
+local len, fair, total = waiting(9, n, tonumber(ARGV[6]))
 local allowed, reason, left, wait, buckets =
   admission(now, total, KEYS[f0], ARGV[11], tonumber(ARGV[6]), f0 + 2, 13)
 local out = {settled, reason, left, wait}

@@ -29,8 +29,9 @@ queue, and the fetch that takes one, do (:data:`LANES`):
 
 Cost per fetch call: one ``LLEN`` a list and one ``ZCARD`` (the fair lane); with two lanes
 busy or keyed messages waiting, one ``HMGET`` of the lanes hash and its writes, and for each
-keyed message taken a few O(log n) commands; every settlement one ``HGET`` (its key, if
-any). A group's callbacks wait on their priority's list, unkeyed.
+keyed message taken a few O(log n) commands (a settlement that takes nothing reads no
+lane); every settlement one ``HGET`` (its key, if any). A group's callbacks wait on their
+priority's list, unkeyed.
 """
 
 from __future__ import annotations
@@ -119,9 +120,9 @@ def _lua_table() -> str:
 #: (false: unknown). ``put(first, count, id, body, now)``: the id onto its lane (a keyed
 #: message of the default lane onto the fair lane, at its key's next turn). ``unfair``: a
 #: keyed delivery ended (its key's count in flight less one). ``waiting``: the lists'
-#: lengths, the fair lane's, their sum. ``take``: up to ``want`` ids into the acks set
-#: (ids and bodies appended to ``out``); returns how many keyed messages it passed over
-#: for their key's limit.
+#: lengths, the fair lane's, their sum (none read when ``want`` is 0). ``take``: up to
+#: ``want`` ids into the acks set (ids and bodies appended to ``out``); returns how many
+#: keyed messages it passed over for their key's limit.
 LANES: Final = (
     f"local LANE_INDEX = {_lua_table()}\n"
     f"local LANE_DEFAULT = {PRIORITIES.index(DEFAULT_PRIORITY) + 1}\n"
@@ -178,8 +179,9 @@ local function unfair(first, count, id)
     end
   end
 end
-local function waiting(first, count)
+local function waiting(first, count, want)
   local len, total, fair = {}, 0, 0
+  if want <= 0 then return len, fair, total end
   for i = 1, math.min(count, LANE_COUNT) do
     len[i] = redis.call('llen', KEYS[first + i - 1])
     total = total + len[i]
@@ -199,12 +201,13 @@ local function pop(list, bodies, acks, out)
   return true
 end
 local function take(first, count, len, fair, bound, limit, bodies, acks, want, out)
+  if want <= 0 then return 0 end
   local lanes = math.min(count, LANE_COUNT)
   local busy, only = 0, 0
   for i = 1, lanes do
     if len[i] > 0 then busy, only = busy + 1, i end
   end
-  if want <= 0 or busy + fair == 0 then return 0 end
+  if busy + fair == 0 then return 0 end
   if fair == 0 and busy == 1 then
     for _ = 1, want do
       if not pop(KEYS[first + only - 1], bodies, acks, out) then break end
