@@ -382,6 +382,46 @@ def flow(results: dict[str, Any]) -> Iterator[Row]:
             f"empty queue {_f(base, 1)}",
             f"{_f(row['round_trips_per_s'] / base)} x",
         )
+    yield from lanes(results)
+
+
+def lanes(results: dict[str, Any]) -> Iterator[Row]:
+    """The lanes' rows of a flow_bench run that measured them (issue #42 items 4 and 2)."""
+    if "lanes" in results:
+        cost = results["lanes"]
+        rate, cpu = cost["jobs_per_s"], cost["cpu_us_per_job"]
+        yield (
+            (
+                "lanes (priorities, fair lane) vs before them: no-op jobs/s (CPU us/job), "
+                f"{cost['jobs']:,} x {cost['rounds']} rounds"
+            ),
+            (
+                f"one lane {rate['one']:.0f} ({cpu['one']:.0f}); high+low {rate['two']:.0f} "
+                f"({cpu['two']:.0f})"
+            ),
+            f"before {rate['before']:.0f} ({cpu['before']:.0f})",
+            (
+                f"{_f(cost['one_vs_before_cost'] * 100, 1)}% "
+                f"({_f(cost['one_vs_before_cpu_cost'] * 100, 1)}% CPU)"
+            ),
+        )
+    if "fairness" in results:
+        fair = results["fairness"]
+        yield (
+            (
+                f"fairness: key B's {fair['key_b_sent']} sent behind key A's "
+                f"{fair['key_a_backlog']:,}, worst wait ({fair['threads']} threads)"
+            ),
+            (
+                f"{fair['b_behind_a_worst_wait_s'] * 1000:.0f} ms, "
+                f"{fair['a_jobs_done_by_bs_last_start']} A jobs by B's last start"
+            ),
+            (
+                f"B alone {fair['b_alone_worst_wait_s'] * 1000:.0f} ms; FIFO: "
+                f"{fair['a_backlog_left_at_bs_send']:,} A jobs first"
+            ),
+            f"{_f(fair['worst_wait_ratio'])} x",
+        )
 
 
 def unique(results: dict[str, Any]) -> Iterator[Row]:

@@ -31,7 +31,12 @@ except GuardError as error:
 
 def test_a_refused_render_exits_with_one_line_and_no_traceback() -> None:
     for _ in range(6):
-        done = subprocess.run([sys.executable, "-c", "import sys\n" + PROGRAM],
-                              capture_output=True, text=True, timeout=120, check=False)
+        done = subprocess.run(
+            [sys.executable, "-c", "import sys\n" + PROGRAM],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         assert done.returncode == 1, done.stderr[-2000:]
         assert done.stderr.strip().splitlines() == ["refused: planted refusal"], done.stderr

@@ -101,6 +101,9 @@ def backlog_age_rule(pool: PoolSpec, series: PoolSeries, queue: str) -> Rule:
 
 #: The window over which a pool counts as throttled (``jobs_throttled_total`` rising).
 THROTTLED_WINDOW = "5m"
+#: The throttles of a downstream resource (a key's limit, ``reason="key"``, is the
+#: service's own choice: no alert).
+DOWNSTREAM_REASONS = f'reason=~"{contract.THROTTLE_BUDGET}|{contract.THROTTLE_RATE}"'
 
 
 def throttled_rule(pool: PoolSpec, series: PoolSeries) -> Rule:
@@ -115,7 +118,8 @@ def throttled_rule(pool: PoolSpec, series: PoolSeries) -> Rule:
         "alert": "WorkerThrottledByDownstream",
         "expr": (
             f"sum by ({BY_POOL}, queue) "
-            f"(rate({contract.JOBS_THROTTLED}{{{series.workers()}}}[{THROTTLED_WINDOW}])) > 0\n"
+            f"(rate({contract.JOBS_THROTTLED}{{{series.workers()},{DOWNSTREAM_REASONS}}}"
+            f"[{THROTTLED_WINDOW}])) > 0\n"
             f"and {on} max by ({POOL_SERIES_LABEL}, queue) "
             f"({contract.QUEUE_OLDEST_MESSAGE}{{{ready}}}) > {target}"
         ),

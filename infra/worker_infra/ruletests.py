@@ -98,6 +98,7 @@ class PoolState:
       broker_full: Redis refuses writes for being full (``broker_full`` 1).
       throttled_per_minute: messages a fetch left queued for a downstream budget, per
         minute per pod and queue.
+      throttled_reason: the ``reason`` of those (``budget``; ``key``: a key's limit).
       unserved: work waits on each queue and no live process serves it (``queue_unserved``
         1, ``queue_consumers`` 0).
     """
@@ -119,6 +120,7 @@ class PoolState:
     time_limits_per_minute: float = 0
     broker_full: bool = False
     throttled_per_minute: float = 0
+    throttled_reason: str = contract.THROTTLE_BUDGET
     unserved: bool = False
 
 
@@ -236,7 +238,7 @@ class _Builder:
             )
             self.add(
                 contract.JOBS_THROTTLED,
-                {**labels, "queue": queue, "reason": "budget"},
+                {**labels, "queue": queue, "reason": s.throttled_reason},
                 growing(0, s.throttled_per_minute),
             )
         self.add(contract.BROKER_RESETS, labels, growing(0, s.resets_per_minute))
@@ -632,6 +634,21 @@ class RuleTests:
                             for q in pool.queues
                         ),
                     ],
+                )
+            )
+            keyed = PoolState(
+                inflight=None,
+                done_per_minute=30,
+                depth=10,
+                age_s=over,
+                throttled_per_minute=60,
+                throttled_reason=contract.THROTTLE_KEY,
+            )
+            cases.append(
+                self.case(
+                    f"{pool.name}: a key's limit (not the downstream) holds the backlog",
+                    ServiceState(ns, {pool.name: keyed}),
+                    [*self.age(pool, over)],
                 )
             )
         return cases

@@ -69,6 +69,13 @@ SKIPPED: Final = "skipped"
 CANCELLED: Final = "cancelled"
 OUTCOMES: Final = (SUCCESS, FAILURE, RETRY, DEAD_LETTER, REQUEUED, SKIPPED, CANCELLED)
 
+#: Why a fetch left messages queued, the ``reason`` label of ``jobs_throttled_total``: a
+#: downstream resource's budget or rate (worker_infra's WorkerThrottledByDownstream), or a
+#: fairness key's limit in flight (the service's own choice: no alert).
+THROTTLE_BUDGET: Final = "budget"
+THROTTLE_RATE: Final = "rate"
+THROTTLE_KEY: Final = "key"
+
 # -- what one worker process holds of a downstream resource (pools.toml ``per_process``) --
 #: Its database connections (``DB_POOL_SIZE``).
 PER_PROCESS_DB_POOL: Final = "db_pool_size"

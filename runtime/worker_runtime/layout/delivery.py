@@ -502,12 +502,13 @@ def fetch_args(
     return [count, broker_id, *_taking(queue, gates, lease_ms, bound, key_limit)]
 
 
+@functools.lru_cache(maxsize=1024)
 def _taking(
     queue: str, gates: tuple[Gate, ...], lease_ms: int, bound: int, key_limit: int
-) -> list[Any]:
+) -> tuple[Any, ...]:
     """The ARGV that FETCH and SETTLE's refill end with: the lanes block's size, the
-    starvation bound, the per-key limit, then :func:`.flow.flow_args`."""
-    return [len(waiting_keys(queue)), bound, key_limit, *flow_args(queue, gates, lease_ms)]
+    starvation bound, the per-key limit, then :func:`.flow.flow_args`. Kept once made."""
+    return (len(waiting_keys(queue)), bound, key_limit, *flow_args(queue, gates, lease_ms))
 
 
 def taken(raw: list[Any], head: int = 0) -> tuple[Admission, list[tuple[str, bytes | None]]]:

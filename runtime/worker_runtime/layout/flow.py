@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
+from .. import contract
 from .keys import (
     NAMESPACE,
     canonical,
@@ -52,11 +53,11 @@ if TYPE_CHECKING:
 #: Why a fetch left messages queued (``jobs_throttled_total{reason}``; ``paused`` is
 #: counted by ``queue_paused`` instead).
 PAUSED: Final = "paused"
-BUDGET: Final = "budget"
-RATE: Final = "rate"
+BUDGET: Final = contract.THROTTLE_BUDGET
+RATE: Final = contract.THROTTLE_RATE
 #: A fair lane's keyed messages passed over for their key's ``fair_key_limit``
 #: (:mod:`.queuelanes`).
-KEY: Final = "key"
+KEY: Final = contract.THROTTLE_KEY
 
 
 @dataclass(frozen=True)
