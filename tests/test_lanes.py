@@ -318,3 +318,32 @@ def test_a_key_never_has_more_in_flight_than_its_limit(
         if line.startswith("jobs_throttled_total{") and 'reason="key"' in line
     ]
     assert throttled and float(throttled[0].rsplit(" ", 1)[1]) > 0, text
+
+
+BAD_KEY_ACTORS = """\
+from worker_runtime.typed import JobArguments, actor
+
+
+class Report(JobArguments):
+    tenant_id: str
+
+
+@actor(queue_name="reports", fair_key="tenant")
+def bad_key(job: Report) -> None: ...
+"""
+
+
+def test_a_fair_key_the_model_lacks_refuses_to_boot_in_one_line(
+    bake: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory, redis_url: str
+) -> None:
+    project = bake_with_actors(bake, tmp_path_factory, "badkey", bad_key=BAD_KEY_ACTORS)
+    refused = run_cli(
+        project,
+        "worker",
+        env=project_env(project, REDIS_URL=redis_url, WORKER_POOL="bulk"),
+    )
+    assert refused.returncode == 78, refused.stdout
+    # The supervisor's JSON log lines aside, one line says it (and boot_failed's reason).
+    (said,) = [line for line in refused.stderr.splitlines() if not line.startswith("{")]
+    assert said.startswith("config error: actor module"), said
+    assert "fair_key 'tenant' is not a field of its arguments (tenant_id)" in said, said
