@@ -23,7 +23,7 @@ import pods
 pytestmark = pytest.mark.e2e
 
 
-@pytest.mark.timeout(1500)
+@pytest.mark.timeout(2400)
 def test_the_scenarios_pass_on_real_pods(tmp_path: Path) -> None:
     require_node()
     subprocess.run([sys.executable, str(E2E / "cluster.py"), "--sweep"], check=True)

@@ -200,6 +200,28 @@ class Binaries:
         raise FileNotFoundError(f"{name}: not built (make e2e-build) and not on PATH")
 
 
+#: The aggregator's client certificate's name (``--requestheader-allowed-names``).
+FRONT_PROXY_CLIENT = "front-proxy-client"
+
+
+@dataclass(frozen=True)
+class FrontProxy:
+    """The API server's front-proxy CA and the client certificate it signs: the aggregator
+    presents it to an aggregated API server, which then believes the ``X-Remote-User`` and
+    ``X-Remote-Group`` headers (read from ``kube-system/extension-apiserver-authentication``)."""
+
+    ca: Path
+    client: Any
+
+    @classmethod
+    def make(cls, folder: Path) -> FrontProxy:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import pki
+
+        authority = pki.ca(folder, "front-proxy-ca")
+        return cls(authority.cert, pki.leaf(authority, folder, "client", FRONT_PROXY_CLIENT))
+
+
 @dataclass
 class Process:
     name: str
@@ -408,6 +430,7 @@ class Cluster:
             return error.code, error.read()
 
     def _apiserver(self) -> None:
+        front_proxy = FrontProxy.make(self.dir / "front-proxy")
         port = free_port()
         self.server = f"https://127.0.0.1:{port}"
         proc = self._spawn("kube-apiserver", [
@@ -429,6 +452,15 @@ class Cluster:
             f"--feature-gates={FEATURE_GATES}",
             # The loopback address is no valid endpoint of the kubernetes Service.
             "--endpoint-reconciler-type=none",
+            # The aggregation layer's front proxy (an aggregated API, such as KEDA's metrics
+            # adapter, trusts the user named in these headers only from this client cert).
+            f"--requestheader-client-ca-file={front_proxy.ca}",
+            f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={front_proxy.client.cert}",
+            f"--proxy-client-key-file={front_proxy.client.key}",
             "--profiling=false",
             "--v=1",
         ])
@@ -517,12 +549,14 @@ class Cluster:
 
         self._wait(proc, "fake node", node_ready)
 
-    def install_crds(self) -> None:
-        """The KEDA and Prometheus Operator CRDs (:data:`CRDS`), established."""
-        for group, plural, kind, versions, scope in CRDS:
+    def install_crds(self, skip: tuple[str, ...] = ()) -> None:
+        """The KEDA and Prometheus Operator CRDs (:data:`CRDS`) but those of the groups in
+        ``skip`` (the real KEDA brings its own: :mod:`keda`), established."""
+        crds = [c for c in CRDS if c[0] not in skip]
+        for group, plural, kind, versions, scope in crds:
             self.api("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd(
                 group, plural, kind, versions, scope))
-        names = {f"{plural}.{group}" for group, plural, *_ in CRDS}
+        names = {f"{plural}.{group}" for group, plural, *_ in crds}
 
         def established() -> bool:
             items = self.api("GET", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions")

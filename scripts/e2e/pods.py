@@ -11,8 +11,14 @@ module before its image is built (:data:`E2E_ACTORS`: the ledger job).
 
 Steps (each prints its name and time; the first failed assertion stops the run, exit 1):
 
+0. KEDA and Prometheus: the real KEDA operator and metrics adapter (:mod:`keda`, its own
+   CRDs and RBAC, the adapter an aggregated API authenticated by the front proxy) and
+   Debian's Prometheus scraping what the PodMonitors select (:mod:`prom`);
 1. up on real pods: every pool's Deployment has its pods Ready, by their real exec probes
    (``healthcheck ready``), under PodSecurity ``restricted``, from the image pinned by digest;
+   every ScaledObject Ready (KEDA made its HPA);
+1b. autoscaling on a real backlog (:mod:`autoscale`): up to the downstream-capped maximum
+   and never past it, drained, held while Prometheus is stopped, down at the policy's pace;
 2. a rolling change of one pool while its jobs run: every job of the ledger started once and
    finished once; the old pod ended within its grace period, with exit code 0 (the kubelet's
    SIGTERM, the worker's drain), not killed;
@@ -20,7 +26,7 @@ Steps (each prints its name and time; the first failed assertion stops the run, 
    the container, the job is delivered again and done, its two attempts counted;
 4. destroy: nothing of the stack left.
 
-Usage: ``pods.py [--keep DIR]``.
+Usage: ``pods.py [--keep DIR] [--only first_up,autoscale,...]``.
 """
 
 from __future__ import annotations
@@ -44,10 +50,13 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import autoscale
 import build
 import cluster as cl
 import images
+import keda
 import node
+import prom
 import relay
 import run
 from run import Failed, check, say, step
@@ -65,6 +74,7 @@ JOB_S = 2.0
 
 SCENARIOS = {
     "up on real pods": "first_up",
+    "autoscaling on a real backlog": "autoscale",
     "a rolling change runs every job once": "rolling",
     "a wedged handler is restarted by liveness": "wedge",
     "destroy leaves nothing": "destroy",
@@ -92,15 +102,29 @@ class LedgerJob(JobArguments):
     seconds: float = 0.0
 
 
-@actor(queue_name="notifications", max_retries=4)
-def e2e_ledger(job: LedgerJob) -> None:
+def record(job: LedgerJob) -> None:
     """Count its start and its end in the ledger (``e2e:started``, ``e2e:done``)."""
     ledger = redis.Redis.from_url(os.environ["REDIS_URL"])
     ledger.hincrby("e2e:started", job.job_id, 1)
+    ledger.rpush(
+        f"e2e:starts:{job.job_id}", f"{socket.gethostname()} pid {os.getpid()} at {time.time():.3f}"
+    )
     time.sleep(job.seconds)
     ledger.hincrby("e2e:done", job.job_id, 1)
     ledger.hset("e2e:host", job.job_id, socket.gethostname())
     ledger.hset("e2e:finished", job.job_id, time.time())
+
+
+@actor(queue_name="notifications", max_retries=4)
+def e2e_ledger(job: LedgerJob) -> None:
+    """A ledger job of the interactive pool (the rolling change)."""
+    record(job)
+
+
+@actor(queue_name="partner", max_retries=4)
+def e2e_partner(job: LedgerJob) -> None:
+    """A ledger job of the external pool (the autoscaling step's backlog)."""
+    record(job)
 
 
 @actor(queue_name="notifications", max_retries=4, time_limit=600_000)
@@ -170,6 +194,8 @@ class Harness:
         self.database_url = (
             f"postgresql://{user}@{node.GATEWAY}:{POSTGRES_PORT}/postgres"
         )
+        self.prometheus: prom.Prometheus
+        self.keda: keda.Keda
 
     def bake(self, times: dict[str, float]) -> None:
         with step("bake", times):
@@ -274,18 +300,31 @@ class Harness:
             capture_output=True,
         )
 
-    def feeder(self, interval_s: float, seconds: float) -> subprocess.Popen[str]:
-        """The bake's own producer, sending ``e2e_ledger`` jobs ``j-0``, ``j-1``... every
-        ``interval_s`` until its stdin is closed; then it prints how many it sent."""
+    def feeder(
+        self,
+        interval_s: float,
+        seconds: float,
+        actor: str = "e2e_ledger",
+        prefix: str = "j",
+        top_up: tuple[str, int] | None = None,
+    ) -> subprocess.Popen[str]:
+        """The bake's own producer, sending ``actor``'s jobs ``<prefix>-0``, ``<prefix>-1``...
+        every ``interval_s`` until its stdin is closed; then it prints how many it sent.
+        ``top_up`` (a ready list's key, a length): only while that list is shorter."""
+        key, most = top_up or ("", 0)
         code = (
-            "import select, sys\n"
+            "import os, select, sys\n"
+            "import redis\n"
             f"from {PACKAGE}.producer import enqueue\n"
+            "broker = redis.Redis.from_url(os.environ['REDIS_URL'])\n"
             "sent = 0\n"
             "while True:\n"
             f"    ready, _, _ = select.select([sys.stdin], [], [], {interval_s})\n"
             "    if ready and not sys.stdin.read(1):\n"
             "        break\n"
-            f"    enqueue('e2e_ledger', f'j-{{sent}}', {seconds})\n"
+            f"    if {most} and broker.llen({key!r}) >= {most}:\n"
+            "        continue\n"
+            f"    enqueue({actor!r}, f'{prefix}-{{sent}}', {seconds})\n"
             "    sent += 1\n"
             "print(sent)\n"
         )
@@ -333,7 +372,7 @@ class Scenarios:
         self.deployer = run.Deployer(
             harness.project, harness.work / "pulumi", harness.cluster.kubeconfig
         )
-        self.deployer.transforms = [loaded_machine]
+        self.deployer.transforms = [loaded_machine, autoscale.quick_scale_down]
         self.run = run.Run(harness.cluster, self.deployer, times)
         self.numbers = self.run.numbers
 
@@ -346,6 +385,7 @@ class Scenarios:
             config = data["config"]
             config[run.key("image")] = h.image
             config[run.key("redis")].update(host=node.GATEWAY, port=REDIS_PORT)
+            autoscale.stack_config(config, prom.URL)
             config[run.key("pools")]["sandbox"]["min_replicas"] = 1
             config[run.key("pools")]["interactive"].update(
                 job_timeout_ms=run.INTERACTIVE_DRAIN_MS - 1000,
@@ -408,6 +448,26 @@ class Scenarios:
                 f"{namespace}: {labels}",
             )
         self.numbers["pods Ready"] = len(pods)
+        # The real KEDA took every ScaledObject: its HPA made, its triggers built.
+        def not_ready() -> dict[str, Any]:
+            return {
+                so["metadata"]["name"]: so.get("status")
+                for so in run.api_list(self.cluster, "/apis/keda.sh/v1alpha1/scaledobjects")
+                if not so.get("status", {}).get("hpaName")
+                or not any(
+                    c["type"] == "Ready" and c["status"] == "True"
+                    for c in so["status"].get("conditions", [])
+                )
+            }
+
+        run.wait_until("every ScaledObject Ready", lambda: not not_ready(), 60)
+        self.numbers["ScaledObjects Ready"] = len(
+            run.api_list(self.cluster, "/apis/keda.sh/v1alpha1/scaledobjects")
+        )
+
+    # 1b --------------------------------------------------------------------------------
+    def autoscale(self) -> None:
+        autoscale.scenario(self, self.h.prometheus, self.h.keda)
 
     # 2 ---------------------------------------------------------------------------------
     def rolling(self) -> None:
@@ -462,7 +522,8 @@ class Scenarios:
             for j in jobs
             if started_counts.get(j) != "1" or done_counts.get(j) != "1"
         }
-        check(not twice, f"jobs not run exactly once (started, done): {twice}")
+        check(not twice, f"jobs not run exactly once (started, done): {twice}; "
+                         f"{self.twice_evidence(twice, watch)}")
         by_old = sum(1 for j in jobs if hosts.get(j) == old["metadata"]["name"])
         self.numbers["jobs by the old pod, by the new"] = [by_old, len(jobs) - by_old]
         check(
@@ -498,6 +559,26 @@ class Scenarios:
         check(
             after, "the old pod finished no job after its SIGTERM: nothing was drained"
         )
+
+    def twice_evidence(self, twice: dict[str, Any], watch: PodWatch) -> str:
+        """What tells a redelivery's cause: each start's pod, process and time; the
+        containers' restarts and last states; the workers' lines on recovery."""
+        starts = {j: self.h.redis.lrange(f"e2e:starts:{j}", 0, -1) for j in twice}
+        restarts = {
+            p["metadata"]["name"]: [
+                (c["restartCount"], c.get("lastState"))
+                for c in p["status"].get("containerStatuses", [])
+            ]
+            for p in watch.last.values()
+        }
+        lines = []
+        for log in sorted((self.cluster.real_node.dir / "pod-logs").rglob("*.log")):
+            if f"{run.NAMESPACE}_" not in str(log):
+                continue
+            for line in log.read_text(errors="replace").splitlines():
+                if any(w in line.lower() for w in ("recover", "requeue", "lost", "silent")):
+                    lines.append(f"{log.parent.parent.name}: {line[:400]}")
+        return f"starts {starts}; containers {restarts}; worker lines {lines[-30:]}"
 
     # 3 ---------------------------------------------------------------------------------
     def wedge(self) -> None:
@@ -562,9 +643,13 @@ class Scenarios:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--keep", type=Path, help="work in this folder and leave it")
+    parser.add_argument(
+        "--only", help="comma-separated steps' methods (first_up,autoscale,...; default all)"
+    )
     args = parser.parse_args(argv)
+    only = set(args.only.split(",")) if args.only else set(SCENARIOS.values())
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    dirs = run.engine_dirs((*build.KWOK_E2E, "kubelet"))
+    dirs = run.engine_dirs((*build.KWOK_E2E, "kubelet", "keda"))
     os.environ["PATH"] = os.pathsep.join([*map(str, dirs), os.environ.get("PATH", "")])
     os.environ["PULUMI_SKIP_UPDATE_CHECK"] = "true"
     started = time.monotonic()
@@ -576,9 +661,17 @@ def main(argv: list[str] | None = None) -> int:
         cluster = harness.cluster_up(times, dirs)
         os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
         with step("CRDs", times):
-            cluster.install_crds()
+            cluster.install_crds(skip=("keda.sh",))
+        with step("KEDA and Prometheus", times):
+            harness.prometheus = prom.Prometheus(cluster, cluster.real_node)
+            harness.prometheus.start()
+            stack.callback(harness.prometheus.close)
+            harness.keda = keda.Keda(cluster, cluster.real_node)
+            harness.keda.start()
         scenarios = Scenarios(harness, times)
         for name, method in SCENARIOS.items():
+            if method not in only:
+                continue
             with step(name, times):
                 getattr(scenarios, method)()
     say("e2e: numbers " + json.dumps(scenarios.numbers, default=str))
