@@ -55,7 +55,8 @@ e2e: venv e2e-build
 # A real node (#43; not in CI: README, "What `make e2e` costs"): containerd, runc, the bridge
 # CNI and the kubelet in namespaces of their own (scripts/e2e/node.py), the host left as it
 # was (tests/test_e2e_node.py); then the bake's own image on real pods through the real
-# Pulumi engine (scripts/e2e/pods.py: up, a roll with a ledger, a wedged handler, destroy).
+# Pulumi engine (scripts/e2e/pods.py: up, autoscaling by the real KEDA on a real backlog scraped
+# by Debian's Prometheus, a roll with a ledger, a wedged handler, destroy).
 e2e-full: venv e2e-build
 	$(BIN)/python -m pytest tests/test_e2e_node.py tests/test_e2e_pods.py -m e2e -p no:xdist -p no:cacheprovider -s -v
 
