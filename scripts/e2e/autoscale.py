@@ -205,11 +205,7 @@ def scenario(s: Any, prometheus: pr.Prometheus, keda: kd.Keda) -> None:
         except Exception as error:  # noqa: BLE001 (a number of the report, not a check)
             numbers["external metrics through the aggregator"] = str(error)[:300]
     finally:
-        assert feeder.stdin is not None
-        feeder.stdin.close()
-        assert feeder.stdout is not None
-        sent = int(feeder.stdout.read().strip() or 0)
-        feeder.wait(60)
+        sent = s.h.stop_feeder(feeder)
     try:
         jobs = [f"p-{i}" for i in range(sent)]
         redis = s.h.redis

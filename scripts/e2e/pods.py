@@ -338,6 +338,16 @@ class Harness:
             env=self.producer_env(),
         )
 
+    @staticmethod
+    def stop_feeder(feeder: subprocess.Popen[str]) -> int:
+        """End a :meth:`feeder` (its stdin closed); how many jobs it sent."""
+        assert feeder.stdin is not None
+        feeder.stdin.close()
+        assert feeder.stdout is not None
+        sent = int(feeder.stdout.read().strip() or 0)
+        feeder.wait(60)
+        return sent
+
 
 #: The exec probes' timeout here, and the bound of a Deployment's wait: each probe starts a
 #: Python that imports the service, which took over 5 s (worker_infra's probe timeout) on
@@ -502,11 +512,7 @@ class Scenarios:
                 120,
             )
         finally:
-            assert feeder.stdin is not None
-            feeder.stdin.close()
-            assert feeder.stdout is not None
-            sent = int(feeder.stdout.read().strip() or 0)
-            feeder.wait(60)
+            sent = self.h.stop_feeder(feeder)
         try:
             jobs = [f"j-{i}" for i in range(sent)]
             run.wait_until(
