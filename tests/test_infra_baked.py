@@ -509,6 +509,7 @@ ENV_OVERRIDES = {
     "max_attempts": 7,
     "prefetch": 12,
     "db_pool_size": 9,
+    "priority_bound": 5,
 }
 #: Infra-only fields: an override and where it must show in the rendered objects.
 INFRA_OVERRIDES: dict[str, tuple[Any, Callable[[Objects, dict[str, Any]], Any]]] = {

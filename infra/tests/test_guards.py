@@ -155,6 +155,7 @@ def test_every_pool_shaping_variable_is_named_by_the_model() -> None:
         "WORKER_SHUTDOWN_TIMEOUT_MS",
         "WORKER_MAX_ATTEMPTS",
         "WORKER_PREFETCH",
+        "WORKER_PRIORITY_BOUND",
         "DB_POOL_SIZE",
     } == POOL_ENV
     check_env({"LOG_LEVEL": "DEBUG", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel:4317"}, POOL_ENV)

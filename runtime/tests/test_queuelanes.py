@@ -58,9 +58,10 @@ def enqueue(
 def fetch_reply(
     client: redis.Redis, count: int, bound: int = 10, limit: int = 0, broker: str = "w"
 ) -> tuple[layout.Admission, list[str]]:
+    keys = layout.fetch_keys(broker, Q)
     raw = client.eval(
         layout.FETCH,
-        len(keys := layout.fetch_keys(broker, Q)),
+        len(keys),
         *keys,
         *layout.fetch_args(count, broker, Q, bound=bound, key_limit=limit),
     )
