@@ -27,7 +27,9 @@ queue, and the fetch that takes one, do (:data:`LANES`):
   message read it from the stored body inside Redis (``route``), so a message goes back
   to its own lane whoever moves it.
 
-Cost per fetch call: one ``LLEN`` a list and one ``ZCARD`` (the fair lane); with two lanes
+Cost per fetch call: while only Dramatiq's list is in use, one ``EXISTS`` (of the other
+lanes, the fair lane and the lanes hash) and one ``LLEN``; else one ``LLEN`` a list and one
+``ZCARD`` (the fair lane); with two lanes
 busy or keyed messages waiting, one ``HMGET`` of the lanes hash and its writes, and for each
 keyed message taken a few O(log n) commands (a settlement that takes nothing reads no
 lane); every settlement one ``HGET`` (its key, if any). A group's callbacks wait on their
@@ -182,6 +184,21 @@ end
 local function waiting(first, count, want)
   local len, total, fair = {}, 0, 0
   if want <= 0 then return len, fair, total end
+  if count > LANE_COUNT then
+    -- the plain case (only Dramatiq's list in use): one EXISTS of the other lanes, the fair
+    -- lane and the lanes hash (empty ones do not exist) says so, then one LLEN; len.plain
+    -- tells take that no lane state is kept
+    local others = {KEYS[first + LANE_COUNT], KEYS[first + LANE_COUNT + 5]}
+    for i = 1, LANE_COUNT do
+      if i ~= LANE_DEFAULT then others[#others + 1] = KEYS[first + i - 1] end
+    end
+    if redis.call('exists', unpack(others)) == 0 then
+      for i = 1, LANE_COUNT do len[i] = 0 end
+      len[LANE_DEFAULT] = redis.call('llen', KEYS[first + LANE_DEFAULT - 1])
+      len.plain = true
+      return len, 0, len[LANE_DEFAULT]
+    end
+  end
   for i = 1, math.min(count, LANE_COUNT) do
     len[i] = redis.call('llen', KEYS[first + i - 1])
     total = total + len[i]
@@ -212,7 +229,9 @@ local function take(first, count, len, fair, bound, limit, bodies, acks, want, o
     for _ = 1, want do
       if not pop(KEYS[first + only - 1], bodies, acks, out) then break end
     end
-    if lanes > 1 then redis.call('hdel', KEYS[first + LANE_COUNT + 5], LANE_NAMES[only]) end
+    if lanes > 1 and not len.plain then
+      redis.call('hdel', KEYS[first + LANE_COUNT + 5], LANE_NAMES[only])
+    end
     return 0
   end
   local f = first + LANE_COUNT
