@@ -342,7 +342,7 @@ def lanes_cost(root: Path, projects: dict[str, Path], rounds: int, jobs: int) ->
 
 def fairness(root: Path, project: Path, backlog: int, sent: int = 10) -> dict[str, Any]:
     """B's worst wait behind A's backlog against B alone (see the module docstring)."""
-    from worker_runtime.consumer import SettlingRedisBroker
+    from worker_runtime.redisbroker import SettlingRedisBroker
     from worker_runtime.typed import JobArguments
     from worker_runtime.typed import actor as typed_actor
 

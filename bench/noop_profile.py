@@ -46,11 +46,11 @@ import dramatiq
 from dramatiq import Message
 
 from orders_worker import actors  # noqa: F401
-from orders_worker.lifecycle import LIFECYCLE
-from orders_worker.boards import ProgressBoard
+from worker_runtime.lifecycle import LIFECYCLE
+from worker_runtime.boards import ProgressBoard
 from orders_worker.broker import broker
 from orders_worker.settings import load_settings
-from orders_worker.consumer import SettlingConsumer
+from worker_runtime.consumer import SettlingConsumer
 from orders_worker.runtime import FETCH_TIMEOUT_MS
 
 jobs, ms, threads, wake = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"

@@ -30,7 +30,7 @@ import redis
 from _lifecycle import Worker, bake_with_actors, wait_for, workers_of
 from bakery import project_env, run_cli
 from worker_runtime import layout
-from worker_runtime.consumer import SettlingRedisBroker
+from worker_runtime.redisbroker import SettlingRedisBroker
 from worker_runtime.typed import JobArguments
 from worker_runtime.typed import actor as typed_actor
 

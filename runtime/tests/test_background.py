@@ -23,11 +23,11 @@ import redis
 
 from worker_runtime import accounting as recovery
 from worker_runtime import layout
-from worker_runtime.consumer import SettlingRedisBroker
 from worker_runtime.exporter import Exporter, _Handler, build_registry
 from worker_runtime.logs import JsonFormatter
 from worker_runtime.messages import inspect
 from worker_runtime.middleware.recovery import Recovery
+from worker_runtime.redisbroker import SettlingRedisBroker
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> None:

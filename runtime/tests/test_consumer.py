@@ -20,7 +20,7 @@ from dramatiq import Message
 
 from worker_runtime import consumer as consumer_module
 from worker_runtime import layout
-from worker_runtime.consumer import SettlingRedisBroker
+from worker_runtime.redisbroker import SettlingRedisBroker
 from worker_runtime.settlement import ACK
 from worker_runtime.timing import ORPHAN_AFTER_S
 

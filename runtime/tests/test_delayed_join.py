@@ -21,7 +21,7 @@ from dramatiq import Message
 from dramatiq.common import dq_name
 
 from worker_runtime import layout
-from worker_runtime.consumer import SettlingRedisBroker
+from worker_runtime.redisbroker import SettlingRedisBroker
 
 
 def test_join_returns_only_once_the_delayed_work_it_waits_for_has_run(redis_url: str) -> None:

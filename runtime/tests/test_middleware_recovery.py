@@ -13,9 +13,9 @@ import redis
 from dramatiq import Message, Worker
 
 from worker_runtime import layout
-from worker_runtime.consumer import SettlingRedisBroker
 from worker_runtime.middleware import Recovery
 from worker_runtime.middleware import recovery as recovery_module
+from worker_runtime.redisbroker import SettlingRedisBroker
 from worker_runtime.timing import ORPHAN_AFTER_S
 
 from stub_brokers import RedisStubBroker

@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from worker_runtime import backlog, layout
-from worker_runtime.consumer import SettlingRedisBroker
+from worker_runtime.redisbroker import SettlingRedisBroker
 from worker_runtime.typed import JobArguments
 from worker_runtime.typed import actor as typed_actor
 

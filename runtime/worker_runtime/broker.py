@@ -24,11 +24,11 @@ from dramatiq.middleware import (
 )
 
 from . import layout, redisclient, timing
-from .consumer import SettlingRedisBroker
 from .middleware import MessageSize, Pipelines, StoredResults, Tracing, UniqueJobs
 from .middleware.groups import GroupCompletion
 from .outage import Outage
 from .pools import redis_connections
+from .redisbroker import SettlingRedisBroker
 from .resultstore import CappedResults
 from .service import Service, use
 from .settings import RedisSettings, WorkerSettings, load_redis_settings, load_settings

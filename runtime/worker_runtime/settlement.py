@@ -148,7 +148,7 @@ def dead_letter_delivery(broker: Broker, message: MessageProxy, reason: str) -> 
 class SettlingBroker:
     """A broker whose consumers end each delivery with one :class:`Settlement`, stored with
     its ack (:meth:`settle`, called from the consumer's ``ack`` and ``nack``). The worker's
-    :class:`.consumer.SettlingRedisBroker` is one; the middleware's unit tests settle on a
+    :class:`.redisbroker.SettlingRedisBroker` is one; the middleware's unit tests settle on a
     StubBroker that records the settlements."""
 
     def settle(self, queue: str, redis_id: str, settlement: Settlement) -> bool:

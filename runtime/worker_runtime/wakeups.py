@@ -13,7 +13,7 @@ from . import layout
 
 
 class Wakeable(Protocol):
-    """What the wake-ups need of a broker (:class:`.consumer.SettlingRedisBroker`)."""
+    """What the wake-ups need of a broker (:class:`.redisbroker.SettlingRedisBroker`)."""
 
     client: Any  # redis.Redis (Dramatiq leaves it untyped)
 
@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 class WakeUps(threading.Thread):
     """Listens on the wake channel (:data:`.layout.WAKE_CHANNEL`, one connection of its own)
     and wakes the consumer of each queue a producer names
-    (:meth:`.consumer.SettlingRedisBroker.wake`).
+    (:meth:`.redisbroker.SettlingRedisBroker.wake`).
     Costs no round trip while idle. A lost connection is reopened after
     :data:`RECONNECT_S`; a user without pub/sub rights logs one line and only polls.
 

@@ -33,12 +33,12 @@ from dramatiq.errors import BrokerConnectionError
 from . import accounting as recovery
 from . import layout
 from .boards import ProgressBoard, StateDirError
-from .consumer import SettlingRedisBroker
 from .exitcodes import EX_OK, EX_REPLACE
 from .lifecycle import LIFECYCLE, Lifecycle
 from .middleware import CappedTimeLimit, GracefulShutdown
 from .outage import ConsumerNoise
 from .parentdeath import die_with_parent
+from .redisbroker import SettlingRedisBroker
 from .settings import WorkerSettings, refuse
 from .stopsignals import StopSignals
 from .timing import CONSUMER_STOP_S, DRAIN_REDIS_TIMEOUT_S, INTERRUPT_GRACE_S
