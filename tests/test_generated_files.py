@@ -179,8 +179,10 @@ def test_dockerfile_is_hadolint_clean_non_root_and_exec_form(
     assert froms[1:] == ["${BASE_IMAGE} AS build", "${BASE_IMAGE}"], froms
     args = [rest for keyword, rest in instructions if keyword == "ARG"]
     # PREFIX: where the build stage installs (tests/test_packaging.py runs that stage's RUN
-    # lines into a venv by giving it); the final stage copies /install.
-    assert args == ["BASE_IMAGE=pinned", "PREFIX=/install"], args
+    # lines into a venv by giving it); the final stage copies /install. PIP_INDEX_URL: an
+    # internal index is a build argument (the default is pip's own).
+    assert args == ["BASE_IMAGE=pinned", "PREFIX=/install",
+                    "PIP_INDEX_URL=https://pypi.org/simple"], args
     assert instructions.index(("ARG", args[0])) < instructions.index(("FROM", froms[0]))
     user = [rest for keyword, rest in instructions if keyword == "USER"]
     assert user == [f"{POD_UID}:{POD_UID}"], user
