@@ -1553,11 +1553,14 @@ def test_no_file_wall_is_refused(driver_tree: Path, workdirs: Path) -> None:
         assert not os.path.exists(path), f"the refused snippet ran: {path}"
 
 
+@pytest.mark.usefixtures("jobs")  # the service's broker built on the test's Redis first
 def test_the_sandbox_pool_refuses_to_boot_where_the_sandbox_cannot_run(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The sandbox pool's worker process reports a refusal once, at boot: one line, exit 78
-    (EX_CONFIG, which its supervisor exits with too), instead of failing every job."""
+    (EX_CONFIG, which its supervisor exits with too), instead of failing every job. (Its
+    actor module is imported in this process: after the ``jobs`` fixture built the broker,
+    which a later test's ``jobs`` reuses.)"""
     from service.actors import sandbox as actor
     from worker_runtime.exitcodes import EX_CONFIG
     from worker_runtime.settings import ConfigRefused

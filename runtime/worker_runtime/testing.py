@@ -360,6 +360,15 @@ def jobs(
     from .actors import load
 
     started = Jobs(load())
+    built_for = started.client.connection_pool.connection_kwargs.get("port")
+    wanted = redis.Redis.from_url(redis_url).connection_pool.connection_kwargs.get("port")
+    if built_for != wanted:
+        pytest.fail(
+            f"the service's broker was built for another Redis (port {built_for}, not the "
+            f"test's {wanted}): something imported the service's actors or broker before the "
+            "jobs fixture, with another REDIS_URL; import them inside the tests",
+            pytrace=False,
+        )
     started.worker.start()
     try:
         yield started
