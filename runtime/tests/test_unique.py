@@ -22,10 +22,15 @@ from worker_runtime.unique import DuplicateJob, Unique, UniqueError
 QUEUE = "notifications"
 
 
+#: The test's Redis, set by the ``record`` fixture (not Dramatiq's global broker: another
+#: test of this process may have set a stub broker there).
+_clients: list[redis.Redis] = []
+
+
 def _record(key: str, n: int, fail_times: int = 0, wait_for_go: bool = False) -> None:
     """Fails its first ``fail_times`` attempts; the next waits for ``uq:go:<n>`` when
     ``wait_for_go``, then records its run."""
-    client = dramatiq.get_broker().client  # type: ignore[attr-defined]
+    client = _clients[-1]
     if client.incr(f"uq:attempt:{n}") <= fail_times:
         raise RuntimeError("failing on purpose")
     if wait_for_go:
@@ -51,6 +56,7 @@ def record(jobs: Jobs) -> Iterator[dramatiq.Actor[Any, Any]]:
             unique=Unique(key="key", ttl_ms=3_600_000),
         )(_record)
     jobs.queues.add(QUEUE)
+    _clients.append(jobs.client)
     layout.pause(jobs.client, QUEUE)
     yield broker.actors["uq_record"]
     layout.resume(jobs.client, QUEUE)
