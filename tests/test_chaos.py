@@ -159,6 +159,9 @@ def chaos(chaos_project: Path, redis_url: str,
                         WORKER_POOL=DATABASE_POOL, WORKER_PROCESSES="2", WORKER_CONCURRENCY="8",
                         WORKER_MAX_ATTEMPTS="20",
                         WORKER_HEARTBEAT_TIMEOUT_MS="2000", DATABASE_URL=TEST_DATABASE_URL,
+                        # The pool's partner rate (50/s) would run the jobs one at a time,
+                        # each process mostly holding none when killed: kills must find work.
+                        DOWNSTREAM_PARTNER_API_RATE="100000/s",
                         CHAOS_RUN=run, CHAOS_JOB_S=str(JOB_S))
         started.append(worker)
         began = time.monotonic()
