@@ -34,6 +34,7 @@ from _lifecycle import (
     wait_ready,
 )
 from bakery import project_env, run_cli
+from worker_runtime import accounting
 
 pytestmark = pytest.mark.slow
 __all__ = ["jobs"]
@@ -198,6 +199,37 @@ def test_a_handler_holding_the_interpreter_lock_past_the_heartbeat_runs_no_delay
     assert [len(jobs.dones(job_id)) for job_id in ids] == [1] * 10
     assert "recovered the messages of a dead worker" in second.log(), "the hog froze nothing"
     assert not held_delayed(jobs) and first.process is not None
+
+
+def test_a_resumed_worker_that_fetches_its_recovered_messages_again_runs_each_once(
+        workers: Callable[..., Worker], jobs: Jobs) -> None:
+    """Frozen past its heartbeat with one job running and four prefetched, a worker is
+    recovered while no other worker runs (this test recovers it), resumes and fetches the
+    requeued copies itself: the copy still in its memory and the fetched one are one
+    message (the hold check found the id held again and both ran, 5 ms apart)."""
+    worker = workers(WORKER_CONCURRENCY="1", WORKER_PREFETCH="5", **FREEZE_ENV)
+    wait_ready(jobs)
+    jobs.enqueue("lc_sleep", "long", 2.0)
+    wait_for(lambda: jobs.starts("long"), 10, "the long job to start")
+    ids = [f"p{index}" for index in range(4)]
+    for job_id in ids:
+        jobs.enqueue("lc_quick", job_id)
+    wait_for(lambda: not jobs.queued(), 10, "the worker to prefetch the four")
+    worker.signal(signal.SIGSTOP, group=True)
+    try:
+        time.sleep(HEARTBEAT_TIMEOUT_MS / 1000 + 1)
+        requeued, dead = accounting.recover_dead_workers(
+            jobs.client, [QUEUE], HEARTBEAT_TIMEOUT_MS, max_attempts=5)
+        assert (requeued, dead) == (5, 0)
+    finally:
+        worker.signal(signal.SIGCONT, group=True)
+    wait_for(lambda: all(jobs.dones(job_id) for job_id in [*ids, "long"]), 30, "every job")
+    time.sleep(3)  # a second run would come now
+    assert [len(jobs.starts(job_id)) for job_id in ids] == [1] * 4, worker.log()[-3000:]
+    # The long job ran on while frozen: stopped when seen no longer held (it runs again
+    # from its requeued copy), or, when its end came first, logged lost and run again.
+    assert 1 <= len(jobs.dones("long")) <= 2
+    assert not jobs.stranded() and not jobs.queued()
 
 
 def test_a_worker_killed_as_a_delayed_message_reaches_its_queue_runs_it_once(

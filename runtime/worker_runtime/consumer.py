@@ -97,6 +97,13 @@ logger = logging.getLogger(__name__)
 _RESETS_AT_FETCH = "_resets_at_fetch"
 #: Attribute of a MessageProxy: a settlement of it was sent and failed (it may have run).
 _SETTLE_TRIED = "_settle_tried"
+#: Set on a MessageProxy this process let go of (:meth:`SettlingConsumer.give_up`).
+_GIVEN_UP = "_given_up"
+#: Why a message let go of is lost here (counted in ``jobs_lost_total``).
+NOT_HELD_REASON = (
+    "no longer held: another worker recovered it (this worker's heartbeat was older than "
+    "WORKER_HEARTBEAT_TIMEOUT_MS); it runs again there"
+)
 
 #: Longest pause (ms) between two fetches of an empty queue (Dramatiq's default timeout);
 #: a wake-up (:class:`WakeUps`) or the drain ends it at once.
@@ -124,6 +131,8 @@ class SettlingConsumer(_RedisConsumer):
         #: the cache was fetched: a start checks its hold under it.
         self._cache_epoch = 0
         self.held: set[str] = set()
+        #: Held ids a fetch took again while this process still held them (see :meth:`_new`).
+        self.again: set[str] = set()
         #: Slots claimed by a fetch or refill still on its way (see :meth:`_claim`).
         self.claimed = 0
         self._slots = threading.Lock()
@@ -158,6 +167,7 @@ class SettlingConsumer(_RedisConsumer):
         with self._slots:
             if releasing is not None:
                 self.held.discard(releasing)
+                self.again.discard(releasing)
             free = int(self.prefetch) - self.outstanding_message_count
             count = max(0, min(most, free)) if self.broker.fetching else 0
             self.claimed += count
@@ -168,6 +178,7 @@ class SettlingConsumer(_RedisConsumer):
         is back with ``fetched``."""
         with self._slots:
             self.claimed -= claimed
+            fetched = self._new(fetched)
             if fetched:
                 cached = self._cache_epoch if self.message_cache else epoch
                 self._cache_epoch = min(cached, epoch)
@@ -186,6 +197,7 @@ class SettlingConsumer(_RedisConsumer):
             return
         with self._slots:
             self.claimed -= claimed
+            fetched = self._new(fetched)
             self.held.update(redis_id for redis_id, _ in fetched)
         if len(fetched) < claimed:
             self._slot_freed.set()
@@ -193,6 +205,27 @@ class SettlingConsumer(_RedisConsumer):
             message = self._admit(redis_id, body, epoch)
             if message is not None:
                 dispatch(message)
+
+    def _new(self, fetched: list[tuple[str, bytes | None]]) -> list[tuple[str, bytes | None]]:
+        """``fetched`` without the messages this process holds in memory already (called
+        with the slots' lock held). This worker, frozen past its heartbeat timeout, was
+        recovered while no other worker took the requeued messages: it fetched them again
+        beside the copies it still held, and its hold check (:data:`.layout.STILL_HELD`),
+        which asks whether the id is in its acks set, would pass both. They are one message:
+        the copy in memory runs (or goes on running) and settles it once."""
+        if self.held.isdisjoint(redis_id for redis_id, _ in fetched) and not self.message_cache:
+            return fetched
+        known = self.held.union(redis_id for redis_id, _ in self.message_cache)
+        again = [redis_id for redis_id, _ in fetched if redis_id in known]
+        if not again:
+            return fetched
+        self.again.update(again)
+        logger.warning(
+            "fetched again messages this process still holds (it was recovered while frozen "
+            "and took the requeued copies): each runs once, here",
+            extra={"queue": layout.canonical(self.queue_name), "redis_ids": again},
+        )
+        return [(redis_id, body) for redis_id, body in fetched if redis_id not in known]
 
     def _no_free_slot(self) -> bool:
         """True when a fetch could take nothing: every slot held, or fetching stopped."""
@@ -405,6 +438,9 @@ class SettlingConsumer(_RedisConsumer):
 
     def _settle(self, message: MessageProxy, settlement: Settlement) -> None:
         """Store ``settlement`` and refill the slot it frees in the same call."""
+        if getattr(message, _GIVEN_UP, False):
+            mark_lost(message, NOT_HELD_REASON)
+            return
         redis_id = message.options[layout.REDIS_MESSAGE_ID]
         fetched_here = redis_id in self.held
         refill = self._claim(1, releasing=redis_id)
@@ -476,11 +512,7 @@ class SettlingConsumer(_RedisConsumer):
         if epoch.resets > getattr(message, _RESETS_AT_FETCH, epoch.resets):
             mark_lost(message, "Redis lost its data (broker reset) while this worker held it")
         elif not resent:
-            mark_lost(
-                message,
-                "no longer held: another worker recovered it (this worker's heartbeat was "
-                "older than WORKER_HEARTBEAT_TIMEOUT_MS); it runs again there",
-            )
+            mark_lost(message, NOT_HELD_REASON)
 
     def requeue(self, messages: Iterable[MessageProxy]) -> None:
         redis_ids = [message.options[layout.REDIS_MESSAGE_ID] for message in messages]
@@ -500,7 +532,24 @@ class SettlingConsumer(_RedisConsumer):
         """``redis_id`` is no longer held: wake the consumer thread to fill its slot now."""
         with self._slots:
             self.held.discard(redis_id)
+            self.again.discard(redis_id)
         self._slot_freed.set()
+
+    def give_up(self, message: MessageProxy) -> bool:
+        """Redis said this process no longer holds ``message`` (another worker's recovery
+        requeued it while this one was frozen): let it go, unless a fetch has taken it again
+        since (:meth:`_new`; then it is held and runs here): True when let go. Decided under
+        the lock the fetch's check takes, so one of the two copies runs. A message let go of
+        is settled with no Redis call (its id may be held again by a later fetch) and
+        counted lost."""
+        redis_id = message.options[layout.REDIS_MESSAGE_ID]
+        with self._slots:
+            if redis_id in self.again:
+                return False
+            self.held.discard(redis_id)
+        setattr(message, _GIVEN_UP, True)
+        self._slot_freed.set()
+        return True
 
 
 _HEAD_BYTES = 4096

@@ -21,6 +21,7 @@ from typing import Any
 
 import redis
 from dramatiq import Actor, Message
+from dramatiq.broker import MessageProxy
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.common import current_millis, dq_name
 from dramatiq.middleware import Middleware, MiddlewareError
@@ -111,6 +112,12 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
         #: ``time.monotonic()`` when the offset was last measured (None: never).
         self._clock_measured: float | None = None
         self._wake_ups: WakeUps | None = None
+
+    def give_up(self, message: MessageProxy) -> bool:
+        """Let ``message`` go: Redis said this process no longer holds it
+        (:meth:`.SettlingConsumer.give_up`); False when a fetch took it again since."""
+        consumer = self._consumers.get(message.queue_name)
+        return consumer is None or consumer.give_up(message)
 
     def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 5000) -> SettlingConsumer:
         with self._consumers_lock:

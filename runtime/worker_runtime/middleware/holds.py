@@ -23,8 +23,9 @@ class HeldCheck(Middleware):
     prefetched messages another worker has recovered and runs already. When the
     heartbeats left no gap since the message was fetched (:class:`..holds.HoldWatch`, no
     Redis call: the usual case) it starts; otherwise Redis is asked
-    (:func:`..layout.still_held`, which beats too). A message no longer held is skipped:
-    its settlement stores nothing and it is counted in ``jobs_lost_total`` and logged, once
+    (:func:`..layout.still_held`, which beats too). A message no longer held is skipped
+    unless this process fetched it again meanwhile (the broker's ``give_up``): its
+    settlement stores nothing and it is counted in ``jobs_lost_total`` and logged, once
     (the Metrics middleware). When Redis does not answer, the message starts (its
     settlement decides, as for any delivery).
     """
@@ -44,6 +45,7 @@ class HeldCheck(Middleware):
         except redis.RedisError as error:
             logger.warning("cannot tell whether this worker still holds a job: %s", error)
             return
-        if not held:
+        give_up = getattr(broker, "give_up", None)
+        if not held and (give_up is None or give_up(message)):
             message.options[SKIPPED_OPTION] = True
             raise SkipMessage("no longer held: another worker recovered it")
