@@ -49,9 +49,9 @@ from orders_worker import actors  # noqa: F401
 from worker_runtime.lifecycle import LIFECYCLE
 from worker_runtime.boards import ProgressBoard
 from orders_worker.broker import broker
-from orders_worker.settings import load_settings
+from worker_runtime.settings import load_settings
 from worker_runtime.consumer import SettlingConsumer
-from orders_worker.runtime import FETCH_TIMEOUT_MS
+from worker_runtime.worker import FETCH_TIMEOUT_MS
 
 jobs, ms, threads, wake = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
 totals = defaultdict(float)
@@ -129,6 +129,7 @@ for _ in range(jobs):
 worker = dramatiq.Worker(broker, queues={queue}, worker_threads=threads,
                          worker_timeout=FETCH_TIMEOUT_MS)
 worker.queue_prefetch = threads
+broker.client.config_resetstat()
 began = time.perf_counter()
 worker.start()
 while len(ends) < jobs:
@@ -142,6 +143,14 @@ print(json.dumps({
     "elapsed_s": round(elapsed, 4), "jobs_per_s": round(jobs / elapsed, 1),
     "per_job_us": round(elapsed / jobs * threads * 1e6, 1),
     "hooks_us_per_job": per_job,
+    "redis_us_per_job": {
+        name: round(stats["usec"] / jobs, 1)
+        for name, stats in broker.client.info("commandstats").items() if stats["usec"] / jobs >= 0.5
+    },
+    "redis_calls_per_job": {
+        name: round(stats["calls"] / jobs, 2)
+        for name, stats in broker.client.info("commandstats").items() if stats["usec"] / jobs >= 0.5
+    },
     "gap_ms_mean": round(statistics.mean(gaps) * 1000, 3) if threads == 1 else None,
     "gap_ms_median": round(statistics.median(gaps) * 1000, 3) if threads == 1 else None,
 }))
