@@ -335,3 +335,31 @@ def test_a_fair_key_the_model_lacks_is_refused_in_one_line(redis_url: str) -> No
         assert broker.key_limit(Q) == 2
     finally:
         broker.close()
+
+
+def test_a_keyed_job_of_another_priority_is_refused_in_one_line_and_nothing_is_stored(
+    redis_url: str, client: redis.Redis
+) -> None:
+    """Keys take turns on the default lane only: a high or low lane would have run a keyed
+    job with neither its turn nor its key's limit (the key was dropped, silently)."""
+    broker = SettlingRedisBroker(url=redis_url, middleware=[])
+    try:
+        with pytest.raises(layout.PriorityError, match="keyed") as refused:
+
+            @typed_actor(broker=broker, queue_name=Q, fair_key="tenant_id", priority_lane="high")
+            def urgent(job: Report) -> None: ...
+
+        assert "\n" not in str(refused.value) and "'high'" in str(refused.value)
+
+        @typed_actor(broker=broker, queue_name=Q, fair_key="tenant_id", fair_key_limit=1)
+        def keyed(job: Report) -> None: ...
+
+        for priority in ("high", "low"):
+            with pytest.raises(layout.PriorityError, match="keys take turns") as refused:
+                keyed.send_with_options(args=("t-1",), priority=priority)
+            assert "\n" not in str(refused.value)
+        assert not any(client.scan_iter(f"{layout.queue_key(Q)}*")), "nothing stored"
+        sent = keyed.send_with_options(args=("t-1",), priority="normal")
+        assert sent.options[layout.FAIRNESS_KEY_OPTION] == "t-1"
+    finally:
+        broker.close()

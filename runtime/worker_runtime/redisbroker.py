@@ -232,15 +232,16 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
         return message
 
     def declare_actor(self, actor: Actor[Any, Any]) -> None:
-        """Dramatiq's; an actor whose ``priority_lane`` is not a priority, or whose
-        ``fair_key`` is not a field of its typed arguments, is refused (one line,
-        :class:`.layout.PriorityError`, ``ValueError``)."""
-        layout.priority_of({}, actor.options.get(layout.ACTOR_PRIORITY_OPTION))
+        """Dramatiq's; an actor whose ``priority_lane`` is not a priority, whose ``fair_key``
+        is not a field of its typed arguments, or that has both a key and a priority lane
+        other than the default, is refused (one line, :class:`.layout.PriorityError`,
+        ``ValueError``)."""
         layout.check_fair_key(
             actor.actor_name,
             actor.options.get(layout.ACTOR_KEY_OPTION),
             actor.options.get(layout.ACTOR_KEY_LIMIT_OPTION),
             getattr(getattr(actor, "model", None), "model_fields", None),
+            layout.priority_of({}, actor.options.get(layout.ACTOR_PRIORITY_OPTION)),
         )
         super().declare_actor(actor)
         self._key_limits.clear()
@@ -261,7 +262,8 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
     def prepare_enqueue(self, message: Message[Any], delay: int | None = None) -> Message[Any]:
         """``message`` as :meth:`enqueue` stores it (its redis id, its timestamp, its delay
         queue and ``eta``, its priority: its own or its actor's ``priority_lane``; one that
-        is not a priority raises :class:`.layout.PriorityError`, nothing stored),
+        is not a priority, or any but the default for a keyed job, raises
+        :class:`.layout.PriorityError`, nothing stored),
         ``before_enqueue`` emitted: what a script that enqueues it atomically with other
         writes stores (then emits ``after_enqueue``)."""
         now = self.redis_millis()
@@ -270,6 +272,8 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
         default = None if actor is None else actor.options.get(layout.ACTOR_PRIORITY_OPTION)
         priority = layout.priority_of(message.options, default)
         if priority != layout.DEFAULT_PRIORITY:
+            if message.options.get(layout.FAIRNESS_KEY_OPTION) is not None:
+                layout.check_keyed_priority(message.actor_name, priority)
             options[layout.PRIORITY_OPTION] = priority
         changes: dict[str, Any] = {}
         if layout.REDIS_MESSAGE_ID not in message.options:

@@ -190,6 +190,7 @@ from .queuelanes import (
     PRIORITY_OPTION,
     PriorityError,
     check_fair_key,
+    check_keyed_priority,
     priority_of,
     stored_priority,
 )
@@ -341,6 +342,7 @@ __all__ = [
     "canonical",
     "capacity_key",
     "check_fair_key",
+    "check_keyed_priority",
     "crashes",
     "dead_letter_candidates",
     "dead_letter_held",

@@ -78,10 +78,20 @@ def priority_of(options: Mapping[str, Any], default: str | None = None) -> str:
     return str(value)
 
 
-def check_fair_key(actor: str, field: Any, limit: Any, fields: Mapping[str, Any] | None) -> None:
+def check_fair_key(
+    actor: str,
+    field: Any,
+    limit: Any,
+    fields: Mapping[str, Any] | None,
+    priority: str = DEFAULT_PRIORITY,
+) -> None:
     """Refuse (``ValueError``, one line naming the actor) a ``fair_key`` that is not a field
-    of the actor's typed arguments (``fields``; None: not a typed actor), and a
-    ``fair_key_limit`` without a key or below 1."""
+    of the actor's typed arguments (``fields``; None: not a typed actor), a
+    ``fair_key_limit`` without a key or below 1, and a key on an actor whose
+    ``priority_lane`` (``priority``) is not the default: keys take turns on the default
+    lane only (:func:`check_keyed_priority`)."""
+    if field is not None:
+        check_keyed_priority(actor, priority)
     if field is None:
         if limit is not None:
             raise ValueError(
@@ -100,6 +110,18 @@ def check_fair_key(actor: str, field: Any, limit: Any, fields: Mapping[str, Any]
         )
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
         raise ValueError(f"actor {actor!r}: {ACTOR_KEY_LIMIT_OPTION} {limit!r} is not a count >= 1")
+
+
+def check_keyed_priority(actor: str, priority: str) -> None:
+    """Refuse (:class:`PriorityError`, one line) a keyed job (``fair_key``) of a priority
+    other than the default: keys take turns, and keep their ``fair_key_limit``, on the
+    fair lane beside the default one; a high or low lane would run it with neither."""
+    if priority != DEFAULT_PRIORITY:
+        raise PriorityError(
+            f"actor {actor!r}: its jobs are keyed ({ACTOR_KEY_OPTION}) and keys take turns on "
+            f"the {DEFAULT_PRIORITY!r} lane only; priority {priority!r} would drop the key's "
+            "turn and limit (send it without one, or from an actor without a key)"
+        )
 
 
 def stored_priority(options: Mapping[str, Any]) -> str:
