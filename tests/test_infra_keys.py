@@ -125,5 +125,7 @@ def test_a_default_bakes_scaled_objects_watch_the_workers_ready_lists(
                 if trigger["type"] == "redis":
                     watched[trigger["name"]] = trigger["metadata"]["listName"]
     expected = {f"ready-{q}".replace("_", "-"): LAYOUT_KEYS.queue_key(q) for q in queues}
-    expected.pop("ready-a-b-c.d")
+    expected.update({f"ready-{q}-{p}".replace("_", "-"): LAYOUT_KEYS.lane_key(q, p)
+                     for q in queues for p in ("high", "low")})
+    expected = {name: key for name, key in expected.items() if "a-b-c.d" not in name}
     assert watched == expected

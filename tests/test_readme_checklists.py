@@ -159,7 +159,8 @@ def test_the_add_checklists_work_on_a_fresh_bake(tmp_path: Path, redis_url: str)
     assert backlog_alerts(project)["exports"] == "120"  # the bulk pool's target
     objects = rendered(project, "dev")
     # Ready lists only (a due delayed message wakes a pool through the age query, #30).
-    assert trigger_lists(objects, "imports") == {"dramatiq:imports"}
+    assert trigger_lists(objects, "imports") == {"dramatiq:imports", "dramatiq:imports.high",
+                                                 "dramatiq:imports.low"}
     assert "dramatiq:exports" in trigger_lists(objects, "bulk")
     assert not any(name.endswith(".DQ") for name in trigger_lists(objects, "bulk"))
     assert check_compose_spec(project / "compose.yaml").returncode == 0

@@ -421,9 +421,10 @@ def test_rendered_sandbox_pool_logs_in_as_its_own_user(default_project: Path) ->
         for o in objects
         if o["kind"] == "ScaledObject" and o["metadata"]["namespace"] == sandbox_ns
     }
-    # The ready list only: a due delayed message wakes a pool through the age query (#30),
-    # and a delay-list trigger woke pools at zero replicas for messages not yet due.
-    assert lists == {True: [f"{SNS}:{QUEUE}"]}
+    # The ready list and its priority lanes' only: a due delayed message wakes a pool
+    # through the age query (#30), and a delay-list trigger woke pools at zero replicas
+    # for messages not yet due.
+    assert lists == {True: [f"{SNS}:{QUEUE}", f"{SNS}:{QUEUE}.high", f"{SNS}:{QUEUE}.low"]}
     others = [t["metadata"]["listName"] for o in objects if o["kind"] == "ScaledObject"
               and o["metadata"]["namespace"] != sandbox_ns
               for t in o["spec"]["triggers"] if t["type"] == "redis"]  # fmt: skip

@@ -216,7 +216,10 @@ def test_backlog_scaler_triggers_on_load_age_and_the_ready_lists_only() -> None:
     triggers = {t["name"]: t for t in spec["triggers"]}
     # No delay-list trigger: a message not yet due would wake a pool at zero, whose drain
     # hands it back and wakes it again (one pod start per cooldown). A due one is the age's.
-    assert set(triggers) == {"load", "age", "ready-notifications", "ready-emails"}
+    lanes = {
+        f"ready-{q}{lane}" for q in ("notifications", "emails") for lane in ("", "-high", "-low")
+    }
+    assert set(triggers) == {"load", "age", *lanes}
     load, age = triggers["load"], triggers["age"]
     assert (load["metricType"], load["metadata"]["threshold"]) == ("AverageValue", "16")
     scope = 'namespace="ns",job="ns/orders-worker-workers",worker_template_pool="interactive"'
@@ -230,9 +233,15 @@ def test_backlog_scaler_triggers_on_load_age_and_the_ready_lists_only() -> None:
     assert age["metadata"]["query"] == f"max(queue_oldest_message_seconds{{{scope},{due}}})"
     assert {t["metadata"]["ignoreNullValues"] for t in (load, age)} == {"false"}
     redis = [t for t in spec["triggers"] if t["type"] == "redis"]
+    # Each queue's own list first, then its priority lanes' (a message sent with a
+    # priority waits there: at zero replicas it wakes the pool too).
     assert [t["metadata"]["listName"] for t in redis] == [
         "dramatiq:notifications",
+        "dramatiq:notifications.high",
+        "dramatiq:notifications.low",
         "dramatiq:emails",
+        "dramatiq:emails.high",
+        "dramatiq:emails.low",
     ]
     assert {t["metadata"]["activationListLength"] for t in redis} == {"0"}
     assert {t["metadata"]["address"] for t in redis} == {"redis-master.redis:6380"}

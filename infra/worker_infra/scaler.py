@@ -17,7 +17,11 @@ Triggers of a pool (the HPA follows the largest desired count of them):
 - ``ready-<q>`` (redis list length): the ready list ``<ns>:<q>`` (``<ns>``: the pool's
   ``broker_namespace``, ``dramatiq``, or ``dramatiq-sandbox`` for the sandbox pool). It
   needs no scrape, so it wakes a pool at zero for new messages and keeps scaling up when
-  Prometheus is down. The delay list is not a trigger: a message not yet due would wake a
+  Prometheus is down. ``ready-<q>-high`` and ``ready-<q>-low`` watch the lists of its
+  other priority lanes the same way (a message sent with a priority waits there). A keyed
+  message (``fair_key``) waits on the fair lane, a sorted set no list trigger reads: it
+  wakes a pool at zero through the ``age`` and ``load`` queries, which count every lane.
+  The delay list is not a trigger: a message not yet due would wake a
   pool at zero, whose worker would hold it in memory, be scaled back to zero after the
   cooldown, hand it back on its drain and wake the pool again (one pod start per
   cooldown until the message is due).
@@ -40,7 +44,7 @@ import pulumi_kubernetes as k8s
 from worker_runtime import contract
 
 from .args import BrokerSpec, PoolSpec, ScalingSpec, dns_label
-from .keys import DELAY_SUFFIX, ready_list
+from .keys import DELAY_SUFFIX, priority_lists, ready_list
 from .monitoring import PoolSeries, queues_regex
 from .pool import pool_labels
 from .secrets import BROKER_PASSWORD_KEY
@@ -214,14 +218,11 @@ def triggers(args: BacklogScalerArgs, auth: str | None) -> list[dict[str, Any]]:
         ),
     ]
     for queue in args.queues:
-        out.append(
-            redis_trigger(
-                f"ready-{queue}",
-                ready_list(queue),
-                args.broker,
-                args.per_replica,
-                auth,
-            )
+        lists = {f"ready-{queue}": ready_list(queue)}
+        lists.update({f"ready-{queue}-{p}": name for p, name in priority_lists(queue).items()})
+        out.extend(
+            redis_trigger(name, list_name, args.broker, args.per_replica, auth)
+            for name, list_name in lists.items()
         )
     return out
 
