@@ -376,6 +376,19 @@ def pool_worker_rules(series: PoolSeries, database: bool) -> list[Rule]:
             },
         },
         oom_rule(series),
+        {
+            "alert": "WorkerProcessOOMKilled",
+            "expr": (f"sum by ({BY_POOL}, pod) (increase({contract.OOM_KILLS}{{{w()}}}[30m])) > 0"),
+            "labels": _labels(*here, severity="ticket"),
+            "annotations": {
+                "summary": "{{ $labels.pod }}: the kernel's OOM killer killed a worker process",
+                "description": "The container reached its memory limit and the kernel killed "
+                "its biggest process, a worker process, which the supervisor replaced: the "
+                "container was not restarted, so WorkerOOMKilled does not fire. Its jobs were "
+                "recovered (a crash counts as an attempt). Raise memory or handler_memory in "
+                "pools.toml, or lower concurrency; see docs/operations.md.",
+            },
+        },
         *pool_broker_rules(series),
     ]
     return rules

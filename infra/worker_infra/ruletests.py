@@ -242,6 +242,11 @@ class _Builder:
                 growing(0, s.throttled_per_minute),
             )
         self.add(contract.BROKER_RESETS, labels, growing(0, s.resets_per_minute))
+        # The kernel killed a worker process of the first pod at minute 20 (the container
+        # lived on: its supervisor replaced the process).
+        self.add(
+            contract.OOM_KILLS, labels, f"0x20 1x{SPAN_M - 20}" if first and s.oom else constant(0)
+        )
         if self.database:
             size = pool.processes * pool.db_pool_size
             self.add(contract.DB_POOL_SIZE, labels, constant(size))
@@ -570,6 +575,9 @@ class RuleTests:
                 {"namespace": s.namespace, "pod": first_pod, "container": WORKER_CONTAINER},
                 1,
                 pool.slug,
+            ),
+            Expected(
+                "WorkerProcessOOMKilled", self.by_pool(pool, pod=first_pod, **own), 1, pool.slug
             ),
         ]
         if self.database and pool.db_pool_size > 0:

@@ -26,6 +26,7 @@ BROKER_RESETS: Final = "broker_resets_total"
 JOBS_LOST: Final = "jobs_lost_total"
 JOBS_THROTTLED: Final = "jobs_throttled_total"
 JOBS_TIME_LIMIT_EXCEEDED: Final = "jobs_time_limit_exceeded_total"
+OOM_KILLS: Final = "worker_oom_kills_total"
 BROKER_FULL: Final = "broker_full"
 SCHEDULE_RUNS: Final = "schedule_runs_total"
 SCHEDULE_LAST_SUCCESS: Final = "schedule_last_success_timestamp_seconds"
@@ -48,6 +49,7 @@ METRICS: Final = (
     JOBS_LOST,
     JOBS_THROTTLED,
     JOBS_TIME_LIMIT_EXCEEDED,
+    OOM_KILLS,
     BROKER_FULL,
     SCHEDULE_RUNS,
     SCHEDULE_LAST_SUCCESS,

@@ -359,9 +359,12 @@ def send(
     handler.wfile.write(body)
 
 
-def start_exporter(settings: WorkerSettings, mounts: Mounts | None = None) -> Exporter:
+def start_exporter(
+    settings: WorkerSettings, mounts: Mounts | None = None, collectors: Iterable[Collector] = ()
+) -> Exporter:
     """Serve /metrics, /livez and /readyz (and ``mounts``: see :data:`Mount`) on
-    ``METRICS_PORT`` from a daemon thread.
+    ``METRICS_PORT`` from a daemon thread; ``collectors`` add the supervisor's own series
+    (:class:`.oomkills.OomKills`).
 
     Called once per container, by the supervisor, after it set and emptied
     ``PROMETHEUS_MULTIPROC_DIR`` (files of a previous run are stale). A port that
@@ -373,6 +376,8 @@ def start_exporter(settings: WorkerSettings, mounts: Mounts | None = None) -> Ex
     try:
         limits = {name: resource.budget for name, resource in settings.downstreams.items()}
         registry = build_registry(client, settings.worker_queues, limits=limits)
+        for collector in collectors:
+            registry.register(collector)
         exporter = Exporter(settings, registry, mounts=mounts)
     except OSError as error:  # e.g. the port is taken: a restart would fail the same way
         from .settings import refuse

@@ -75,6 +75,7 @@ from .timing import KILL_AFTER_DRAIN_S
 
 if TYPE_CHECKING:
     from .exporter import Mounts
+    from .oomkills import OomKills
 
 logger = logging.getLogger(__name__)
 #: First and longest pause before a crashed worker process is replaced.
@@ -162,6 +163,10 @@ class Supervisor:
         self.redis = redisclient.connect(
             settings.redis_url.get_secret_value(), socket_timeout=5, socket_connect_timeout=2
         )
+        #: The container's OOM kills (exported; a SIGKILLed process is judged by them), from
+        #: the boot on (made once ``PROMETHEUS_MULTIPROC_DIR`` is set: it imports the client).
+        self.oom: OomKills | None = None
+        self._oom_seen = 0
 
     def _refuse_credentials(self, url: str) -> None:
         """Exit 78 in one line when Redis or its Sentinels refuse the credentials of ``url``."""
@@ -190,8 +195,10 @@ class Supervisor:
         self._prepare_state_dir()
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(self.metrics_dir)
         from . import exporter
+        from .oomkills import OomKills
 
-        exporter.start_exporter(self.settings, mounts=self._mounts())
+        self.oom = OomKills()
+        exporter.start_exporter(self.settings, mounts=self._mounts(), collectors=[self.oom])
         if self.stopping:  # a signal during the checks: nothing to drain
             return self._stopped_before_start("during the boot's checks")
         self.children = [self._start(index) for index in range(self.settings.worker_processes)]
@@ -436,6 +443,13 @@ class Supervisor:
             ),
         )
 
+    def _oom_killed(self) -> bool:
+        """True when the container's OOM kills rose since the last look: a worker process
+        that died of SIGKILL then was the kernel's pick."""
+        total = 0 if self.oom is None else self.oom.total()
+        rose, self._oom_seen = total > self._oom_seen, total
+        return rose
+
     def _bury(self, child: Child, code: int, restart_in_s: float | None = None) -> None:
         """Recover a dead child's messages and forget its progress board and metrics.
 
@@ -477,6 +491,12 @@ class Supervisor:
             )
         elif child.timed_out:
             what, event = "worker process killed for a job past its time limit", "time_limit_killed"
+        elif code == -signal.SIGKILL and self._oom_killed():
+            what, event = (
+                "worker process killed by the kernel's OOM killer: the container reached its "
+                "memory limit (worker_oom_kills_total)",
+                "process_oom_killed",
+            )
         else:
             what, event = "worker process died", "process_died"
         logger.error(
