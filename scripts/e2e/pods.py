@@ -25,6 +25,12 @@ Steps (each prints its name and time; the first failed assertion stops the run, 
 3. a handler wedged in one C call past its time limit: the runtime replaces its worker
    process (exit 75) inside the running container, no container restart; the job is
    delivered again and done, its two attempts counted;
+3b. a handler past the pod's memory limit: the kernel's OOM killer (the container's cgroup,
+   as the kubelet limited it) kills its worker process, the supervisor says so
+   (``process_oom_killed``) and replaces it inside the running container (no container
+   restart: kube-state-metrics' OOMKilled never comes), each kill charged an attempt until
+   the job is dead-lettered; ``worker_oom_kills_total`` (``WorkerProcessOOMKilled``'s
+   series) reaches Prometheus with the count;
 4. destroy: nothing of the stack left.
 
 Usage: ``pods.py [--keep DIR] [--only first_up,autoscale,...]``.
@@ -52,7 +58,6 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import autoscale
-import build
 import cluster as cl
 import images
 import keda
@@ -61,6 +66,9 @@ import prom
 import relay
 import run
 from run import check, say, step
+from worker_runtime import contract
+
+import build
 
 PROJECT = run.PROJECT
 PACKAGE = PROJECT.replace("-", "_")
@@ -78,6 +86,7 @@ SCENARIOS = {
     "autoscaling on a real backlog": "autoscale",
     "a rolling change runs every job once": "rolling",
     "a wedged handler is replaced after its time limit": "wedge",
+    "a handler past the memory limit is OOM-killed, counted and dead-lettered": "oom",
     "destroy leaves nothing": "destroy",
 }
 
@@ -137,6 +146,18 @@ def e2e_wedge(job: LedgerJob) -> None:
     if ledger.hincrby("e2e:wedge", job.job_id, 1) == 1:
         time.sleep(3600)
     ledger.hincrby("e2e:done", job.job_id, 1)
+
+
+@actor(queue_name="notifications", max_retries=0)
+def e2e_oom(job: LedgerJob) -> None:
+    """Grows 20 MiB every 10 ms, each page written, until the kernel's OOM killer (the
+    container's memory limit) kills its worker process; counts each delivery."""
+    ledger = redis.Redis.from_url(os.environ["REDIS_URL"])
+    ledger.hincrby("e2e:oom", job.job_id, 1)
+    held = []
+    while True:
+        held.append(b"x" * (20 * 1024 * 1024))
+        time.sleep(0.01)
 '''
 
 
@@ -624,6 +645,45 @@ class Scenarios:
         now = self.cluster.api("GET", path)["status"]["containerStatuses"][0]["restartCount"]
         self.numbers["wedge: container restarts"] = now - restarts
         check(now == restarts, f"the container restarted {now - restarts} times (liveness)")
+
+    # 3b --------------------------------------------------------------------------------
+    def oom(self) -> None:
+        """A handler past the pod's memory limit, under the kubelet's real cgroup."""
+        (pod,) = self.run.interactive_pods()
+        uid, name = pod["metadata"]["uid"], pod["metadata"]["name"]
+        path = f"/api/v1/namespaces/{run.NAMESPACE}/pods/{name}"
+        restarts = pod["status"]["containerStatuses"][0]["restartCount"]
+        dead = "dramatiq:notifications.XQ"
+        before = self.h.redis.zcard(dead)
+        self.h.send("e2e_oom", "m-1")
+        started = time.monotonic()
+        run.wait_until(
+            "the growing job dead-lettered", lambda: self.h.redis.zcard(dead) > before, 240
+        )
+        self.numbers["oom: to the dead letters s"] = round(time.monotonic() - started, 1)
+        deliveries = int(self.h.redis.hget("e2e:oom", "m-1") or 0)
+        logs = self.cluster.real_node.dir / "pod-logs"
+        killed = [
+            json.loads(line.split(" ", 3)[3])
+            for log in logs.glob(f"{run.NAMESPACE}_{name}_{uid}/*/*.log")
+            for line in log.read_text(errors="replace").splitlines()
+            if '"process_oom_killed"' in line
+        ]
+        self.numbers["oom: deliveries, kills logged"] = [deliveries, len(killed)]
+        check(deliveries >= 2, f"the growing job ran {deliveries} times")
+        check(
+            len(killed) == deliveries and all(k.get("exit_code") == -9 for k in killed),
+            f"{deliveries} deliveries, {len(killed)} OOM kills logged: {killed}",
+        )
+        now = self.cluster.api("GET", path)["status"]["containerStatuses"][0]["restartCount"]
+        check(now == restarts, f"the container restarted {now - restarts} times")
+        query = f'sum({contract.OOM_KILLS}{{worker_template_pool="interactive"}})'
+        counted = run.wait_until(
+            f"{query} at {deliveries} in Prometheus",
+            lambda: (v := self.h.prometheus.value(query)) is not None and v >= deliveries and v,
+            60,
+        )
+        self.numbers["oom: worker_oom_kills_total"] = counted
 
     # 4 ---------------------------------------------------------------------------------
     def destroy(self) -> None:
