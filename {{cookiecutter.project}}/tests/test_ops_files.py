@@ -58,6 +58,8 @@ CONTRACT = {
     "jobs_deduplicated_total",
     # handlers that would not stop at their time limit (#39 item 5)
     "jobs_time_limit_exceeded_total",
+    # worker processes the kernel's OOM killer ended, read from the container's cgroup (#43)
+    "worker_oom_kills_total",
 }
 DATABASE_ONLY = {"db_pool_in_use", "db_pool_size"}
 #: Read by the OOM-kill alert from kube-state-metrics, not exported by this service.
