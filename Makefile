@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo wheelhouse locks test lint e2e-build e2e e2e-full bench bench-report venv clean
+.PHONY: demo wheelhouse locks test lint e2e-build e2e bench bench-report venv clean
 
 venv: $(VENV)/.installed
 
@@ -33,32 +33,27 @@ test: venv
 	$(BIN)/python -m pytest -n 2 -m "not e2e"
 
 # The real engines of `make e2e` (kube-apiserver & co, kwok, the Pulumi CLI and its
-# Kubernetes provider) and of `make e2e-full` (the kubelet; KEDA's operator and metrics
-# adapter, for its autoscaling to come), built once per machine into
-# $(E2E_CACHE) (default ~/.cache/worker-template-e2e), keyed by their versions
-# (scripts/e2e/build.py); then the real node's local base image
-# (debootstrap + buildah, keyed by its recipe: scripts/e2e/images.py; skipped without them
-# on a desk).
+# Kubernetes provider, the kubelet, KEDA's operator and metrics adapter), built once per
+# machine into $(E2E_CACHE) (default ~/.cache/worker-template-e2e), keyed by their versions
+# (scripts/e2e/build.py); then the real node's local base image (debootstrap + buildah,
+# keyed by its recipe: scripts/e2e/images.py; skipped without them on a desk).
 e2e-build:
 	$(PYTHON) scripts/e2e/build.py
 	$(PYTHON) scripts/e2e/images.py --base-only
 
-# `pulumi up` for real (#33): tests/test_e2e_cluster.py against a real control plane with a
-# kwok node (scripts/e2e/cluster.py: etcd, kube-apiserver, controller-manager, scheduler,
-# kwok): the harness stops what it started, then a fresh bake's dev stack through the real
-# Pulumi engine (scripts/e2e/run.py: up, one pool's roll, a replacement, wrong stacks
-# refused by the real admission, destroy). It builds the engines first when they are not
-# cached (e2e-build: under a second when they are).
+# `pulumi up` for real (#33, #43), in CI (.ci/run). tests/test_e2e_cluster.py: a real control
+# plane with a kwok node (scripts/e2e/cluster.py: etcd, kube-apiserver, controller-manager,
+# scheduler, kwok): the harness stops what it started, then a fresh bake's dev stack through
+# the real Pulumi engine (scripts/e2e/run.py: up, one pool's roll, a replacement, wrong stacks
+# refused by the real admission, destroy). tests/test_e2e_node.py: a real node (containerd,
+# runc, the bridge CNI and the kubelet in namespaces of their own: scripts/e2e/node.py) that
+# leaves the host as it was, after a SIGKILL too. tests/test_e2e_pods.py: the bake's own image
+# on real pods through the real Pulumi engine (scripts/e2e/pods.py: up, autoscaling by the
+# real KEDA on a real backlog scraped by Debian's Prometheus, a roll with a ledger, a wedged
+# handler, a handler past its memory limit, destroy). The engines are built first when they
+# are not cached (e2e-build: under a second when they are).
 e2e: venv e2e-build
-	$(BIN)/python -m pytest tests/test_e2e_cluster.py -m e2e -p no:xdist -p no:cacheprovider -s -v
-
-# A real node (#43; not in CI: README, "What `make e2e` costs"): containerd, runc, the bridge
-# CNI and the kubelet in namespaces of their own (scripts/e2e/node.py), the host left as it
-# was (tests/test_e2e_node.py); then the bake's own image on real pods through the real
-# Pulumi engine (scripts/e2e/pods.py: up, autoscaling by the real KEDA on a real backlog scraped
-# by Debian's Prometheus, a roll with a ledger, a wedged handler, destroy).
-e2e-full: venv e2e-build
-	$(BIN)/python -m pytest tests/test_e2e_node.py tests/test_e2e_pods.py -m e2e -p no:xdist -p no:cacheprovider -s -v
+	$(BIN)/python -m pytest tests/test_e2e_cluster.py tests/test_e2e_node.py tests/test_e2e_pods.py -m e2e -p no:xdist -p no:cacheprovider -s -v
 
 # ruff on worker_runtime (runtime/pyproject.toml), worker_infra (infra/pyproject.toml) and
 # the benchmarks (bench/ruff.toml); mypy --strict on worker_runtime and its tests, and on

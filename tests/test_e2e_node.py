@@ -1,4 +1,4 @@
-"""`make e2e-full`: the real node of scripts/e2e/node.py (containerd, runc, the bridge CNI, the
+"""`make e2e`: the real node of scripts/e2e/node.py (containerd, runc, the bridge CNI, the
 kubelet) runs a pod, and leaves the host as it was: no process, mount, network link, iptables
 chain, cgroup, sysctl or file of its own, whether the harness is stopped (Ctrl-C) or killed
 (SIGKILL: the kernel ends the node's namespaces; the cgroups and sysctls it cannot reach are

@@ -1,4 +1,4 @@
-"""`make e2e-full`: the Pulumi scenarios on real pods (scripts/e2e/pods.py): the bake's own image
+"""`make e2e`: the Pulumi scenarios on real pods (scripts/e2e/pods.py): the bake's own image
 on the real node of scripts/e2e/node.py, every step's ``ok`` line, and nothing left running.
 
 Needs what tests/test_e2e_node.py needs, plus the Pulumi engines of `make e2e-build` and this

@@ -1,4 +1,4 @@
-"""The autoscaling step of ``make e2e-full`` (:mod:`pods`): the real KEDA (:mod:`keda`) scaling
+"""The autoscaling step of ``make e2e`` (:mod:`pods`): the real KEDA (:mod:`keda`) scaling
 the external pool on a real backlog that Prometheus (:mod:`prom`) scrapes from its pods and the
 scheduler, through the HPA of the real controller manager.
 

@@ -109,7 +109,7 @@ ENGINES: dict[str, Engine] = {
     e.name: e
     for e in (
         _K8S,
-        # The real node's kubelet (make e2e-full): its own wrapper, the same module graph as
+        # The real node's kubelet (make e2e): its own wrapper, the same module graph as
         # k8s, so the build cache has all but ~100 of its packages once k8s is built (36 s).
         dataclasses.replace(_K8S, name="kubelet", packages=("cmd/kubelet",)),
         Engine(
@@ -154,7 +154,7 @@ ENGINES: dict[str, Engine] = {
 }
 
 
-#: The engines of ``make e2e`` (the kwok node); the others are the real node's (``make e2e-full``).
+#: The engines of the kwok node's scenarios; the others (kubelet, KEDA) are the real node's.
 KWOK_E2E = ("k8s", "kwok", "pulumi", "provider")
 
 

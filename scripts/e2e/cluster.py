@@ -244,7 +244,7 @@ class Cluster:
     workdir: Path | None = None
     keep: bool = False
     #: ``"kwok"`` (a fake node, ``make e2e``) or ``"real"`` (:mod:`node`: containerd and the
-    #: kubelet, ``make e2e-full``), with the OCI archives it imports and its sandbox image.
+    #: kubelet, ``make e2e``), with the OCI archives it imports and its sandbox image.
     node: str = "kwok"
     images: tuple[Path, ...] = ()
     sandbox_image: str = ""

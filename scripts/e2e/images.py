@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The images of the real node (``make e2e-full``): a local base, and the bake's own image on it.
+"""The images of the real node (``make e2e``): a local base, and the bake's own image on it.
 
 No registry is reachable from CI, so the Dockerfile's digest-pinned ``python:*-slim`` cannot be
 pulled. The base is made here instead, once per machine and cached beside the engines:

@@ -1,4 +1,4 @@
-"""The real KEDA (``make e2e-full``): its operator and its metrics adapter, built by
+"""The real KEDA (``make e2e``): its operator and its metrics adapter, built by
 ``make e2e-build`` (:mod:`build`, v2.21.0), with KEDA's own CRDs and RBAC from that module's
 ``config/`` folder, against the control plane of :mod:`cluster` and its real node (:mod:`node`).
 

@@ -1,5 +1,5 @@
 """A real node for the control plane of :mod:`cluster`: containerd, runc, the bridge CNI and
-the kubelet (``make e2e-full``), contained so that the host is left as it was.
+the kubelet (``make e2e``), contained so that the host is left as it was.
 
 Containment (what a node changes, and where it goes instead):
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""``make e2e-full``: a fresh bake's dev stack on real pods: its own image (built here on the
+"""``make e2e``: a fresh bake's dev stack on real pods: its own image (built here on the
 local base, :mod:`images`), the real node of :mod:`node` (containerd, runc, the kubelet), the
 real Pulumi engine (:mod:`run`'s Deployer), asserting what the kubelet did.
 

@@ -1,4 +1,4 @@
-"""Prometheus for ``make e2e-full``: Debian's ``prometheus`` (2.42, which has no Kubernetes
+"""Prometheus for ``make e2e``: Debian's ``prometheus`` (2.42, which has no Kubernetes
 service discovery) in the real node's network, scraping the pods the stack's PodMonitors
 select through targets this harness writes (``file_sd``), as the Prometheus Operator would.
 
