@@ -19,6 +19,11 @@ Steps (each prints its name and time; the first failed assertion stops the run, 
    every ScaledObject Ready (KEDA made its HPA);
 1b. autoscaling on a real backlog (:mod:`autoscale`): up to the downstream-capped maximum
    and never past it, drained, held while Prometheus is stopped, down at the policy's pace;
+1c. beside 1b (a thread: its waiting overlaps the autoscaling's): every process of the
+   interactive pod's container stopped (SIGSTOP) while a job runs: the kubelet's liveness
+   probe fails, the kubelet kills the container (SIGKILL after its grace: a stopped process
+   handles no SIGTERM) and starts it again; the new container recovers the job the frozen
+   one held and it is done, started twice, finished once;
 2. a rolling change of one pool while its jobs run: every job of the ledger started once and
    finished once; the old pod ended within its grace period, with exit code 0 (the kubelet's
    SIGTERM, the worker's drain), not killed;
@@ -84,11 +89,19 @@ JOB_S = 2.0
 SCENARIOS = {
     "up on real pods": "first_up",
     "autoscaling on a real backlog": "autoscale",
+    "a frozen pod is restarted by liveness, its job recovered": "frozen",
     "a rolling change runs every job once": "rolling",
     "a wedged handler is replaced after its time limit": "wedge",
     "a handler past the memory limit is OOM-killed, counted and dead-lettered": "oom",
     "destroy leaves nothing": "destroy",
 }
+
+#: Steps run beside another (their method: the other's), in a thread started with it and
+#: joined after it, when both are run: a step that mostly waits costs no time of its own.
+BESIDE = {"frozen": "autoscale"}
+#: The frozen pod's job: shorter than the interactive pool's time limit (its job timeout,
+#: 4 s in the e2e's stack), long enough to be running when the harness stops the container.
+FROZEN_JOB_S = 3.5
 
 #: The e2e's actor module, added to the bake before its image is built.
 E2E_ACTORS = '''\
@@ -398,6 +411,43 @@ def loaded_machine(args: Any) -> Any:
     return pulumi.ResourceTransformResult(props, args.opts)
 
 
+def container_processes(container_id: str) -> list[int]:
+    """The host's pids of a container's processes (its cgroup path names its id)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if container_id in (proc / "cgroup").read_text():
+                pids.append(int(proc.name))
+    return pids
+
+
+@contextlib.contextmanager
+def beside(scenarios: Any, steps: list[tuple[str, str]], times: dict[str, float]) -> Any:
+    """Run ``steps`` (name, method) in threads while the body runs; after it, wait for
+    them and raise the first one's failure."""
+    failures: list[BaseException] = []
+
+    def one(name: str, method: str) -> None:
+        try:
+            with step(name, times):
+                getattr(scenarios, method)()
+        except BaseException as error:  # noqa: BLE001 (raised in the main thread)
+            failures.append(error)
+
+    threads = [threading.Thread(target=one, args=s, daemon=True) for s in steps]
+    for thread in threads:
+        thread.start()
+    yield
+    for thread in threads:
+        thread.join(900)
+        if thread.is_alive():
+            failures.append(run.Failed("a step beside the last one still runs after 900 s"))
+    if failures:
+        raise failures[0]
+
+
 class Scenarios:
     def __init__(self, harness: Harness, times: dict[str, float]) -> None:
         self.h = harness
@@ -501,6 +551,66 @@ class Scenarios:
     # 1b --------------------------------------------------------------------------------
     def autoscale(self) -> None:
         autoscale.scenario(self, self.h.prometheus, self.h.keda)
+
+    # 1c --------------------------------------------------------------------------------
+    def frozen(self) -> None:
+        """The interactive pod's container frozen while its job runs: restarted by the
+        kubelet's liveness probe; the job recovered by the new container and done."""
+        (pod,) = self.run.interactive_pods()
+        uid, name = pod["metadata"]["uid"], pod["metadata"]["name"]
+        path = f"/api/v1/namespaces/{run.NAMESPACE}/pods/{name}"
+        (status,) = pod["status"]["containerStatuses"]
+        restarts, container = status["restartCount"], status["containerID"].split("://")[-1]
+        check(container_processes(container), f"no process of {name}'s container {container}")
+        job, redis = "f-1", self.h.redis
+        self.h.send("e2e_ledger", job, FROZEN_JOB_S)
+        sent = time.monotonic()
+        while redis.hget("e2e:started", job) != "1":
+            check(time.monotonic() - sent < 120, f"{job} never started")
+            time.sleep(0.02)
+        stopped = container_processes(container)
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        frozen = time.monotonic()
+        check(redis.hget("e2e:done", job) is None, f"{job} finished before the freeze")
+        self.numbers["frozen: processes stopped"] = len(stopped)
+
+        def restarted() -> Any:
+            (now,) = self.cluster.api("GET", path)["status"]["containerStatuses"]
+            return now["restartCount"] > restarts and now.get("ready") and now
+
+        now = run.wait_until("the frozen container restarted and Ready", restarted, 400)
+        self.numbers["frozen: restarted and Ready after s"] = round(time.monotonic() - frozen, 1)
+        check(now["restartCount"] == restarts + 1, f"restarted {now['restartCount'] - restarts}")
+        ended = now["lastState"].get("terminated", {})
+        check(ended.get("exitCode") == 137, f"the frozen container ended {ended} (not SIGKILL)")
+
+        def said() -> dict[str, str]:
+            events = run.api_list(self.cluster, f"/api/v1/namespaces/{run.NAMESPACE}/events")
+            mine = {e["reason"]: e.get("message", "") for e in events
+                    if e["involvedObject"].get("uid") == uid}
+            liveness = "Liveness probe failed" in mine.get("Unhealthy", "")
+            killed = "liveness" in mine.get("Killing", "")
+            return mine if liveness and killed else {}
+
+        events = run.wait_until("the kubelet's liveness events", said, 60)
+        self.numbers["frozen: kubelet said"] = [events["Unhealthy"][:120], events["Killing"]]
+        run.wait_until(f"{job} done", lambda: redis.hget("e2e:done", job) == "1", 120)
+        self.numbers["frozen: done after s"] = round(time.monotonic() - frozen, 1)
+        started = redis.hget("e2e:started", job)
+        check(started == "2", f"{job} started {started} times, expected 2 (frozen, recovered)")
+        logs = self.cluster.real_node.dir / "pod-logs"
+        recovered = [
+            json.loads(line.split(" ", 3)[3])
+            for log in logs.glob(f"{run.NAMESPACE}_{name}_{uid}/*/*.log")
+            for line in log.read_text(errors="replace").splitlines()
+            if "recovered the messages of a dead worker" in line
+        ]
+        check(
+            any(r.get("requeued", 0) >= 1 for r in recovered),
+            f"no recovery of the frozen worker's messages in {name}'s log: {recovered}",
+        )
 
     # 2 ---------------------------------------------------------------------------------
     def rolling(self) -> None:
@@ -720,9 +830,10 @@ def main(argv: list[str] | None = None) -> int:
             harness.keda.start()
         scenarios = Scenarios(harness, times)
         for name, method in SCENARIOS.items():
-            if method not in only:
+            if method not in only or BESIDE.get(method) in only:
                 continue
-            with step(name, times):
+            others = [(n, m) for n, m in SCENARIOS.items() if BESIDE.get(m) == method and m in only]
+            with step(name, times), beside(scenarios, others, times):
                 getattr(scenarios, method)()
     say("e2e: numbers " + json.dumps(scenarios.numbers, default=str))
     say(f"e2e: all steps ok in {time.monotonic() - started:.1f} s")
