@@ -552,6 +552,17 @@ class Scenarios:
     def autoscale(self) -> None:
         autoscale.scenario(self, self.h.prometheus, self.h.keda)
 
+    def pod_log_lines(self, name: str, uid: str, marker: str) -> list[dict[str, Any]]:
+        """The JSON log lines holding ``marker`` of every container run of pod ``name``
+        (``uid``), read from the kubelet's log folder."""
+        logs = self.cluster.real_node.dir / "pod-logs"
+        return [
+            json.loads(line.split(" ", 3)[3])
+            for log in logs.glob(f"{run.NAMESPACE}_{name}_{uid}/*/*.log")
+            for line in log.read_text(errors="replace").splitlines()
+            if marker in line
+        ]
+
     # 1c --------------------------------------------------------------------------------
     def frozen(self) -> None:
         """The interactive pod's container frozen while its job runs: restarted by the
@@ -600,13 +611,7 @@ class Scenarios:
         self.numbers["frozen: done after s"] = round(time.monotonic() - frozen, 1)
         started = redis.hget("e2e:started", job)
         check(started == "2", f"{job} started {started} times, expected 2 (frozen, recovered)")
-        logs = self.cluster.real_node.dir / "pod-logs"
-        recovered = [
-            json.loads(line.split(" ", 3)[3])
-            for log in logs.glob(f"{run.NAMESPACE}_{name}_{uid}/*/*.log")
-            for line in log.read_text(errors="replace").splitlines()
-            if "recovered the messages of a dead worker" in line
-        ]
+        recovered = self.pod_log_lines(name, uid, "recovered the messages of a dead worker")
         check(
             any(r.get("requeued", 0) >= 1 for r in recovered),
             f"no recovery of the frozen worker's messages in {name}'s log: {recovered}",
@@ -741,13 +746,7 @@ class Scenarios:
         self.numbers["wedge to done s"] = round(time.monotonic() - started, 1)
         attempts = self.h.redis.hget("e2e:wedge", "w-1")
         check(attempts == "2", f"the wedged job ran {attempts} times, expected 2")
-        logs = self.cluster.real_node.dir / "pod-logs"
-        replaced = [
-            json.loads(line.split(" ", 3)[3])
-            for log in logs.glob(f"{run.NAMESPACE}_{name}_{uid}/*/*.log")
-            for line in log.read_text(errors="replace").splitlines()
-            if '"process_replaced"' in line
-        ]
+        replaced = self.pod_log_lines(name, uid, '"process_replaced"')
         check(
             any(r.get("exit_code") == 75 for r in replaced),
             f"no worker process replaced after the time limit in {name}'s log: {replaced}",
@@ -772,13 +771,7 @@ class Scenarios:
         )
         self.numbers["oom: to the dead letters s"] = round(time.monotonic() - started, 1)
         deliveries = int(self.h.redis.hget("e2e:oom", "m-1") or 0)
-        logs = self.cluster.real_node.dir / "pod-logs"
-        killed = [
-            json.loads(line.split(" ", 3)[3])
-            for log in logs.glob(f"{run.NAMESPACE}_{name}_{uid}/*/*.log")
-            for line in log.read_text(errors="replace").splitlines()
-            if '"process_oom_killed"' in line
-        ]
+        killed = self.pod_log_lines(name, uid, '"process_oom_killed"')
         self.numbers["oom: deliveries, kills logged"] = [deliveries, len(killed)]
         check(deliveries >= 2, f"the growing job ran {deliveries} times")
         check(
