@@ -115,6 +115,8 @@ def test_a_handler_past_the_memory_limit_is_oom_killed_counted_and_dead_lettered
         (dead,) = jobs.dead_letters()
         assert dead.args == ("big",)
         assert len(jobs.starts("big")) == 2, "one start per attempt"
+        # The supervisor logs a death after recovering its messages: wait for the line.
+        wait_for(lambda: len(worker.records("process_oom_killed")) >= 2, 10, "2 OOM kill lines")
         killed = worker.records("process_oom_killed")
         assert len(killed) == 2, worker.log()[-3000:]
         assert all(r["exit_code"] == -9 and r["level"] == "error" for r in killed)
