@@ -24,8 +24,8 @@ side by side in one run.
   lane per job and keeps the starvation counts); ``before``, the template before lanes
   (``--lanes-baseline``, default the parent of the commit that added
   ``layout/queuelanes.py``). Figures: ``one_vs_before_cost``, ``two_vs_one_cost``.
-* Fairness (per-key fair lanes): key A with 20,000 no-op jobs queued (``--fair-backlog``),
-  key B's 10 sent after A's first jobs ran, through one worker process of 8 threads: B's
+* Fairness (per-key fair lanes): key A with 20,000 no-op jobs queued (``--fair-backlog``,
+  staged while the queue is paused), key B's 10 sent after A's first 100 ran, through one worker process of 8 threads: B's
   worst wait (send to start) against B's 10 sent to the same idle worker alone
   (``worst_wait_ratio``), and how many of A's jobs were done between B's send and the poll
   that saw B's last start (FIFO: the whole backlog left, ``a_backlog_left_at_bs_send``).
@@ -342,6 +342,7 @@ def lanes_cost(root: Path, projects: dict[str, Path], rounds: int, jobs: int) ->
 
 def fairness(root: Path, project: Path, backlog: int, sent: int = 10) -> dict[str, Any]:
     """B's worst wait behind A's backlog against B alone (see the module docstring)."""
+    from worker_runtime import layout
     from worker_runtime.redisbroker import SettlingRedisBroker
     from worker_runtime.typed import JobArguments
     from worker_runtime.typed import actor as typed_actor
@@ -380,8 +381,12 @@ def fairness(root: Path, project: Path, backlog: int, sent: int = 10) -> dict[st
     try:
         alone = send_b("alone")
         done_before = int(client.get("fair:done") or 0)
+        # A's backlog is staged while the queue is paused: sent one by one (about 6 s for
+        # 20,000), it would otherwise be run as fast as it is sent, and never wait.
+        layout.pause(client, "notifications")
         for i in range(backlog):
             flow_tenant.send(tenant_id="A", job_id=f"a{i}")
+        layout.resume(client, "notifications", layout.WAKE_CHANNEL)
         _workers.wait_for(
             lambda: int(client.get("fair:done") or 0) >= done_before + 100, 600, "A's first"
         )

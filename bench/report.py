@@ -357,7 +357,10 @@ def flow(results: dict[str, Any]) -> Iterator[Row]:
         f"{_f(cost['on_vs_off_cost'] * 100, 1)}% ({_f(cost['on_vs_off_cpu_cost'] * 100, 1)}% CPU)",
     )
     yield (
-        "flow control off vs before it (today): no-op jobs/s (CPU us/job, Redis commands/job)",
+        (
+            f"flow control off vs before it (today, {str(results['baseline'])[:7]}): no-op "
+            "jobs/s (CPU us/job, Redis commands/job)"
+        ),
         f"{rate['off']:.0f} ({cpu['off']:.0f}, {calls['off']:.1f})",
         f"today {rate['today']:.0f} ({cpu['today']:.0f}, {calls['today']:.1f})",
         f"{_f(cost['off_vs_today'])} x ({_f(cost['off_vs_today_cpu'])} x CPU)",

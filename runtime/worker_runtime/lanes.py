@@ -8,6 +8,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+import hiredis
 import redis
 
 logger = logging.getLogger(__name__)
@@ -51,7 +52,10 @@ class SettleLanes:
         self._mine.resent = False
         sent = False
         try:
-            connection.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            # Packed by hiredis itself: redis-py's packer walks every argument in Python
+            # first (a settlement has about 35), some 4 µs per job.
+            command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+            connection.send_packed_command([hiredis.pack_command(command)])
             sent = True
             return connection.read_response()
         except redis.exceptions.NoScriptError:

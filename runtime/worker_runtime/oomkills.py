@@ -15,7 +15,6 @@ exports how many happened since the supervisor started as ``worker_oom_kills_tot
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -85,17 +84,6 @@ class OomKills(Collector):
     def total(self) -> int:
         """OOM kills in this container since this object was made."""
         return max(0, self._read() - self._base)
-
-    def total_past(self, seen: int, wait_s: float) -> int:
-        """:meth:`total`, read again every 10 ms for up to ``wait_s`` seconds while it is
-        not past ``seen``: a process SIGKILLed by the OOM killer may be reaped before the
-        kernel's count of the kill is visible. Returns at once without a readable counter."""
-        deadline = time.monotonic() + wait_s
-        while (total := self.total()) <= seen and time.monotonic() < deadline:
-            if self.path is None or read_count(self.path) is None:
-                break
-            time.sleep(0.01)
-        return total
 
     def collect(self) -> Iterable[Metric]:
         counter = CounterMetricFamily(

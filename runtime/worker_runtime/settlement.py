@@ -100,31 +100,32 @@ class Settlement:
 
 ACK = Settlement("ack")
 REQUEUE = Settlement("requeue")
-_ATTRIBUTE = "_settlement"
-_LOST = "_lost"
+#: The attributes :func:`settle_with` and :func:`mark_lost` set on a delivery (unset: None).
+SETTLEMENT_MARK: Final = "_settlement"
+LOST_MARK: Final = "_lost"
 
 
 def mark_lost(message: MessageProxy, reason: str) -> None:
     """The settlement of ``message`` found it no longer held: nothing was stored; ``reason``
     says why (a broker reset, another worker recovered it). Counted in
     ``jobs_lost_total{queue}``, never as its outcome."""
-    setattr(message, _LOST, reason)
+    setattr(message, LOST_MARK, reason)
 
 
 def lost_reason(message: MessageProxy) -> str | None:
     """Why ``message``'s settlement found it no longer held; None when it was stored."""
-    found: str | None = getattr(message, _LOST, None)
+    found: str | None = getattr(message, LOST_MARK, None)
     return found
 
 
 def settle_with(message: MessageProxy, settlement: Settlement) -> None:
     """Make ``settlement`` the end of ``message``'s delivery (stored when it is acked)."""
-    setattr(message, _ATTRIBUTE, settlement)
+    setattr(message, SETTLEMENT_MARK, settlement)
 
 
 def settlement_of(message: MessageProxy) -> Settlement | None:
     """The settlement middleware asked for, if any."""
-    found: Settlement | None = getattr(message, _ATTRIBUTE, None)
+    found: Settlement | None = getattr(message, SETTLEMENT_MARK, None)
     return found
 
 

@@ -84,8 +84,6 @@ RESTART_BACKOFF_S = (0.2, 30.0)
 STABLE_AFTER_S = 60.0
 #: Seconds between two looks at the children.
 WATCH_INTERVAL_S = 0.1
-#: How long a SIGKILLed process's death waits for the container's OOM kill count to rise.
-OOM_COUNT_WAIT_S = 0.2
 
 
 class ChildState(enum.Enum):
@@ -447,8 +445,10 @@ class Supervisor:
 
     def _oom_killed(self) -> bool:
         """True when the container's OOM kills rose since the last look: a worker process
-        that died of SIGKILL then was the kernel's pick."""
-        total = 0 if self.oom is None else self.oom.total_past(self._oom_seen, OOM_COUNT_WAIT_S)
+        that died of SIGKILL then was the kernel's pick. The kernel counts the kill before it
+        sends the signal (``__oom_kill_process``: "raise event before sending signal: task
+        reaper must see this"), so the count has risen by the time the process is reaped."""
+        total = 0 if self.oom is None else self.oom.total()
         rose, self._oom_seen = total > self._oom_seen, total
         return rose
 

@@ -130,7 +130,8 @@ class Recovery(Middleware):
             "started_ms": self._redis_ms(broker),
             "slot": self.lifecycle.current_slot(),
         }
-        self._changed.set()
+        if not self._changed.is_set():  # set: its clear comes before the record is read
+            self._changed.set()
 
     def after_process_message(
         self,
