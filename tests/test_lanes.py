@@ -20,6 +20,7 @@ The messages are sent by the runtime's own broker (``SettlingRedisBroker``: what
 from __future__ import annotations
 
 import signal
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,12 @@ class TenantJob(JobArguments):
 def tenant_job(job: TenantJob) -> None:
     _client.rpush("test:order", job.job_id)
     time.sleep(job.seconds)
+
+
+@actor(queue_name="payments", max_retries=4, fair_key="tenant_id", fair_key_rate="20/s",
+       fair_key_burst=2)
+def rated_job(job: TenantJob) -> None:
+    _client.rpush(f"test:rated:{job.tenant_id}", f"{job.job_id} {time.time()}")
 
 
 @actor(queue_name="reports", max_retries=4, fair_key="tenant_id", fair_key_limit=1)
@@ -179,7 +186,17 @@ def tenants(broker: SettlingRedisBroker) -> Callable[..., None]:
     )
     def limited_job(job: TenantJob) -> None: ...
 
-    declared = {"tenant_job": tenant_job, "limited_job": limited_job}
+    @typed_actor(
+        broker=broker,
+        queue_name="payments",
+        actor_name="rated_job",
+        fair_key="tenant_id",
+        fair_key_rate="20/s",
+        fair_key_burst=2,
+    )
+    def rated_job(job: TenantJob) -> None: ...
+
+    declared = {"tenant_job": tenant_job, "limited_job": limited_job, "rated_job": rated_job}
 
     def send(actor_name: str, tenant: str, job_id: str, seconds: float = 0.0) -> None:
         declared[actor_name].send(tenant_id=tenant, job_id=job_id, seconds=seconds)
@@ -316,6 +333,57 @@ def test_a_key_never_has_more_in_flight_than_its_limit(
         line
         for line in text.splitlines()
         if line.startswith("jobs_throttled_total{") and 'reason="key"' in line
+    ]
+    assert throttled and float(throttled[0].rsplit(" ", 1)[1]) > 0, text
+
+
+def test_a_keys_starts_keep_its_rate_while_other_keys_run_beside_it(
+    client: redis.Redis,
+    tenants: Callable[..., None],
+    fair_workers: Callable[..., Worker],
+) -> None:
+    """``fair_key_rate="20/s"``, ``fair_key_burst=2``: A's 40 starts never come faster than
+    the rate (in every window, at most the burst plus the rate's worth), and not slower
+    than 10% under it; B's 10, sent after, are not held by A's rate: each waits only for
+    B's own; no attempt is spent waiting (each job starts once)."""
+    rate, burst = 20, 2
+    for i in range(40):
+        tenants("rated_job", "A", f"A{i}")
+    worker = fair_workers(
+        WORKER_POOL="critical", WORKER_PROCESSES="1", WORKER_CONCURRENCY="4"
+    )
+
+    def stamps(tenant: str) -> list[tuple[str, float]]:
+        raw = client.lrange(f"test:rated:{tenant}", 0, -1)
+        return [(job, float(at)) for job, at in (item.decode().split() for item in raw)]
+
+    wait_for(lambda: len(stamps("A")) >= 10, 30, "A's first starts")
+    sent_b = time.time()
+    for i in range(10):
+        tenants("rated_job", "B", f"B{i}")
+    wait_for(lambda: len(stamps("A")) == 40 and len(stamps("B")) == 10, 60, "every start")
+    for tenant, count in (("A", 40), ("B", 10)):
+        found = stamps(tenant)
+        assert sorted(job for job, _ in found) == sorted(f"{tenant}{i}" for i in range(count))
+        times = sorted(at for _, at in found)
+        slack = 0.05  # the stamp is taken in the handler, after the admission
+        for first in range(len(times)):
+            for last in range(first + burst, len(times)):
+                allowed = (last - first + 1 - burst) / rate
+                assert times[last] - times[first] >= allowed - slack, (tenant, first, last)
+    a_times = sorted(at for _, at in stamps("A"))
+    measured = (len(a_times) - burst) / (a_times[-1] - a_times[0])
+    print(f"key A: {measured:.2f} starts/s for a rate of {rate}/s")
+    assert rate * 0.9 <= measured <= rate * 1.05, measured
+    b_first = min(at for _, at in stamps("B"))
+    assert b_first - sent_b < 0.5, "B's first start waits for no A job's rate"
+    assert max(at for _, at in stamps("B")) < a_times[-1], "B ran beside A, not after it"
+    text = worker.metrics()
+    throttled = [
+        line
+        for line in text.splitlines()
+        if line.startswith("jobs_throttled_total{") and 'reason="key"' in line
+        and 'queue="payments"' in line
     ]
     assert throttled and float(throttled[0].rsplit(" ", 1)[1]) > 0, text
 

@@ -56,21 +56,32 @@ def enqueue(
 
 
 def fetch_reply(
-    client: redis.Redis, count: int, bound: int = 10, limit: int = 0, broker: str = "w"
+    client: redis.Redis,
+    count: int,
+    bound: int = 10,
+    limit: int = 0,
+    broker: str = "w",
+    rate: layout.KeyRate = layout.NO_KEY_RATE,
 ) -> tuple[layout.Admission, list[str]]:
     keys = layout.fetch_keys(broker, Q)
     raw = client.eval(
         layout.FETCH,
         len(keys),
         *keys,
-        *layout.fetch_args(count, broker, Q, bound=bound, key_limit=limit),
+        *layout.fetch_args(count, broker, Q, bound=bound, key_limit=limit, key_rate=rate),
     )
     admission, got = layout.taken(raw)
     return admission, [redis_id for redis_id, _ in got]
 
 
-def fetch(client: redis.Redis, count: int, bound: int = 10, limit: int = 0) -> list[str]:
-    return fetch_reply(client, count, bound, limit)[1]
+def fetch(
+    client: redis.Redis,
+    count: int,
+    bound: int = 10,
+    limit: int = 0,
+    rate: layout.KeyRate = layout.NO_KEY_RATE,
+) -> list[str]:
+    return fetch_reply(client, count, bound, limit, rate=rate)[1]
 
 
 def lanes(client: redis.Redis) -> dict[str, list[str]]:
@@ -293,6 +304,72 @@ def test_a_key_at_its_limit_is_passed_over_and_counted(client: redis.Redis) -> N
     assert [i for i, _ in layout.taken(raw, head=1)[1]] == ["a1"], "the ack frees A's turn"
     assert layout.requeue_held(client, "w", Q, "a1")
     assert fetch(client, 4, limit=1) == ["a2"], "a requeue frees A's turn: a1 waits last"
+
+
+def test_a_key_past_its_rate_is_passed_over_until_its_next_start_is_due(
+    client: redis.Redis,
+) -> None:
+    """GCRA per key: a burst of 2, then one start per 500 ms (2/s); B's keys are not held
+    by A's rate; the wait the fetch returns is the time to A's next start; a key whose
+    next start is past is dropped from the zset (its bucket is full: as if absent)."""
+    for i in range(6):
+        enqueue(client, f"a{i}", key="A")
+    enqueue(client, "b0", key="B")
+    enqueue(client, "b1", key="B")
+    rate = layout.KeyRate(2.0, 2)
+    admission, got = fetch_reply(client, 10, rate=rate)
+    assert sorted(got) == ["a0", "a1", "b0", "b1"], "each key's burst, taken in turns"
+    assert admission.reason == layout.KEY and admission.deferred == 4
+    assert 400 < admission.wait_ms <= 500, admission
+    assert fetch(client, 10, rate=rate) == [], "A's next start is not due"
+    assert fetch(client, 1) == ["a2"], "the same queue without a rate: no hold"
+    time.sleep(admission.wait_ms / 1000 + 0.05)
+    assert fetch(client, 10, rate=rate) == ["a3"], "one start per 500 ms once the burst is used"
+    admission, got = fetch_reply(client, 10, rate=rate)
+    assert got == [] and 400 < admission.wait_ms <= 500, admission
+    next_start = layout.fair_keys(Q)[6]
+    assert client.zscore(next_start, "B") is not None
+    time.sleep(1.1)
+    assert fetch(client, 10, rate=rate) == ["a4", "a5"], "a quiet second refills the burst"
+    assert client.zscore(next_start, "B") is None, "B's full bucket is forgotten"
+    assert client.zscore(next_start, "A") is not None
+
+
+def test_a_fair_key_rate_that_does_not_parse_is_refused_in_one_line(redis_url: str) -> None:
+    broker = SettlingRedisBroker(url=redis_url, middleware=[])
+    try:
+        refusals: list[tuple[dict[str, Any], str]] = [
+            ({"fair_key_rate": "fast"}, "fair_key_rate 'fast' is not a rate above 0"),
+            ({"fair_key_rate": "0/s"}, "fair_key_rate '0/s' is not a rate above 0"),
+            ({"fair_key_rate": "5/s", "fair_key_burst": 0}, "fair_key_burst 0 is not a count"),
+            ({"fair_key_burst": 3}, "fair_key_burst without fair_key_rate"),
+        ]
+        for options, said in refusals:
+            with pytest.raises(ValueError, match=said) as refused:
+
+                @typed_actor(broker=broker, queue_name=Q, fair_key="tenant_id", **options)
+                def report(job: Report) -> None: ...
+
+            assert "\n" not in str(refused.value) and "actor 'report'" in str(refused.value)
+        with pytest.raises(ValueError, match="fair_key_rate without fair_key"):
+
+            @typed_actor(broker=broker, queue_name=Q, fair_key_rate="5/s")
+            def unkeyed(job: Report) -> None: ...
+
+        @typed_actor(broker=broker, queue_name=Q, fair_key="tenant_id", fair_key_rate="300/min")
+        def keyed(job: Report) -> None: ...
+
+        assert broker.key_rate(Q) == layout.KeyRate(5.0, 5), "default burst: one second's"
+
+        @typed_actor(
+            broker=broker, queue_name=Q, fair_key="tenant_id", fair_key_rate="2/s", fair_key_burst=1
+        )
+        def slower(job: Report) -> None: ...
+
+        assert broker.key_rate(Q) == layout.KeyRate(2.0, 1), "the lowest of the queue's actors"
+        assert broker.key_rate("reports") == layout.NO_KEY_RATE
+    finally:
+        broker.close()
 
 
 def test_the_fair_lane_is_seen_by_the_backlog_the_page_and_recovery(client: redis.Redis) -> None:

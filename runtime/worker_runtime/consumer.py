@@ -345,6 +345,7 @@ class SettlingConsumer(_RedisConsumer):
             broker.lease_ms,
             broker.bound,
             broker.key_limit(self.queue_name),
+            broker.key_rate(self.queue_name),
         )
         raw = self.broker.fetch_script(keys=self._fetch_keys, args=args)
         admission, fetched = layout.taken(raw)
@@ -361,10 +362,14 @@ class SettlingConsumer(_RedisConsumer):
 
     def _hold_back(self, admission: layout.Admission, backoff_ms: int) -> None:
         """Wait before fetching a queue that held its messages back: until the next token
-        (a rate), or the growing pause (a budget: a settlement elsewhere frees a slot; a
-        pause), up to IDLE_POLL_MS. An enqueue's wake-up does not end it (a busy producer
-        would make every held-back consumer fetch for nothing); the drain does."""
-        wait_ms = admission.wait_ms if admission.reason == layout.RATE else backoff_ms
+        (a rate, or a key's rate that held back all it could take), or the growing pause
+        (a budget: a settlement elsewhere frees a slot; a pause), up to IDLE_POLL_MS. An
+        enqueue's wake-up does not end it (a busy producer would make every held-back
+        consumer fetch for nothing); the drain does."""
+        timed = admission.reason == layout.RATE or (
+            admission.reason == layout.KEY and admission.wait_ms
+        )
+        wait_ms = admission.wait_ms if timed else backoff_ms
         deadline = time.monotonic() + min(max(wait_ms, 1), IDLE_POLL_MS) / 1000
         while self.broker.fetching and (left := deadline - time.monotonic()) > 0:
             self._woken.wait(left)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import time
 import uuid
@@ -31,6 +32,7 @@ from .consumer import SettlingConsumer
 from .holds import HoldWatch
 from .lanes import SettleLanes
 from .outage import Outage
+from .pools import parse_rate
 from .settlement import (
     REJECT_SIGNAL,
     RESET_SIGNAL,
@@ -67,14 +69,17 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
     ) -> None:
         super().__init__(**parameters)  # type: ignore[no-untyped-call]
         #: An actor may name its messages' default priority, and a field of its typed
-        #: arguments as their fairness key, with a limit in flight per key
-        #: (:mod:`.layout.queuelanes`).
+        #: arguments as their fairness key, with a limit in flight and a rate of starts
+        #: per key (:mod:`.layout.queuelanes`).
         self.actor_options |= {
             layout.ACTOR_PRIORITY_OPTION,
             layout.ACTOR_KEY_OPTION,
             layout.ACTOR_KEY_LIMIT_OPTION,
+            layout.ACTOR_KEY_RATE_OPTION,
+            layout.ACTOR_KEY_BURST_OPTION,
         }
         self._key_limits: dict[str, int] = {}
+        self._key_rates: dict[str, layout.KeyRate] = {}
         #: A waiting job is passed over by at most this many jobs of higher priority lanes.
         self.bound = priority_bound
         #: Says when Redis stops and starts answering (:mod:`.outage`; the recovery pass and
@@ -233,9 +238,9 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
 
     def declare_actor(self, actor: Actor[Any, Any]) -> None:
         """Dramatiq's; an actor whose ``priority_lane`` is not a priority, whose ``fair_key``
-        is not a field of its typed arguments, or that has both a key and a priority lane
-        other than the default, is refused (one line, :class:`.layout.PriorityError`,
-        ``ValueError``)."""
+        is not a field of its typed arguments, that has both a key and a priority lane
+        other than the default, or a ``fair_key_rate`` that is not a rate (or without a
+        key), is refused (one line, :class:`.layout.PriorityError`, ``ValueError``)."""
         layout.check_fair_key(
             actor.actor_name,
             actor.options.get(layout.ACTOR_KEY_OPTION),
@@ -243,8 +248,10 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
             getattr(getattr(actor, "model", None), "model_fields", None),
             layout.priority_of({}, actor.options.get(layout.ACTOR_PRIORITY_OPTION)),
         )
+        key_rate_of(actor.actor_name, actor.options)
         super().declare_actor(actor)
         self._key_limits.clear()
+        self._key_rates.clear()
 
     def key_limit(self, queue: str) -> int:
         """Deliveries of one fairness key of ``queue`` in flight at most: the lowest
@@ -257,6 +264,24 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
                 if actor.queue_name == queue and actor.options.get(layout.ACTOR_KEY_LIMIT_OPTION)
             ]
             found = self._key_limits[queue] = min(limits, default=0)
+        return found
+
+    def key_rate(self, queue: str) -> layout.KeyRate:
+        """How fast one fairness key's deliveries of ``queue`` may start: the lowest
+        ``fair_key_rate`` of its actors (with that actor's burst; none without one)."""
+        found = self._key_rates.get(queue)
+        if found is None:
+            rates = [
+                key_rate_of(actor.actor_name, actor.options)
+                for actor in list(self.actors.values())
+                if actor.queue_name == queue
+            ]
+            found = min(
+                (rate for rate in rates if rate.per_s > 0),
+                key=lambda rate: (rate.per_s, rate.burst),
+                default=layout.NO_KEY_RATE,
+            )
+            self._key_rates[queue] = found
         return found
 
     def prepare_enqueue(self, message: Message[Any], delay: int | None = None) -> Message[Any]:
@@ -446,6 +471,7 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
                 self.bound,
                 self.key_limit(queue),
                 lock,
+                self.key_rate(queue),
             ),
         )
         if raw[0] and settlement.kind in ("retry", "requeue"):
@@ -499,3 +525,36 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
                 "reason": reason,
             },
         )
+
+
+def key_rate_of(actor: str, options: dict[str, Any]) -> layout.KeyRate:
+    """The per-key rate an actor's ``options`` name (``fair_key_rate``, ``fair_key_burst``:
+    default one second's worth, at least 1); ``ValueError`` in one line naming ``actor``
+    for a rate that does not parse, a burst that is not a count >= 1, or either without a
+    ``fair_key``."""
+    rate, burst = (
+        options.get(layout.ACTOR_KEY_RATE_OPTION),
+        options.get(layout.ACTOR_KEY_BURST_OPTION),
+    )
+    if rate is None:
+        if burst is not None:
+            raise ValueError(
+                f"actor {actor!r}: {layout.ACTOR_KEY_BURST_OPTION} without "
+                f"{layout.ACTOR_KEY_RATE_OPTION}"
+            )
+        return layout.NO_KEY_RATE
+    if options.get(layout.ACTOR_KEY_OPTION) is None:
+        raise ValueError(
+            f"actor {actor!r}: {layout.ACTOR_KEY_RATE_OPTION} without {layout.ACTOR_KEY_OPTION}"
+        )
+    try:
+        per_s = parse_rate(str(rate))
+    except ValueError as error:
+        raise ValueError(f"actor {actor!r}: {layout.ACTOR_KEY_RATE_OPTION} {error}") from None
+    if burst is None:
+        burst = max(1, math.ceil(per_s))
+    elif not isinstance(burst, int) or isinstance(burst, bool) or burst < 1:
+        raise ValueError(
+            f"actor {actor!r}: {layout.ACTOR_KEY_BURST_OPTION} {burst!r} is not a count >= 1"
+        )
+    return layout.KeyRate(per_s, burst)

@@ -51,7 +51,7 @@ from .keys import (
     waiting_keys,
     with_delay_queues,
 )
-from .queuelanes import LANES
+from .queuelanes import LANES, NO_KEY_RATE, KeyRate
 from .schema import message_fields, text
 from .unique import UNLOCK
 
@@ -200,11 +200,11 @@ return 0
 #: (:func:`.keys.waiting_keys`), then :func:`.flow.flow_keys` (the paused hash, the gates
 #: hash, each gate's two keys).
 #: ARGV: how many, broker id, the lanes block's size, the starvation bound, the per-key
-#: limit (0: none), then :func:`.flow.flow_args` (queue name, lease ms, each gate's limit,
-#: rate, burst).
+#: limit (0: none), the per-key rate a second (0: none) and burst, then
+#: :func:`.flow.flow_args` (queue name, lease ms, each gate's limit, rate, burst).
 #: Returns [reason, deferred, wait ms, id1, body1, id2, body2, ...] (false: no body;
 #: :class:`.flow.Admission`; reason ``key``: keyed messages passed over for their key's
-#: limit).
+#: limit or rate, the wait until the first a rate holds may start, 0: unknown).
 FETCH: Final = (
     LANES
     + CLOCK
@@ -215,14 +215,14 @@ local n = tonumber(ARGV[3])
 local f0 = 4 + n
 local len, fair, total = waiting(4, n, tonumber(ARGV[1]))
 local allowed, reason, left, wait, buckets =
-  admission(now, total, KEYS[f0], ARGV[6], tonumber(ARGV[1]), f0 + 2, 8)
+  admission(now, total, KEYS[f0], ARGV[8], tonumber(ARGV[1]), f0 + 2, 10)
 local out = {reason, left, wait}
-local skipped = take(4, n, len, fair, tonumber(ARGV[4]), tonumber(ARGV[5]), KEYS[1], KEYS[2],
-  allowed, out)
+local skipped, key_wait = take(4, n, len, fair, tonumber(ARGV[4]), tonumber(ARGV[5]), KEYS[1],
+  KEYS[2], allowed, out, tonumber(ARGV[6]), tonumber(ARGV[7]), now)
 if reason == '' and skipped > 0 and (#out - 3) / 2 < allowed then
-  out[1], out[2] = 'key', skipped
+  out[1], out[2], out[3] = 'key', skipped, key_wait
 end
-charge(now, out, 4, KEYS[f0 + 1], ARGV[6], tonumber(ARGV[7]), f0 + 2, buckets)
+charge(now, out, 4, KEYS[f0 + 1], ARGV[8], tonumber(ARGV[9]), f0 + 2, buckets)
 beat(KEYS[3], ARGV[2], now)
 return out
 """
@@ -282,8 +282,8 @@ return redis.call('zrangebyscore', KEYS[1], 0, now_ms() - tonumber(ARGV[1]))
 #: then :func:`.flow.flow_keys`.  ARGV: kind (ack, retry, requeue, dead_letter), redis id,
 #: body (retry copy, dead letter; '' keeps the stored one), target id (retry copy), broker
 #: id, how many to take, message id ('': not indexed), the lanes block's size, the
-#: starvation bound, the per-key limit, then :func:`.flow.flow_args`, then the lock ('':
-#: none).
+#: starvation bound, the per-key limit, rate and burst, then :func:`.flow.flow_args`, then
+#: the lock ('': none).
 #: Returns [settled (1 or 0), reason, deferred, wait ms, id1, body1, id2, body2, ...].
 SETTLE: Final = (
     LANES
@@ -333,14 +333,14 @@ end
 beat(KEYS[7], ARGV[5], now)
 local len, fair, total = waiting(9, n, tonumber(ARGV[6]))
 local allowed, reason, left, wait, buckets =
-  admission(now, total, KEYS[f0], ARGV[11], tonumber(ARGV[6]), f0 + 2, 13)
+  admission(now, total, KEYS[f0], ARGV[13], tonumber(ARGV[6]), f0 + 2, 15)
 local out = {settled, reason, left, wait}
-local skipped = take(9, n, len, fair, tonumber(ARGV[9]), tonumber(ARGV[10]), KEYS[2], KEYS[1],
-  allowed, out)
+local skipped, key_wait = take(9, n, len, fair, tonumber(ARGV[9]), tonumber(ARGV[10]), KEYS[2],
+  KEYS[1], allowed, out, tonumber(ARGV[11]), tonumber(ARGV[12]), now)
 if reason == '' and skipped > 0 and (#out - 4) / 2 < allowed then
-  out[2], out[3] = 'key', skipped
+  out[2], out[3], out[4] = 'key', skipped, key_wait
 end
-charge(now, out, 5, '', ARGV[11], tonumber(ARGV[12]), f0 + 2, buckets)
+charge(now, out, 5, '', ARGV[13], tonumber(ARGV[14]), f0 + 2, buckets)
 return out
 """
 )
@@ -494,21 +494,35 @@ def fetch_args(
     lease_ms: int = 0,
     bound: int = DEFAULT_PRIORITY_BOUND,
     key_limit: int = 0,
+    key_rate: KeyRate = NO_KEY_RATE,
 ) -> list[Any]:
     """The ARGV of :data:`FETCH`: take up to ``count`` for ``broker_id`` from ``queue``
     gated by ``gates``, each slot leased ``lease_ms`` (:func:`.flow.admission_lease_ms`),
     a job passed over by at most ``bound`` of higher lanes, at most ``key_limit`` (0: no
-    limit) deliveries of a key in flight (:mod:`.queuelanes`)."""
-    return [count, broker_id, *_taking(queue, gates, lease_ms, bound, key_limit)]
+    limit) deliveries of a key in flight and their starts within ``key_rate``
+    (:mod:`.queuelanes`)."""
+    return [count, broker_id, *_taking(queue, gates, lease_ms, bound, key_limit, key_rate)]
 
 
 @functools.lru_cache(maxsize=1024)
 def _taking(
-    queue: str, gates: tuple[Gate, ...], lease_ms: int, bound: int, key_limit: int
+    queue: str,
+    gates: tuple[Gate, ...],
+    lease_ms: int,
+    bound: int,
+    key_limit: int,
+    key_rate: KeyRate,
 ) -> tuple[Any, ...]:
     """The ARGV that FETCH and SETTLE's refill end with: the lanes block's size, the
-    starvation bound, the per-key limit, then :func:`.flow.flow_args`. Kept once made."""
-    return (len(waiting_keys(queue)), bound, key_limit, *flow_args(queue, gates, lease_ms))
+    starvation bound, the per-key limit, rate and burst, then :func:`.flow.flow_args`.
+    Kept once made."""
+    return (
+        len(waiting_keys(queue)),
+        bound,
+        key_limit,
+        *key_rate.redis_args(),
+        *flow_args(queue, gates, lease_ms),
+    )
 
 
 def taken(raw: list[Any], head: int = 0) -> tuple[Admission, list[tuple[str, bytes | None]]]:
@@ -551,12 +565,13 @@ def settle_args(
     bound: int = DEFAULT_PRIORITY_BOUND,
     key_limit: int = 0,
     lock: str = "",
+    key_rate: KeyRate = NO_KEY_RATE,
 ) -> list[Any]:
     """The ARGV of :data:`SETTLE`: ``settlement`` (kind, redis id, body, target id), then
     take up to ``take`` for ``broker_id`` from ``queue`` gated by ``gates``, within the
-    starvation ``bound`` and the ``key_limit`` (:func:`fetch_args`); ``lock``: the unique
-    job's lock an ack or a dead letter frees ('': none)."""
-    taking = _taking(queue, gates, lease_ms, bound, key_limit)
+    starvation ``bound``, the ``key_limit`` and the ``key_rate`` (:func:`fetch_args`);
+    ``lock``: the unique job's lock an ack or a dead letter frees ('': none)."""
+    taking = _taking(queue, gates, lease_ms, bound, key_limit, key_rate)
     return [*settlement, broker_id, take, message_id, *taking, lock]
 
 

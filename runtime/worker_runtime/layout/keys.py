@@ -353,7 +353,9 @@ def fair_keys(queue: str) -> tuple[str, ...]:
     scripts' order: the zset of its waiting keyed ids by turn (virtual time), the zset of
     the same ids by when each became due (the backlog's age), the hash id -> key of every
     keyed message waiting or running, the hash key -> its last turn given, the hash key ->
-    its deliveries in flight, and the lanes hash (:func:`lanes_state_key`)."""
+    its deliveries in flight, the lanes hash (:func:`lanes_state_key`), and the zset key ->
+    the theoretical time (ms) of its next start under its rate (``fair_key_rate``; only
+    while that time is ahead)."""
     base = queue_key(canonical(queue))
     return (
         f"{base}.fair",
@@ -362,6 +364,7 @@ def fair_keys(queue: str) -> tuple[str, ...]:
         f"{base}.fair.last",
         f"{base}.fair.busy",
         lanes_state_key(queue),
+        f"{base}.fair.next",
     )
 
 

@@ -20,8 +20,10 @@ queue, and the fetch that takes one, do (:data:`LANES`):
   (start-time fair queueing: a key's next message gets the turn after the later of its
   previous one and the last turn taken), so a key with 20,000 waiting delays another key's
   job by one job of it per slot, not by its backlog; a key with ``fair_key_limit``
-  deliveries in flight is passed over (``jobs_throttled_total{reason="key"}``), the fetch
-  looking at the first :data:`FAIR_SCAN` keyed messages in line;
+  deliveries in flight, or whose starts came at its ``fair_key_rate`` (with its
+  ``fair_key_burst``; GCRA, a key's next start's theoretical time kept while it is ahead
+  of now), is passed over (``jobs_throttled_total{reason="key"}``), the fetch looking at
+  the first :data:`FAIR_SCAN` keyed messages in line;
 * an enqueue names the lane (:func:`stored_priority`, the key); recovery's requeue, a
   settlement's requeue or retry, a dead letter's replay and the move of a due delayed
   message read it from the stored body inside Redis (``route``), so a message goes back
@@ -39,6 +41,7 @@ priority's list, unkeyed.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
 from .keys import DEFAULT_PRIORITY, PRIORITIES
@@ -55,8 +58,29 @@ FAIRNESS_KEY_OPTION: Final = "fairness_key"
 ACTOR_KEY_OPTION: Final = "fair_key"
 #: The actor option bounding a key's deliveries in flight on its queue (default: none).
 ACTOR_KEY_LIMIT_OPTION: Final = "fair_key_limit"
+#: The actor option bounding how fast a key's deliveries start on its queue, a rate such as
+#: ``"5/s"`` or ``"300/min"`` (default: none), and how many may start at once after a quiet
+#: spell (``fair_key_burst``, default one second's worth, at least 1).
+ACTOR_KEY_RATE_OPTION: Final = "fair_key_rate"
+ACTOR_KEY_BURST_OPTION: Final = "fair_key_burst"
 #: Keyed messages at the head of a fair lane one fetch looks at for a key under its limit.
 FAIR_SCAN: Final = 100
+
+
+@dataclass(frozen=True)
+class KeyRate:
+    """How fast the deliveries of one key of a queue may start: ``per_s`` a second (0: no
+    limit), ``burst`` at once after a quiet spell (:data:`ACTOR_KEY_RATE_OPTION`)."""
+
+    per_s: float = 0.0
+    burst: int = 0
+
+    def redis_args(self) -> tuple[str, int]:
+        return repr(float(self.per_s)), self.burst
+
+
+#: No per-key rate.
+NO_KEY_RATE: Final = KeyRate()
 
 
 class PriorityError(ValueError):
@@ -138,15 +162,17 @@ def _lua_table() -> str:
 
 #: Lua shared by every script that puts an id on a queue or takes one off (see the module
 #: docstring). A queue's *lanes block* is KEYS from ``first``: its lists (highest first),
-#: then its fair lane's keys (:func:`.keys.fair_keys`, the lanes hash last); a delay queue's
+#: then its fair lane's keys (:func:`.keys.fair_keys`, the lanes hash sixth); a delay queue's
 #: block is its one list (``count`` 1).
 #: ``route(body)``: a stored body's lane (1..), fairness key (false: none) and due ms
 #: (false: unknown). ``put(first, count, id, body, now)``: the id onto its lane (a keyed
 #: message of the default lane onto the fair lane, at its key's next turn). ``unfair``: a
 #: keyed delivery ended (its key's count in flight less one). ``waiting``: the lists'
 #: lengths, the fair lane's, their sum (none read when ``want`` is 0). ``take``: up to
-#: ``want`` ids into the acks set (ids and bodies appended to ``out``); returns how many
-#: keyed messages it passed over for their key's limit.
+#: ``want`` ids into the acks set (ids and bodies appended to ``out``), a key's starts within
+#: ``rate`` a second (0: none) and ``burst``; returns how many keyed messages it passed over
+#: for their key's limit or rate, and the ms until the first of those a rate holds may start
+#: (0: none).
 LANES: Final = (
     f"local LANE_INDEX = {_lua_table()}\n"
     f"local LANE_DEFAULT = {PRIORITIES.index(DEFAULT_PRIORITY) + 1}\n"
@@ -239,14 +265,15 @@ local function pop(list, bodies, acks, out)
   out[#out + 1] = redis.call('hget', bodies, id)
   return true
 end
-local function take(first, count, len, fair, bound, limit, bodies, acks, want, out)
-  if want <= 0 then return 0 end
+local function take(first, count, len, fair, bound, limit, bodies, acks, want, out, rate, burst,
+    now)
+  if want <= 0 then return 0, 0 end
   local lanes = math.min(count, LANE_COUNT)
   local busy, only = 0, 0
   for i = 1, lanes do
     if len[i] > 0 then busy, only = busy + 1, i end
   end
-  if busy + fair == 0 then return 0 end
+  if busy + fair == 0 then return 0, 0 end
   if fair == 0 and busy == 1 then
     for _ = 1, want do
       if not pop(KEYS[first + only - 1], bodies, acks, out) then break end
@@ -254,7 +281,7 @@ local function take(first, count, len, fair, bound, limit, bodies, acks, want, o
     if lanes > 1 and not len.plain then
       redis.call('hdel', KEYS[first + LANE_COUNT + 5], LANE_NAMES[only])
     end
-    return 0
+    return 0, 0
   end
   local f = first + LANE_COUNT
   local state = KEYS[f + 5]
@@ -264,6 +291,14 @@ local function take(first, count, len, fair, bound, limit, bodies, acks, want, o
   for i = 1, LANE_COUNT do passed[i] = tonumber(saved[i + 2]) or 0 end
   local keyed, open = fair > 0, fair > 0
   local window, at, counts, skipped = nil, 1, {}, 0
+  -- a key's rate: GCRA, its next start's theoretical time (ms) in the zset KEYS[f + 6]; a
+  -- key may start while that time is at most (burst - 1) intervals ahead of now; one whose
+  -- time has passed is as good as absent (pruned here)
+  local interval, ahead, tats, wait = 0, 0, {}, 0
+  if rate > 0 and fair > 0 then
+    interval, ahead = 1000 / rate, (burst - 1) * 1000 / rate
+    redis.call('zremrangebyscore', KEYS[f + 6], '-inf', now)
+  end
   local function fair_next()
     if not window then window = redis.call('zrange', KEYS[f], 0, FAIR_SCAN - 1, 'WITHSCORES') end
     while at < #window do
@@ -278,14 +313,28 @@ local function take(first, count, len, fair, bound, limit, bodies, acks, want, o
         if counts[key] == nil then
           counts[key] = tonumber(redis.call('hget', KEYS[f + 4], key) or '0')
         end
+        local early = 0
+        if interval > 0 then
+          if tats[key] == nil then
+            tats[key] = tonumber(redis.call('zscore', KEYS[f + 6], key) or '0')
+          end
+          early = tats[key] - ahead - now
+        end
         if limit > 0 and counts[key] >= limit then
           skipped = skipped + 1
+        elseif early > 0 then
+          skipped = skipped + 1
+          if wait == 0 or early < wait then wait = math.ceil(early) end
         else
           redis.call('zrem', KEYS[f], id)
           redis.call('zrem', KEYS[f + 1], id)
           fair = fair - 1
           counts[key] = counts[key] + 1
           redis.call('hincrby', KEYS[f + 4], key, 1)
+          if interval > 0 then
+            tats[key] = math.max(tats[key], now) + interval
+            redis.call('zadd', KEYS[f + 6], tats[key], key)
+          end
           if score > vt then vt = score end
           if tonumber(redis.call('hget', KEYS[f + 3], key) or '-1') == score then
             redis.call('hdel', KEYS[f + 3], key)
@@ -341,7 +390,7 @@ local function take(first, count, len, fair, bound, limit, bodies, acks, want, o
     end
   end
   if keyed then redis.call('hset', state, 'vt', vt, 'turn', turn) end
-  return skipped
+  return skipped, wait
 end
 """
 )
