@@ -386,6 +386,20 @@ def test_a_keys_starts_keep_its_rate_while_other_keys_run_beside_it(
         and 'queue="payments"' in line
     ]
     assert throttled and float(throttled[0].rsplit(" ", 1)[1]) > 0, text
+    # Each admission on this queue is timed from when the job was due: A's 40 waited for
+    # their turn under the rate, B's 10 for theirs (a job's whole wait, its backlog included).
+    waits = {
+        line.split(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("job_admission_wait_seconds_")
+    }
+    count = waits.get('job_admission_wait_seconds_count{queue="payments"}')
+    total = waits.get('job_admission_wait_seconds_sum{queue="payments"}')
+    assert count == 50 and total is not None, waits
+    # A's i-th start is about (i - burst) / rate after the first: their waits alone sum to
+    # about 36 s; far above what 50 unthrottled fetches wait.
+    assert total > 20, waits
+    assert not any('queue="notifications"' in name for name in waits), "no flow control there"
 
 
 BAD_KEY_ACTORS = """\

@@ -81,6 +81,7 @@ from .holds import HOLD_EPOCH
 from .messages import dead_letter_body, indexed_id, inspect
 from .settlement import (
     ACK,
+    ADMISSION_SIGNAL,
     LOST_MARK,
     REQUEUE,
     SETTLEMENT_MARK,
@@ -386,11 +387,23 @@ class SettlingConsumer(_RedisConsumer):
         # A message moved from the delay queue keeps its eta (the backlog's age counts from
         # it); on its queue it runs now: Dramatiq's consumer thread would hold a message with
         # an eta and enqueue a copy of it.
-        message.options.pop("eta", None)
+        eta = message.options.pop("eta", None)
+        if self._flow_controlled():
+            due_ms = max(message.message_timestamp, eta if isinstance(eta, int | float) else 0)
+            waited_s = max(0.0, (self.broker.redis_millis() - due_ms) / 1000)
+            queue = layout.canonical(self.queue_name)
+            self.broker.emit_after(ADMISSION_SIGNAL, queue, waited_s)
         proxy = Delivery(message)
         setattr(proxy, _RESETS_AT_FETCH, self.broker.epoch.resets)
         setattr(proxy, HOLD_EPOCH, epoch)
         return proxy
+
+    def _flow_controlled(self) -> bool:
+        """Whether this queue's fetch may hold a due message back: gated by a downstream, or
+        with a per-key limit or rate (then its admissions are timed)."""
+        broker = self.broker
+        queue = self.queue_name
+        return bool(self.gates or broker.key_limit(queue) or broker.key_rate(queue).per_s)
 
     def _check(self, redis_id: str, body: bytes | None) -> Message[Any] | None:
         """The message, or None when it was malformed (then dead-lettered)."""

@@ -73,6 +73,10 @@ REJECT_SIGNAL: Final = "reject_message"
 #: The broker's signal for a fetch that left messages queued for want of a downstream slot
 #: or token (``after_throttle(broker, queue, reason, count)``; :mod:`.layout.flow`).
 THROTTLE_SIGNAL: Final = "throttle"
+#: The broker's signal for a message a fetch admitted from a queue under flow control (gated
+#: by a downstream, or with a per-key limit or rate): ``after_admission(broker, queue,
+#: waited_s)``, the seconds since it was due (sent, or its eta).
+ADMISSION_SIGNAL: Final = "admission"
 
 
 @dataclasses.dataclass(frozen=True)

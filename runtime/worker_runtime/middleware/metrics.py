@@ -123,6 +123,7 @@ class Instruments:
     lost: Counter
     resets: Counter
     throttled: Counter
+    admission_wait: Histogram
 
 
 @dataclass(frozen=True)
@@ -242,6 +243,14 @@ def instruments() -> Instruments:
                     "budget) or token (rate), or passed over for their key's limit in "
                     "flight (key); a message waiting through several fetches counts at each.",
                     ["queue", "reason"],
+                ),
+                admission_wait=Histogram(
+                    contract.ADMISSION_WAIT,
+                    "Seconds from when a job was due (sent, or its eta) to its fetch, on a "
+                    "queue under flow control (a downstream's budget or rate, a per-key limit "
+                    "or rate): the time a due job waited for admission, its backlog included.",
+                    ["queue"],
+                    buckets=DURATION_BUCKETS,
                 ),
             )
         return _instruments
@@ -504,6 +513,12 @@ class Metrics(Middleware):
         :data:`..settlement.THROTTLE_SIGNAL`): count ``jobs_throttled_total{queue,reason}``
         (at most a fetch per poll: not the hot path)."""
         instruments().throttled.labels(queue, reason).inc(count)
+
+    def after_admission(self, broker: Broker, queue: str, waited_s: float) -> None:
+        """A fetch admitted a message of ``queue``, a queue under flow control, ``waited_s``
+        after it was due (the broker's :data:`..settlement.ADMISSION_SIGNAL`): observe
+        ``job_admission_wait_seconds{queue}``."""
+        instruments().admission_wait.labels(queue).observe(waited_s)
 
     def after_reject_message(self, broker: Broker, queue: str, actor: str, *, reason: str) -> None:
         """A malformed message was dead-lettered before any handler saw it (the broker's
