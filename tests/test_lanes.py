@@ -388,14 +388,19 @@ def test_a_keys_starts_keep_its_rate_while_other_keys_run_beside_it(
     assert throttled and float(throttled[0].rsplit(" ", 1)[1]) > 0, text
     # Each admission on this queue is timed from when the job was due: A's 40 waited for
     # their turn under the rate, B's 10 for theirs (a job's whole wait, its backlog included).
-    waits = {
-        line.split(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("job_admission_wait_seconds_")
-    }
-    count = waits.get('job_admission_wait_seconds_count{queue="payments"}')
+    def admission_waits() -> dict[str, float]:
+        return {
+            line.split(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in worker.metrics().splitlines()
+            if line.startswith("job_admission_wait_seconds_")
+        }
+
+    counted = 'job_admission_wait_seconds_count{queue="payments"}'
+    waits = wait_for(  # published with the durations, every 0.5 s
+        lambda: w if (w := admission_waits()).get(counted) == 50 else None, 10, "50 admissions"
+    )
     total = waits.get('job_admission_wait_seconds_sum{queue="payments"}')
-    assert count == 50 and total is not None, waits
+    assert total is not None, waits
     # A's i-th start is about (i - burst) / rate after the first: their waits alone sum to
     # about 36 s; far above what 50 unthrottled fetches wait.
     assert total > 20, waits

@@ -18,6 +18,7 @@ from prometheus_client import REGISTRY, Histogram
 from worker_runtime.lifecycle import Requeue
 from worker_runtime.middleware import Attempts, CrashAwareRetries, GracefulShutdown, Metrics
 from worker_runtime.middleware.metrics import DURATION_BUCKETS, observe_all
+from worker_runtime.settlement import ADMISSION_SIGNAL
 
 from stub_brokers import SettlingStubBroker, work_off
 
@@ -173,6 +174,26 @@ def test_a_delayed_message_moved_to_its_queue_is_not_a_job() -> None:
     metrics.after_ack(broker, MessageProxy(job.message()))  # acked without a handler run
     metrics.publish()
     assert processed("metrics_moved", "job", "success") == before
+
+
+def test_admission_waits_are_recorded_by_the_signal_and_published_per_queue() -> None:
+    metrics, broker = stack()
+
+    def waits(queue: str) -> tuple[float, float]:
+        labels = {"queue": queue}
+        count = REGISTRY.get_sample_value("job_admission_wait_seconds_count", labels) or 0.0
+        total = REGISTRY.get_sample_value("job_admission_wait_seconds_sum", labels) or 0.0
+        return count, total
+
+    before = waits("metrics_gated")
+    broker.emit_after(ADMISSION_SIGNAL, "metrics_gated", 1.5)
+    broker.emit_after(ADMISSION_SIGNAL, "metrics_gated", 0.25)
+    assert waits("metrics_gated") == before, "recorded by the handler's thread, not written"
+    metrics.publish()
+    count, total = waits("metrics_gated")
+    assert count == before[0] + 2 and total == pytest.approx(before[1] + 1.75)
+    le = {"queue": "metrics_gated", "le": "0.25"}
+    assert (REGISTRY.get_sample_value("job_admission_wait_seconds_bucket", le) or 0) >= 1
 
 
 def test_observe_all_writes_what_observe_writes_one_by_one() -> None:

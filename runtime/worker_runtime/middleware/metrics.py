@@ -340,6 +340,9 @@ class Metrics(Middleware):
         #: Recorded, not yet published: (queue, actor, outcome) and (queue, actor, seconds).
         self._outcomes: collections.deque[tuple[str, str, str]] = collections.deque()
         self._durations: collections.deque[tuple[str, str, float]] = collections.deque()
+        #: Recorded, not yet published: (queue, seconds a due job waited for admission).
+        self._waits: collections.deque[tuple[str, float]] = collections.deque()
+        self._wait_timers: dict[str, Histogram] = {}
         self._children: dict[tuple[str, str, str], Counter] = {}
         self._timers: dict[tuple[str, str], Histogram] = {}
         self._publishing = threading.Lock()
@@ -370,8 +373,8 @@ class Metrics(Middleware):
                 logger.exception("publishing metrics failed")
 
     def publish(self) -> None:
-        """Write the recorded outcomes and durations, the in-flight count and (with the
-        database option) the pool's use to the metric objects."""
+        """Write the recorded outcomes, durations and admission waits, the in-flight count
+        and (with the database option) the pool's use to the metric objects."""
         with self._publishing:
             metrics = instruments()
             outcomes: collections.Counter[tuple[str, str, str]] = collections.Counter()
@@ -390,6 +393,15 @@ class Metrics(Middleware):
                 timer = self._timers.get(labels)
                 if timer is None:
                     timer = self._timers[labels] = metrics.duration.labels(*labels)
+                observe_all(timer, amounts)
+            waits: dict[str, list[float]] = {}
+            while self._waits:
+                queue, seconds = self._waits.popleft()
+                waits.setdefault(queue, []).append(seconds)
+            for queue, amounts in waits.items():
+                timer = self._wait_timers.get(queue)
+                if timer is None:
+                    timer = self._wait_timers[queue] = metrics.admission_wait.labels(queue)
                 observe_all(timer, amounts)
             metrics.inflight.set(len(self._running))
             if self.database:
@@ -516,9 +528,9 @@ class Metrics(Middleware):
 
     def after_admission(self, broker: Broker, queue: str, waited_s: float) -> None:
         """A fetch admitted a message of ``queue``, a queue under flow control, ``waited_s``
-        after it was due (the broker's :data:`..settlement.ADMISSION_SIGNAL`): observe
-        ``job_admission_wait_seconds{queue}``."""
-        instruments().admission_wait.labels(queue).observe(waited_s)
+        after it was due (the broker's :data:`..settlement.ADMISSION_SIGNAL`): recorded for
+        ``job_admission_wait_seconds{queue}``, published with the durations."""
+        self._waits.append((queue, waited_s))
 
     def after_reject_message(self, broker: Broker, queue: str, actor: str, *, reason: str) -> None:
         """A malformed message was dead-lettered before any handler saw it (the broker's
