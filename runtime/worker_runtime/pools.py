@@ -132,6 +132,11 @@ _RATE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*/\s*(s|sec|second|min|minute|h|
 _RATE_PERIOD_S = {"s": 1, "sec": 1, "second": 1, "min": 60, "minute": 60, "h": 3600, "hour": 3600}
 
 
+def default_burst(calls_per_s: float) -> int:
+    """The burst of a rate that names none: one second's worth, at least 1."""
+    return max(1, math.ceil(calls_per_s))
+
+
 def parse_rate(text: str) -> float:
     """Calls per second of a rate such as ``100/s`` or ``6000/min``; ``ValueError`` naming
     the rule when it does not parse or is not above 0."""
@@ -193,7 +198,7 @@ class Downstream(_Strict):
         elif self.burst is not None:
             burst = self.burst
         else:
-            burst = max(1, math.ceil(calls))
+            burst = default_burst(calls)
         return burst
 
 

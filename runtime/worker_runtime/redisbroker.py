@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import threading
 import time
 import uuid
@@ -32,7 +31,7 @@ from .consumer import SettlingConsumer
 from .holds import HoldWatch
 from .lanes import SettleLanes
 from .outage import Outage
-from .pools import parse_rate
+from .pools import default_burst, parse_rate
 from .settlement import (
     REJECT_SIGNAL,
     RESET_SIGNAL,
@@ -552,7 +551,7 @@ def key_rate_of(actor: str, options: dict[str, Any]) -> layout.KeyRate:
     except ValueError as error:
         raise ValueError(f"actor {actor!r}: {layout.ACTOR_KEY_RATE_OPTION} {error}") from None
     if burst is None:
-        burst = max(1, math.ceil(per_s))
+        burst = default_burst(per_s)
     elif not isinstance(burst, int) or isinstance(burst, bool) or burst < 1:
         raise ValueError(
             f"actor {actor!r}: {layout.ACTOR_KEY_BURST_OPTION} {burst!r} is not a count >= 1"
