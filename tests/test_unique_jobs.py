@@ -71,9 +71,11 @@ def uq_job(key: str, n: int, seconds: float) -> None:
 '''
 
 #: A producer: says it is ``ready`` (imported), waits for ``go`` (a BLPOP), then sends ``uq_job`` for each key of argv once
-#: (``rounds`` times over), printing "sent <key> <n>" or "dup <key> <n> <holder>".
+#: (``rounds`` times over, or until ``stop`` is set), printing "sent <key> <n>" or
+#: "dup <key> <n> <holder>".
 PRODUCER = """\
 import sys
+import time
 import redis
 from worker_runtime.unique import DuplicateJob
 from {package}.producer import enqueue
@@ -83,6 +85,8 @@ signals = redis.Redis.from_url(signal_url)
 signals.rpush("ready", name)
 signals.blpop("go:" + name, timeout=60)
 for round_ in range(int(rounds)):
+    if signals.exists("stop"):
+        break
     for key in keys:
         n = f"{{name}}-{{round_}}-{{key}}"
         try:
@@ -93,6 +97,7 @@ for round_ in range(int(rounds)):
             print("error", key, n, type(error).__name__, flush=True)
         else:
             print("sent", key, n, flush=True)
+    time.sleep(0.005)
 """
 
 
@@ -108,21 +113,29 @@ def workers(uq_project: Path, redis_url: str, tmp_path: Path) -> Iterator[Callab
 
 
 def start_producers(project: Path, redis_url: str, signal_url: str, count: int, keys: list[str],
-                    rounds: int = 1, seconds: float = 3.0,
+                    out: Path, rounds: int = 1, seconds: float = 3.0,
                     **env: str) -> list[subprocess.Popen[str]]:
+    """``count`` producer processes, each printing to ``out/p<i>.out``: a file, not a pipe,
+    which the test would read only at the end (CI saw the producers blocked on a full pipe,
+    64 KiB of "dup" lines, so no job was sent for a minute)."""
     code = PRODUCER.format(package=package_of(project))
     environment = project_env(project, REDIS_URL=redis_url, **env)
-    return [subprocess.Popen([PYTHON, "-c", code, signal_url, f"p{i}", str(rounds), str(seconds),
-                              *keys], cwd=project, env=environment, stdout=subprocess.PIPE,
-                             text=True) for i in range(count)]
+    out.mkdir(exist_ok=True)
+    producers = []
+    for i in range(count):
+        with (out / f"p{i}.out").open("w") as printed:
+            producers.append(subprocess.Popen(
+                [PYTHON, "-c", code, signal_url, f"p{i}", str(rounds), str(seconds), *keys],
+                cwd=project, env=environment, stdout=printed, text=True))
+    return producers
 
 
-def outcomes(producers: list[subprocess.Popen[str]]) -> list[list[str]]:
-    lines = []
+def outcomes(producers: list[subprocess.Popen[str]], out: Path) -> list[list[str]]:
+    """What the producers of :func:`start_producers` printed, once they ended."""
     for producer in producers:
-        out, _ = producer.communicate(timeout=120)
-        lines += [line.split() for line in out.splitlines()]
-    return lines
+        producer.wait(timeout=120)
+    printed = [(out / f"p{i}.out").read_text() for i in range(len(producers))]
+    return [line.split() for text in printed for line in text.splitlines()]
 
 
 def send(project: Path, redis_url: str, name: str, key: str, seconds: float) -> list[str]:
@@ -154,14 +167,15 @@ def lock_of(client: redis.Redis, key: str) -> str | None:
 
 def test_racing_producers_enqueue_each_key_once_and_the_skips_are_counted(
         uq_project: Path, redis_url: str, client: redis.Redis,
-        workers: Callable[..., Worker]) -> None:
+        workers: Callable[..., Worker], tmp_path: Path) -> None:
     worker = workers(WORKER_CONCURRENCY="4")
     keys = [f"k{i}" for i in range(20)]
-    producers = start_producers(uq_project, redis_url, redis_url, 8, keys, seconds=3)
+    producers = start_producers(uq_project, redis_url, redis_url, 8, keys, tmp_path / "out",
+                                seconds=3)
     wait_for(lambda: client.llen("ready") == 8, 60, "every producer to be ready")
     for i in range(8):  # all at once: each key's sends race
         go(client, f"p{i}")
-    lines = outcomes(producers)
+    lines = outcomes(producers, tmp_path / "out")
     sent = [line for line in lines if line[0] == "sent"]
     dups = [line for line in lines if line[0] == "dup"]
     assert not [line for line in lines if line[0] == "error"]
@@ -244,19 +258,26 @@ def test_across_a_sentinel_failover_no_key_runs_twice_at_once_and_no_lock_is_lef
     env = {"EFFECTS_URL": effects_url(effects)}
     worker = Worker(uq_project, url, tmp_path / "w", WORKER_CONCURRENCY="4", **env).start()
     keys = [f"f{i}" for i in range(10)]
-    producers = start_producers(uq_project, url, effects_url(effects), 4, keys, rounds=400,
-                                seconds=0.02, **env)
+    # The producers send until told to stop, and must go on sending after the promotion.
+    producers = start_producers(uq_project, url, effects_url(effects), 4, keys, tmp_path / "out",
+                                rounds=1_000_000, seconds=0.02, **env)
+
+    def done() -> int:
+        return sum(1 for _ in effects.scan_iter("done:*", count=1000))
+
     try:
         wait_for(lambda: effects.llen("ready") == 4, 60, "every producer to be ready")
         for i in range(4):
             go(effects, f"p{i}")
         old_port = group.primary.port  # type: ignore[attr-defined]
-        wait_for(lambda: sum(1 for _ in effects.scan_iter("done:*", count=1000)) >= 30, 60,
-                 "30 jobs done before the kill")
+        wait_for(lambda: done() >= 30, 60, "30 jobs done before the kill")
         group.primary.kill()  # type: ignore[attr-defined]
         wait_for(lambda: group.primary_port() not in (None, old_port),  # type: ignore[attr-defined]
                  60, "a Sentinel to name the promoted replica")
-        lines = outcomes(producers)
+        promoted = done()
+        wait_for(lambda: done() >= promoted + 30, 60, "30 more jobs done after the promotion")
+        effects.set("stop", 1)
+        lines = outcomes(producers, tmp_path / "out")
         sent = [line[2] for line in lines if line[0] == "sent"]
         kinds = collections.Counter(line[0] for line in lines)
         assert kinds["sent"] > 30 and kinds["dup"], kinds
