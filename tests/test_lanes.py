@@ -12,6 +12,8 @@
 * A per-key limit (``fair_key_limit=1``): no key ever has two jobs in flight while other
   keys' jobs run beside it, and the passed-over fetches are counted
   (``jobs_throttled_total{reason="key"}``).
+* A bad key option (a ``fair_key`` the model lacks, a ``fair_key_rate`` that does not
+  parse, a rate without a key) stops the worker at boot: exit 78, one line naming the actor.
 
 The messages are sent by the runtime's own broker (``SettlingRedisBroker``: what a service's
 ``producer.enqueue`` uses), with the message option ``priority``.
@@ -415,15 +417,26 @@ class Report(JobArguments):
     tenant_id: str
 
 
-@actor(queue_name="reports", fair_key="tenant")
+@actor(queue_name="reports", {options})
 def bad_key(job: Report) -> None: ...
 """
 
 
-def test_a_fair_key_the_model_lacks_refuses_to_boot_in_one_line(
-    bake: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory, redis_url: str
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        ('fair_key="tenant"', "fair_key 'tenant' is not a field of its arguments (tenant_id)"),
+        ('fair_key="tenant_id", fair_key_rate="fast"', "fair_key_rate 'fast' is not a rate"),
+        ('fair_key_rate="5/s"', "fair_key_rate without fair_key"),
+    ],
+    ids=["field", "rate", "unkeyed"],
+)
+def test_a_bad_fair_key_option_refuses_to_boot_in_one_line(
+    bake: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory, redis_url: str,
+    options: str, said: str,
 ) -> None:
-    project = bake_with_actors(bake, tmp_path_factory, "badkey", bad_key=BAD_KEY_ACTORS)
+    actors = BAD_KEY_ACTORS.format(options=options)
+    project = bake_with_actors(bake, tmp_path_factory, "badkey", bad_key=actors)
     refused = run_cli(
         project,
         "worker",
@@ -431,6 +444,6 @@ def test_a_fair_key_the_model_lacks_refuses_to_boot_in_one_line(
     )
     assert refused.returncode == 78, refused.stdout
     # The supervisor's JSON log lines aside, one line says it (and boot_failed's reason).
-    (said,) = [line for line in refused.stderr.splitlines() if not line.startswith("{")]
-    assert said.startswith("config error: actor module"), said
-    assert "fair_key 'tenant' is not a field of its arguments (tenant_id)" in said, said
+    (line,) = [line for line in refused.stderr.splitlines() if not line.startswith("{")]
+    assert line.startswith("config error: actor module"), line
+    assert f"actor 'bad_key': {said}" in line, line

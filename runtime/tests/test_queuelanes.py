@@ -342,7 +342,10 @@ def test_a_fair_key_rate_that_does_not_parse_is_refused_in_one_line(redis_url: s
             ({"fair_key_rate": "fast"}, "fair_key_rate 'fast' is not a rate above 0"),
             ({"fair_key_rate": "0/s"}, "fair_key_rate '0/s' is not a rate above 0"),
             ({"fair_key_rate": "5/s", "fair_key_burst": 0}, "fair_key_burst 0 is not a count"),
+            ({"fair_key_rate": "5/s", "fair_key_burst": True}, "fair_key_burst True is not a"),
+            ({"fair_key_rate": "5/s", "fair_key_burst": "2"}, "fair_key_burst '2' is not a"),
             ({"fair_key_burst": 3}, "fair_key_burst without fair_key_rate"),
+            ({"fair_key_limit": 0}, "fair_key_limit 0 is not a count"),
         ]
         for options, said in refusals:
             with pytest.raises(ValueError, match=said) as refused:
@@ -351,10 +354,17 @@ def test_a_fair_key_rate_that_does_not_parse_is_refused_in_one_line(redis_url: s
                 def report(job: Report) -> None: ...
 
             assert "\n" not in str(refused.value) and "actor 'report'" in str(refused.value)
-        with pytest.raises(ValueError, match="fair_key_rate without fair_key"):
+        unkeyed: list[dict[str, Any]] = [
+            {"fair_key_rate": "5/s"},
+            {"fair_key_burst": 3},
+            {"fair_key_limit": 2},
+        ]
+        for options in unkeyed:
+            (option,) = options
+            with pytest.raises(ValueError, match=f"{option} without fair_key$"):
 
-            @typed_actor(broker=broker, queue_name=Q, fair_key_rate="5/s")
-            def unkeyed(job: Report) -> None: ...
+                @typed_actor(broker=broker, queue_name=Q, **options)
+                def without_key(job: Report) -> None: ...
 
         @typed_actor(broker=broker, queue_name=Q, fair_key="tenant_id", fair_key_rate="300/min")
         def keyed(job: Report) -> None: ...

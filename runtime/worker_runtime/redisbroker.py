@@ -77,8 +77,7 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
             layout.ACTOR_KEY_RATE_OPTION,
             layout.ACTOR_KEY_BURST_OPTION,
         }
-        self._key_limits: dict[str, int] = {}
-        self._key_rates: dict[str, layout.KeyRate] = {}
+        self._key_rules: dict[str, tuple[int, layout.KeyRate]] = {}
         #: A waiting job is passed over by at most this many jobs of higher priority lanes.
         self.bound = priority_bound
         #: Says when Redis stops and starts answering (:mod:`.outage`; the recovery pass and
@@ -242,45 +241,42 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
         key), is refused (one line, :class:`.layout.PriorityError`, ``ValueError``)."""
         layout.check_fair_key(
             actor.actor_name,
-            actor.options.get(layout.ACTOR_KEY_OPTION),
-            actor.options.get(layout.ACTOR_KEY_LIMIT_OPTION),
+            actor.options,
             getattr(getattr(actor, "model", None), "model_fields", None),
             layout.priority_of({}, actor.options.get(layout.ACTOR_PRIORITY_OPTION)),
         )
         key_rate_of(actor.actor_name, actor.options)
         super().declare_actor(actor)
-        self._key_limits.clear()
-        self._key_rates.clear()
+        self._key_rules.clear()
 
     def key_limit(self, queue: str) -> int:
         """Deliveries of one fairness key of ``queue`` in flight at most: the lowest
         ``fair_key_limit`` of its actors (0: none)."""
-        found = self._key_limits.get(queue)
-        if found is None:
-            limits = [
-                int(actor.options[layout.ACTOR_KEY_LIMIT_OPTION])
-                for actor in list(self.actors.values())
-                if actor.queue_name == queue and actor.options.get(layout.ACTOR_KEY_LIMIT_OPTION)
-            ]
-            found = self._key_limits[queue] = min(limits, default=0)
-        return found
+        return self._keyed(queue)[0]
 
     def key_rate(self, queue: str) -> layout.KeyRate:
         """How fast one fairness key's deliveries of ``queue`` may start: the lowest
         ``fair_key_rate`` of its actors (with that actor's burst; none without one)."""
-        found = self._key_rates.get(queue)
+        return self._keyed(queue)[1]
+
+    def _keyed(self, queue: str) -> tuple[int, layout.KeyRate]:
+        """:meth:`key_limit` and :meth:`key_rate` of ``queue``, read from its actors once
+        until the next actor is declared."""
+        found = self._key_rules.get(queue)
         if found is None:
-            rates = [
-                key_rate_of(actor.actor_name, actor.options)
-                for actor in list(self.actors.values())
-                if actor.queue_name == queue
+            actors = [actor for actor in list(self.actors.values()) if actor.queue_name == queue]
+            limits = [
+                int(actor.options[layout.ACTOR_KEY_LIMIT_OPTION])
+                for actor in actors
+                if actor.options.get(layout.ACTOR_KEY_LIMIT_OPTION)
             ]
-            found = min(
+            rates = [key_rate_of(actor.actor_name, actor.options) for actor in actors]
+            rate = min(
                 (rate for rate in rates if rate.per_s > 0),
                 key=lambda rate: (rate.per_s, rate.burst),
                 default=layout.NO_KEY_RATE,
             )
-            self._key_rates[queue] = found
+            found = self._key_rules[queue] = (min(limits, default=0), rate)
         return found
 
     def prepare_enqueue(self, message: Message[Any], delay: int | None = None) -> Message[Any]:
@@ -528,32 +524,16 @@ class SettlingRedisBroker(RedisBroker, SettlingBroker):
 
 def key_rate_of(actor: str, options: dict[str, Any]) -> layout.KeyRate:
     """The per-key rate an actor's ``options`` name (``fair_key_rate``, ``fair_key_burst``:
-    default one second's worth, at least 1); ``ValueError`` in one line naming ``actor``
-    for a rate that does not parse, a burst that is not a count >= 1, or either without a
-    ``fair_key``."""
+    default one second's worth), the options :func:`.layout.check_fair_key` accepted;
+    ``ValueError`` in one line naming ``actor`` for a rate that does not parse."""
     rate, burst = (
         options.get(layout.ACTOR_KEY_RATE_OPTION),
         options.get(layout.ACTOR_KEY_BURST_OPTION),
     )
     if rate is None:
-        if burst is not None:
-            raise ValueError(
-                f"actor {actor!r}: {layout.ACTOR_KEY_BURST_OPTION} without "
-                f"{layout.ACTOR_KEY_RATE_OPTION}"
-            )
         return layout.NO_KEY_RATE
-    if options.get(layout.ACTOR_KEY_OPTION) is None:
-        raise ValueError(
-            f"actor {actor!r}: {layout.ACTOR_KEY_RATE_OPTION} without {layout.ACTOR_KEY_OPTION}"
-        )
     try:
         per_s = parse_rate(str(rate))
     except ValueError as error:
         raise ValueError(f"actor {actor!r}: {layout.ACTOR_KEY_RATE_OPTION} {error}") from None
-    if burst is None:
-        burst = default_burst(per_s)
-    elif not isinstance(burst, int) or isinstance(burst, bool) or burst < 1:
-        raise ValueError(
-            f"actor {actor!r}: {layout.ACTOR_KEY_BURST_OPTION} {burst!r} is not a count >= 1"
-        )
-    return layout.KeyRate(per_s, burst)
+    return layout.KeyRate(per_s, default_burst(per_s) if burst is None else int(burst))

@@ -102,26 +102,29 @@ def priority_of(options: Mapping[str, Any], default: str | None = None) -> str:
     return str(value)
 
 
+#: The actor options that only a keyed actor (``fair_key``) may have.
+KEYED_OPTIONS: Final = (ACTOR_KEY_LIMIT_OPTION, ACTOR_KEY_RATE_OPTION, ACTOR_KEY_BURST_OPTION)
+
+
 def check_fair_key(
     actor: str,
-    field: Any,
-    limit: Any,
+    options: Mapping[str, Any],
     fields: Mapping[str, Any] | None,
     priority: str = DEFAULT_PRIORITY,
 ) -> None:
-    """Refuse (``ValueError``, one line naming the actor) a ``fair_key`` that is not a field
-    of the actor's typed arguments (``fields``; None: not a typed actor), a
-    ``fair_key_limit`` without a key or below 1, and a key on an actor whose
-    ``priority_lane`` (``priority``) is not the default: keys take turns on the default
-    lane only (:func:`check_keyed_priority`)."""
-    if field is not None:
-        check_keyed_priority(actor, priority)
+    """Refuse (``ValueError``, one line naming the actor) an actor's ``options`` whose
+    ``fair_key`` is not a field of its typed arguments (``fields``; None: not a typed actor),
+    with a ``fair_key_limit``, ``fair_key_rate`` or ``fair_key_burst`` without a key, a limit
+    or burst that is not a count >= 1, a burst without a rate, and a key on an actor whose
+    ``priority_lane`` (``priority``) is not the default: keys take turns on the default lane
+    only (:func:`check_keyed_priority`). The rate's own text is the broker's to parse."""
+    field = options.get(ACTOR_KEY_OPTION)
     if field is None:
-        if limit is not None:
-            raise ValueError(
-                f"actor {actor!r}: {ACTOR_KEY_LIMIT_OPTION} without {ACTOR_KEY_OPTION}"
-            )
+        for option in KEYED_OPTIONS:
+            if options.get(option) is not None:
+                raise ValueError(f"actor {actor!r}: {option} without {ACTOR_KEY_OPTION}")
         return
+    check_keyed_priority(actor, priority)
     if fields is None:
         raise ValueError(
             f"actor {actor!r}: {ACTOR_KEY_OPTION} names a field of typed arguments "
@@ -132,8 +135,19 @@ def check_fair_key(
             f"actor {actor!r}: {ACTOR_KEY_OPTION} {field!r} is not a field of its arguments "
             f"({', '.join(fields)})"
         )
-    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
-        raise ValueError(f"actor {actor!r}: {ACTOR_KEY_LIMIT_OPTION} {limit!r} is not a count >= 1")
+    for option in (ACTOR_KEY_LIMIT_OPTION, ACTOR_KEY_BURST_OPTION):
+        count = options.get(option)
+        if count is not None and (
+            not isinstance(count, int) or isinstance(count, bool) or count < 1
+        ):
+            raise ValueError(f"actor {actor!r}: {option} {count!r} is not a count >= 1")
+    if (
+        options.get(ACTOR_KEY_BURST_OPTION) is not None
+        and options.get(ACTOR_KEY_RATE_OPTION) is None
+    ):
+        raise ValueError(
+            f"actor {actor!r}: {ACTOR_KEY_BURST_OPTION} without {ACTOR_KEY_RATE_OPTION}"
+        )
 
 
 def check_keyed_priority(actor: str, priority: str) -> None:
