@@ -1,7 +1,8 @@
 """A worker process stopped past its heartbeat, with real processes and a real Redis: while
 it is stopped it is not ready, and once resumed it runs none of the jobs another worker
 recovered from it (neither its running jobs, stopped at their next instruction, nor the
-ones it had only prefetched), each counted in ``jobs_lost_total``."""
+ones it had only prefetched), each counted in ``jobs_lost_total``. A process frozen with no
+signal, by a C call that holds the interpreter lock, is not ready either."""
 
 from __future__ import annotations
 
@@ -66,3 +67,24 @@ def test_a_resumed_worker_runs_none_of_the_jobs_another_recovered_and_was_not_re
     assert "stopped jobs this worker no longer holds" in first.log()
     wait_for(lambda: first.healthcheck("ready").returncode == 0, 20, "ready once resumed")
     assert not jobs.stranded() and not jobs.queued()
+
+
+def test_a_process_frozen_by_a_c_call_holding_the_interpreter_is_not_ready(
+        workers: Callable[..., Worker], jobs: Jobs) -> None:
+    """No signal: a catastrophic regular expression holds the interpreter lock, so every
+    thread of its process stops (the heartbeat's too) though the process runs. Past half the
+    heartbeat timeout its main loop's silence makes the pod not ready, naming the process;
+    the supervisor kills it at the job's time limit, and the replaced process is ready."""
+    jobs.enqueue("lc_regex", "frozen", 32, time_limit=12_000)
+    worker = workers(WORKER_HEARTBEAT_TIMEOUT_MS="4000", WORKER_MAX_ATTEMPTS="1")
+    wait_for(lambda: jobs.starts("frozen"), 20, "the regex to start")
+    (child,) = worker.children()
+    frozen = f"worker process {child} is frozen: main loop silent for"
+    wait_for(lambda: (r := get(f"http://127.0.0.1:{worker.port}/readyz"))[0] == 503
+             and frozen in r[1], 10, "readiness to fail, naming the frozen process")
+    ready = worker.healthcheck("ready")
+    assert ready.returncode == 1 and frozen in ready.stdout + ready.stderr, ready
+    wait_for(jobs.dead_letters, 40, "the supervisor to end it at its time limit")
+    wait_for(lambda: worker.healthcheck("ready").returncode == 0, 30, "ready once replaced")
+    assert child not in worker.children()
+    assert worker.stop() == 0
