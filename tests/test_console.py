@@ -25,6 +25,7 @@ import redis
 from _lifecycle import QUEUE, Jobs, Worker, get, lc_project, started, wait_for, workers
 from bakery import PYTHON, free_port, package_of, project_env
 from dramatiq import Message
+from test_malformed import counted
 
 __all__ = ["lc_project", "workers"]
 
@@ -352,13 +353,14 @@ def test_the_activity_page_charts_the_last_hour_from_the_workers_counts(
 
 
 def sign_and_press(page: Any, button: str, token: str, posted: str) -> int:
-    """Sign the page's action form as alice with ``token``, confirm, press ``button``: the
-    status of the answer to ``posted``."""
-    page.fill("input[name=who]", "alice")
-    page.fill("input[name=token]", token)
-    page.check("input[name=confirm]")
+    """Sign the form of ``button`` (the overview has two) as alice with ``token``, confirm,
+    press ``button``: the status of the answer to ``posted``."""
+    form = page.locator(f"form:has(button[value={button}])")
+    form.locator("input[name=who]").fill("alice")
+    form.locator("input[name=token]").fill(token)
+    form.locator("input[name=confirm]").check()
     with page.expect_response(lambda r: r.url.endswith(posted)) as response:
-        page.click(f"button[value={button}]")
+        form.locator(f"button[value={button}]").click()
     page.wait_for_load_state("load")  # the answer's stylesheet too (a narrow page's cards)
     return int(response.value.status)
 
@@ -730,3 +732,71 @@ def test_every_action_works_at_both_widths_with_the_token_and_is_audited(
         "notifications"] * 10
     assert [r["find"] for r in actions if r["action"].endswith("-matching")] == [
         "ACME", "beta"] * 2
+
+
+def test_a_running_job_is_cancelled_from_the_overview_and_a_waiting_one_skipped(
+        browser: Any, consoles: Any, lc_project: Path, redis_url: str, tmp_path: Path) -> None:
+    """At 1400 and at 390 px, with a real worker of one thread: a waiting job cancelled on
+    ``/jobs`` and the running one cancelled on the overview. The running handler is
+    interrupted (it never ends), the waiting one is skipped when the worker takes it
+    (never starts), both are counted ``cancelled`` and neither is retried, dead-lettered or
+    left queued; the worker then runs the next job; each cancel is one audit line."""
+    client = redis.Redis.from_url(redis_url)
+    console = consoles(CONSOLE_TOKEN=TOKEN)
+    expected: list[tuple[str, str, str, list[str]]] = []
+    for width in WIDTHS:
+        client.flushall()
+        jobs = Jobs(redis_url)
+        with one_job_running(lc_project, redis_url, tmp_path / f"w{width}", jobs, 2,
+                             "2000") as worker:
+            waiting = [m.message_id for m in jobs.queued() if m.args[0] == "j1"]
+            assert len(waiting) == 1, "j1 waits (one thread, nothing prefetched)"
+            running = client.lrange("test:start:j0", 0, -1)
+            assert len(running) == 1
+            context = browser.new_context(viewport={"width": width, "height": 900})
+            page = context.new_page()
+            try:
+                page.goto(f"{console.url}/jobs?queue={QUEUE}")
+                page.check(f"input[name=id][value='{waiting[0]}']")
+                assert sign_and_press(page, "cancel", TOKEN, "/jobs/act") == 200
+                # Sent by bare Dramatiq (not in the message index): cancelled all the same.
+                assert "Cancelled 1 selected jobs (" in page.inner_text("body")
+
+                def listed(p: Any = page) -> str | None:
+                    """The id of the one running job the overview offers to cancel."""
+                    p.goto(f"{console.url}/")
+                    box = p.locator("input[name=id][aria-label^='select running job']")
+                    return box.get_attribute("value") if box.count() == 1 else None
+                wait_for(listed, 15, "the running job with a box on the overview")
+                running_id = listed()
+                assert running_id and running_id != waiting[0]
+                fits(page, width, "the overview with a running job")
+                page.check(f"input[name=id][value='{running_id}']")
+                assert sign_and_press(page, "cancel", TOKEN, "/jobs/act") == 200
+                body = page.inner_text("body")
+                assert "Cancelled 1 selected jobs (" in body
+                assert page.locator("script").count() == 0
+                fits(page, width, "the answer to a running job's cancel")
+                page.screenshot(path=str(tmp_path / f"cancel-running-{width}.png"),
+                                full_page=True)
+                wait_for(lambda: counted(worker.metrics(), "cancelled") == 2, 30,
+                         "the running job interrupted and the waiting one skipped")
+                jobs.enqueue("lc_quick", "after")
+                wait_for(lambda j=jobs: j.dones("after"), 30, "the next job after the cancels")
+                assert jobs.dones("j0") == [], "the running handler was interrupted"
+                assert len(jobs.starts("j0")) == 1, "the interrupted job was not retried"
+                assert jobs.starts("j1") == [], "the cancelled waiting job never started"
+                text = worker.metrics()
+                for outcome in ("failure", "retry", "dead_letter", "requeued"):
+                    assert counted(text, outcome) == 0, outcome
+                assert jobs.queued() == [] and jobs.delayed() == 0
+                assert jobs.dead_letters() == [] and not jobs.stranded()
+                wait_for(lambda: not listed(), 15, "the cancelled job gone from the overview")
+            finally:
+                context.close()
+        expected += [("cancel", "cancelled", QUEUE, waiting),
+                     ("cancel", "cancelled", QUEUE, [running_id])]
+    actions = [r for r in console.records() if r.get("event") == "console_action"]
+    assert [(r["action"], r["outcome"], r["queue"], r["ids"]) for r in actions] == expected
+    assert [r.get("kind") for r in actions] == [None, "running"] * 2
+    assert all(r["who"] == "alice" and r["remote"] == "127.0.0.1" for r in actions)

@@ -194,6 +194,31 @@ class Console:
             + "</form>"
         )
 
+    def _job_choice(self, message_id: str) -> str:
+        """With actions enabled, a box to choose a running job (to cancel it); else nothing."""
+        if not self.token or not message_id:
+            return ""
+        return (
+            f'<input type=checkbox name=id value="{e(message_id)}" '
+            f'aria-label="select running job {e(message_id)}"> '
+        )
+
+    def _running_form(self, processes: str, running: bool) -> str:
+        """The overview's process table; with actions enabled and a job ``running``, in a
+        form that cancels the running jobs chosen (``POST /jobs/act``, ``kind=running``)."""
+        if not self.token or not running:
+            return processes
+        return (
+            f'<form method=post action="{self.link("/jobs/act")}">'
+            "<input type=hidden name=kind value=running>"
+            + processes
+            + self._action_fields(
+                "the selected running jobs",
+                "<button name=action value=cancel>Cancel selected</button>",
+            )
+            + "</form>"
+        )
+
     def overview(self, params: dict[str, str] | None = None, notice: str = "") -> bytes:
         refresh_s = _refresh(params or {})
         status = self.status()
@@ -237,7 +262,7 @@ class Console:
         rows = []
         for p in status.processes:
             jobs = "<br>".join(
-                f'<span class="job">{e(job_text(job))}</span> '
+                self._job_choice(job.message_id) + f'<span class="job">{e(job_text(job))}</span> '
                 f'<span class="note">{e(job.message_id)}</span>'
                 + (
                     f' <progress max=1 value="{job.progress:.4f}">{job.progress:.0%}</progress>'
@@ -262,19 +287,22 @@ class Console:
                 ]
             )
         processes = (
-            table(
-                [
-                    "pool",
-                    "host",
-                    "pid",
-                    "running",
-                    "prefetched",
-                    "delayed",
-                    "heartbeat",
-                    "running jobs",
-                ],
-                rows,
-                numeric={3, 4, 5},
+            self._running_form(
+                table(
+                    [
+                        "pool",
+                        "host",
+                        "pid",
+                        "running",
+                        "prefetched",
+                        "delayed",
+                        "heartbeat",
+                        "running jobs",
+                    ],
+                    rows,
+                    numeric={3, 4, 5},
+                ),
+                any(p.jobs for p in status.processes),
             )
             if rows
             else '<p class="note">No worker process has a heartbeat in Redis.</p>'
