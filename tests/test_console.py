@@ -800,3 +800,72 @@ def test_a_running_job_is_cancelled_from_the_overview_and_a_waiting_one_skipped(
     assert [(r["action"], r["outcome"], r["queue"], r["ids"]) for r in actions] == expected
     assert [r.get("kind") for r in actions] == [None, "running"] * 2
     assert all(r["who"] == "alice" and r["remote"] == "127.0.0.1" for r in actions)
+
+
+def test_the_waiting_and_delayed_jobs_filter_by_actor_and_job_id_at_both_widths(
+        browser: Any, consoles: Any, redis_url: str, tmp_path: Path) -> None:
+    """``/jobs``'s filter, typed into its form as an operator would at 1400 and 390 px: by
+    actor (any case) and by job id, on the waiting line and on the delayed one (a retry in
+    its backoff); the filter is kept by the other kind's link and by a cancel's answer,
+    which cancels only what was selected; every page fits the width."""
+    client = redis.Redis.from_url(redis_url)
+    console = consoles(CONSOLE_TOKEN=TOKEN)
+    broker = Jobs(redis_url).broker
+    for width in WIDTHS:
+        client.flushall()
+        reports = [Message(queue_name="reports", actor_name="build_report", args=(n,),
+                           kwargs={}, options={}) for n in range(4)]
+        invoice = Message(queue_name="reports", actor_name="send_invoice", args=(),
+                          kwargs={"invoice_id": "inv-7"}, options={})
+        retry = Message(queue_name="reports", actor_name="send_invoice", args=(),
+                        kwargs={"invoice_id": "inv-8"}, options={"retries": 3})
+        for message in (*reports[:2], invoice, *reports[2:]):
+            broker.enqueue(message)
+        broker.enqueue(retry, delay=600_000)
+        context = browser.new_context(viewport={"width": width, "height": 900})
+        page = context.new_page()
+
+        def filtered(sought: str, p: Any = page, w: int = width) -> list[str]:
+            """Type ``sought`` into the page's filter and press it: the rows' text."""
+            p.fill("form.search input[name=find]", sought)
+            p.click("form.search button")
+            p.wait_for_load_state("load")
+            fits(p, w, f"/jobs filtered by {sought!r}")
+            return [row.inner_text() for row in p.locator("table tbody tr").all()]
+
+        try:
+            page.goto(f"{console.url}/jobs?queue=reports")
+            assert page.locator("table tbody tr").count() == 5
+            rows = filtered("SEND_INVOICE")
+            assert len(rows) == 1 and "inv-7" in rows[0], rows
+            assert page.locator("td[data-label='#']").inner_text() == "3", "its place in line"
+            assert "5 waiting on reports; 1 of them match 'SEND_INVOICE'" in (
+                page.inner_text("body"))
+            rows = filtered(reports[2].message_id)
+            assert len(rows) == 1 and reports[2].message_id in rows[0], rows
+            rows = filtered("no-such-job")
+            assert rows == [] and "Nothing waiting on reports matches 'no-such-job'" in (
+                page.inner_text("body"))
+            filtered("send_invoice")
+            page.click("text=delayed")
+            assert urllib.parse.parse_qs(urllib.parse.urlparse(page.url).query)["find"] == [
+                "send_invoice"]
+            rows = [row.inner_text() for row in page.locator("table tbody tr").all()]
+            assert len(rows) == 1 and "retry 3" in rows[0] and "inv-8" in rows[0], rows
+            page.screenshot(path=str(tmp_path / f"jobs-filtered-{width}.png"), full_page=True)
+
+            page.goto(f"{console.url}/jobs?queue=reports&find=build_report")
+            assert page.locator("table tbody tr").count() == 4
+            page.check(f"input[name=id][value='{reports[1].message_id}']")
+            assert sign_and_press(page, "cancel", TOKEN, "/jobs/act") == 200
+            body = page.inner_text("body")
+            assert "Cancelled 1 selected jobs (" in body
+            assert "4 of them match 'build_report'" in body, "the answer keeps the filter"
+            fits(page, width, "the answer to a filtered page's cancel")
+            cancelled = {m.decode() for m in client.zrange("dramatiq:__cancelled__", 0, -1)}
+            assert cancelled == {reports[1].message_id}, cancelled
+        finally:
+            context.close()
+    actions = [r for r in console.records() if r.get("event") == "console_action"]
+    assert [(r["action"], r["outcome"], r["queue"]) for r in actions] == [
+        ("cancel", "cancelled", "reports")] * 2

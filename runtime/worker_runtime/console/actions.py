@@ -132,7 +132,8 @@ def jobs(console: Console, form: dict[str, list[str]], remote: str) -> tuple[int
         page = console.overview
     else:
         queue = console.queue_of({"queue": one(form, "queue")})
-        params = {"queue": queue, "kind": kind}
+        sought = one(form, "find").strip()[:200]
+        params = {"queue": queue, "kind": kind, **({"find": sought} if sought else {})}
         page = console.jobs
     logged: dict[str, Any] = {
         "action": action,

@@ -9,9 +9,10 @@ Pages (plain HTML, no script, standard library ``http.server``):
   prefetched, delayed, heartbeat, stale) with the jobs it runs (actor, running time,
   progress and note): what ``status`` prints, read by the same function, from Redis alone.
 * ``/status.json``: the same, as ``status --json`` prints it.
-* ``/jobs?queue=Q&kind=waiting|delayed&page=N``: the messages waiting on a queue, or on
-  its delay queue (``delay=``, retries in their backoff, marked), with their arguments,
-  :data:`PAGE_SIZE` a page, one round trip a page.
+* ``/jobs?queue=Q&kind=waiting|delayed&page=N&find=T``: the messages waiting on a queue,
+  or on its delay queue (``delay=``, retries in their backoff, marked), with their
+  arguments, :data:`PAGE_SIZE` a page, one round trip a page; ``find``: only those whose
+  actor, job id or redis id holds ``T``, among the first :data:`JOB_FILTER_READS` in line.
 * ``/dead?queue=Q&page=N&find=T``: the dead letters of a queue, oldest first,
   :data:`PAGE_SIZE` a page, each with a box to select it; replay or purge the selected
   ones; ``find``: only those whose actor, reason, job id or redis id holds ``T``.
