@@ -84,6 +84,16 @@ class Console:
         self.process.wait(timeout=10)
 
 
+def screen(browser: Any, width: int, **options: Any) -> Any:
+    """A browser context ``width`` px wide; below 640 px a phone's, as Chromium emulates one
+    (mobile, 3 device pixels a CSS pixel, touch): a page without a viewport meta is laid out
+    980 px wide there and shrunk, so the tests at 390 px fail without one."""
+    mobile = width < 640
+    return browser.new_context(viewport={"width": width, "height": 900}, is_mobile=mobile,
+                               device_scale_factor=3 if mobile else 1, has_touch=mobile,
+                               **options)
+
+
 @pytest.fixture
 def consoles(lc_project: Path, redis_url: str, tmp_path: Path) -> Iterator[Any]:
     made: list[Console] = []
@@ -273,17 +283,14 @@ def test_every_page_fits_both_widths_in_light_and_dark_and_refreshes_without_scr
         }
         for width in WIDTHS:
             for scheme in ("light", "dark"):
-                context = browser.new_context(viewport={"width": width, "height": 900},
-                                              color_scheme=scheme)
+                context = screen(browser, width, color_scheme=scheme)
                 page = context.new_page()
                 try:
                     for name, path in pages.items():
                         response = page.goto(console.url + path)
                         assert response is not None and response.status == 200, path
                         assert page.locator("script").count() == 0, path
-                        overflow = page.evaluate(
-                            "document.documentElement.scrollWidth - window.innerWidth")
-                        assert overflow <= 0, f"{name} at {width} px overflows by {overflow} px"
+                        fits(page, width, name)
                         background = page.evaluate(
                             "getComputedStyle(document.body).backgroundColor")
                         dark = background == "rgb(22, 24, 28)"
@@ -590,7 +597,10 @@ def test_the_exporter_mounts_the_console_only_when_asked(
 
 
 def fits(page: Any, width: int, what: str) -> None:
-    """Nothing of ``page`` sticks out of a ``width`` px screen (no sideways scroll)."""
+    """``page`` is laid out ``width`` px wide (on a phone's screen, only its viewport meta
+    does that) and nothing of it sticks out (no sideways scroll)."""
+    laid_out = page.evaluate("window.innerWidth")
+    assert laid_out == width, f"{what} is laid out {laid_out} px wide on a {width} px screen"
     overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
     wide = page.evaluate("Array.from(document.body.querySelectorAll('*')).filter(e => "
                          "e.getBoundingClientRect().right > window.innerWidth).map(e => "
@@ -631,7 +641,7 @@ def test_every_action_works_at_both_widths_with_the_token_and_is_audited(
         later = Message(queue_name="notifications", actor_name="lc_quick", args=("d",),
                         kwargs={}, options={})
         jobs.broker.enqueue(later, delay=600_000)
-        context = browser.new_context(viewport={"width": width, "height": 900})
+        context = screen(browser, width)
         page = context.new_page()
 
         def done(name: str, status: int, said: str, w: int = width, p: Any = page) -> None:
@@ -753,7 +763,7 @@ def test_a_running_job_is_cancelled_from_the_overview_and_a_waiting_one_skipped(
             assert len(waiting) == 1, "j1 waits (one thread, nothing prefetched)"
             running = client.lrange("test:start:j0", 0, -1)
             assert len(running) == 1
-            context = browser.new_context(viewport={"width": width, "height": 900})
+            context = screen(browser, width)
             page = context.new_page()
             try:
                 page.goto(f"{console.url}/jobs?queue={QUEUE}")
@@ -822,7 +832,7 @@ def test_the_waiting_and_delayed_jobs_filter_by_actor_and_job_id_at_both_widths(
         for message in (*reports[:2], invoice, *reports[2:]):
             broker.enqueue(message)
         broker.enqueue(retry, delay=600_000)
-        context = browser.new_context(viewport={"width": width, "height": 900})
+        context = screen(browser, width)
         page = context.new_page()
 
         def filtered(sought: str, p: Any = page, w: int = width) -> list[str]:
