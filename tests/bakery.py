@@ -92,14 +92,18 @@ def make_manifests(project: Path, stack: str) -> subprocess.CompletedProcess[str
 
 
 def project_env(project: Path, **overrides: str) -> dict[str, str]:
-    """Environment that runs ``project`` from its src/ in this venv.
+    """Environment that runs ``project`` from its src/ in this venv (then the PYTHONPATH this
+    run was given, if any).
 
     ``WORKER_STATE_DIR`` is the project's own (``<project>-state`` beside it) unless
     ``overrides`` name one: the service's default, ``/tmp/<project>``, is one folder for
     every bake of the same name, and a supervisor refuses a folder that another one of a
     parallel test uses."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WORKER_", "REDIS_", "DATABASE_"))}
-    env["PYTHONPATH"] = str(project / "src")
+    # The project's src first, then what this run was given (a worktree's runtime and infra
+    # before the venv's editable install of another checkout).
+    inherited = [path for path in os.environ.get("PYTHONPATH", "").split(os.pathsep) if path]
+    env["PYTHONPATH"] = os.pathsep.join([str(project / "src"), *inherited])
     env["PYTHONUNBUFFERED"] = "1"
     env["WORKER_STATE_DIR"] = str(project.parent / f"{project.name}-state")
     env.update(overrides)

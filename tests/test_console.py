@@ -25,6 +25,7 @@ import redis
 from _lifecycle import QUEUE, Jobs, Worker, get, lc_project, started, wait_for, workers
 from bakery import PYTHON, free_port, package_of, project_env
 from dramatiq import Message
+from test_malformed import counted
 
 __all__ = ["lc_project", "workers"]
 
@@ -81,6 +82,16 @@ class Console:
     def stop(self) -> None:
         self.process.kill()
         self.process.wait(timeout=10)
+
+
+def screen(browser: Any, width: int, **options: Any) -> Any:
+    """A browser context ``width`` px wide; below 640 px a phone's, as Chromium emulates one
+    (mobile, 3 device pixels a CSS pixel, touch): a page without a viewport meta is laid out
+    980 px wide there and shrunk, so the tests at 390 px fail without one."""
+    mobile = width < 640
+    return browser.new_context(viewport={"width": width, "height": 900}, is_mobile=mobile,
+                               device_scale_factor=3 if mobile else 1, has_touch=mobile,
+                               **options)
 
 
 @pytest.fixture
@@ -272,17 +283,14 @@ def test_every_page_fits_both_widths_in_light_and_dark_and_refreshes_without_scr
         }
         for width in WIDTHS:
             for scheme in ("light", "dark"):
-                context = browser.new_context(viewport={"width": width, "height": 900},
-                                              color_scheme=scheme)
+                context = screen(browser, width, color_scheme=scheme)
                 page = context.new_page()
                 try:
                     for name, path in pages.items():
                         response = page.goto(console.url + path)
                         assert response is not None and response.status == 200, path
                         assert page.locator("script").count() == 0, path
-                        overflow = page.evaluate(
-                            "document.documentElement.scrollWidth - window.innerWidth")
-                        assert overflow <= 0, f"{name} at {width} px overflows by {overflow} px"
+                        fits(page, width, name)
                         background = page.evaluate(
                             "getComputedStyle(document.body).backgroundColor")
                         dark = background == "rgb(22, 24, 28)"
@@ -352,13 +360,14 @@ def test_the_activity_page_charts_the_last_hour_from_the_workers_counts(
 
 
 def sign_and_press(page: Any, button: str, token: str, posted: str) -> int:
-    """Sign the page's action form as alice with ``token``, confirm, press ``button``: the
-    status of the answer to ``posted``."""
-    page.fill("input[name=who]", "alice")
-    page.fill("input[name=token]", token)
-    page.check("input[name=confirm]")
+    """Sign the form of ``button`` (the overview has two) as alice with ``token``, confirm,
+    press ``button``: the status of the answer to ``posted``."""
+    form = page.locator(f"form:has(button[value={button}])")
+    form.locator("input[name=who]").fill("alice")
+    form.locator("input[name=token]").fill(token)
+    form.locator("input[name=confirm]").check()
     with page.expect_response(lambda r: r.url.endswith(posted)) as response:
-        page.click(f"button[value={button}]")
+        form.locator(f"button[value={button}]").click()
     page.wait_for_load_state("load")  # the answer's stylesheet too (a narrow page's cards)
     return int(response.value.status)
 
@@ -588,7 +597,10 @@ def test_the_exporter_mounts_the_console_only_when_asked(
 
 
 def fits(page: Any, width: int, what: str) -> None:
-    """Nothing of ``page`` sticks out of a ``width`` px screen (no sideways scroll)."""
+    """``page`` is laid out ``width`` px wide (on a phone's screen, only its viewport meta
+    does that) and nothing of it sticks out (no sideways scroll)."""
+    laid_out = page.evaluate("window.innerWidth")
+    assert laid_out == width, f"{what} is laid out {laid_out} px wide on a {width} px screen"
     overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
     wide = page.evaluate("Array.from(document.body.querySelectorAll('*')).filter(e => "
                          "e.getBoundingClientRect().right > window.innerWidth).map(e => "
@@ -629,7 +641,7 @@ def test_every_action_works_at_both_widths_with_the_token_and_is_audited(
         later = Message(queue_name="notifications", actor_name="lc_quick", args=("d",),
                         kwargs={}, options={})
         jobs.broker.enqueue(later, delay=600_000)
-        context = browser.new_context(viewport={"width": width, "height": 900})
+        context = screen(browser, width)
         page = context.new_page()
 
         def done(name: str, status: int, said: str, w: int = width, p: Any = page) -> None:
@@ -730,3 +742,140 @@ def test_every_action_works_at_both_widths_with_the_token_and_is_audited(
         "notifications"] * 10
     assert [r["find"] for r in actions if r["action"].endswith("-matching")] == [
         "ACME", "beta"] * 2
+
+
+def test_a_running_job_is_cancelled_from_the_overview_and_a_waiting_one_skipped(
+        browser: Any, consoles: Any, lc_project: Path, redis_url: str, tmp_path: Path) -> None:
+    """At 1400 and at 390 px, with a real worker of one thread: a waiting job cancelled on
+    ``/jobs`` and the running one cancelled on the overview. The running handler is
+    interrupted (it never ends), the waiting one is skipped when the worker takes it
+    (never starts), both are counted ``cancelled`` and neither is retried, dead-lettered or
+    left queued; the worker then runs the next job; each cancel is one audit line."""
+    client = redis.Redis.from_url(redis_url)
+    console = consoles(CONSOLE_TOKEN=TOKEN)
+    expected: list[tuple[str, str, str, list[str]]] = []
+    for width in WIDTHS:
+        client.flushall()
+        jobs = Jobs(redis_url)
+        with one_job_running(lc_project, redis_url, tmp_path / f"w{width}", jobs, 2,
+                             "2000") as worker:
+            waiting = [m.message_id for m in jobs.queued() if m.args[0] == "j1"]
+            assert len(waiting) == 1, "j1 waits (one thread, nothing prefetched)"
+            running = client.lrange("test:start:j0", 0, -1)
+            assert len(running) == 1
+            context = screen(browser, width)
+            page = context.new_page()
+            try:
+                page.goto(f"{console.url}/jobs?queue={QUEUE}")
+                page.check(f"input[name=id][value='{waiting[0]}']")
+                assert sign_and_press(page, "cancel", TOKEN, "/jobs/act") == 200
+                # Sent by bare Dramatiq (not in the message index): cancelled all the same.
+                assert "Cancelled 1 selected jobs (" in page.inner_text("body")
+
+                def listed(p: Any = page) -> str | None:
+                    """The id of the one running job the overview offers to cancel."""
+                    p.goto(f"{console.url}/")
+                    box = p.locator("input[name=id][aria-label^='select running job']")
+                    return box.get_attribute("value") if box.count() == 1 else None
+                wait_for(listed, 15, "the running job with a box on the overview")
+                running_id = listed()
+                assert running_id and running_id != waiting[0]
+                fits(page, width, "the overview with a running job")
+                page.check(f"input[name=id][value='{running_id}']")
+                assert sign_and_press(page, "cancel", TOKEN, "/jobs/act") == 200
+                body = page.inner_text("body")
+                assert "Cancelled 1 selected jobs (" in body
+                assert page.locator("script").count() == 0
+                fits(page, width, "the answer to a running job's cancel")
+                page.screenshot(path=str(tmp_path / f"cancel-running-{width}.png"),
+                                full_page=True)
+                wait_for(lambda: counted(worker.metrics(), "cancelled") == 2, 30,
+                         "the running job interrupted and the waiting one skipped")
+                jobs.enqueue("lc_quick", "after")
+                wait_for(lambda j=jobs: j.dones("after"), 30, "the next job after the cancels")
+                assert jobs.dones("j0") == [], "the running handler was interrupted"
+                assert len(jobs.starts("j0")) == 1, "the interrupted job was not retried"
+                assert jobs.starts("j1") == [], "the cancelled waiting job never started"
+                text = worker.metrics()
+                for outcome in ("failure", "retry", "dead_letter", "requeued"):
+                    assert counted(text, outcome) == 0, outcome
+                assert jobs.queued() == [] and jobs.delayed() == 0
+                assert jobs.dead_letters() == [] and not jobs.stranded()
+                wait_for(lambda: not listed(), 15, "the cancelled job gone from the overview")
+            finally:
+                context.close()
+        expected += [("cancel", "cancelled", QUEUE, waiting),
+                     ("cancel", "cancelled", QUEUE, [running_id])]
+    actions = [r for r in console.records() if r.get("event") == "console_action"]
+    assert [(r["action"], r["outcome"], r["queue"], r["ids"]) for r in actions] == expected
+    assert [r.get("kind") for r in actions] == [None, "running"] * 2
+    assert all(r["who"] == "alice" and r["remote"] == "127.0.0.1" for r in actions)
+
+
+def test_the_waiting_and_delayed_jobs_filter_by_actor_and_job_id_at_both_widths(
+        browser: Any, consoles: Any, redis_url: str, tmp_path: Path) -> None:
+    """``/jobs``'s filter, typed into its form as an operator would at 1400 and 390 px: by
+    actor (any case) and by job id, on the waiting line and on the delayed one (a retry in
+    its backoff); the filter is kept by the other kind's link and by a cancel's answer,
+    which cancels only what was selected; every page fits the width."""
+    client = redis.Redis.from_url(redis_url)
+    console = consoles(CONSOLE_TOKEN=TOKEN)
+    broker = Jobs(redis_url).broker
+    for width in WIDTHS:
+        client.flushall()
+        reports = [Message(queue_name="reports", actor_name="build_report", args=(n,),
+                           kwargs={}, options={}) for n in range(4)]
+        invoice = Message(queue_name="reports", actor_name="send_invoice", args=(),
+                          kwargs={"invoice_id": "inv-7"}, options={})
+        retry = Message(queue_name="reports", actor_name="send_invoice", args=(),
+                        kwargs={"invoice_id": "inv-8"}, options={"retries": 3})
+        for message in (*reports[:2], invoice, *reports[2:]):
+            broker.enqueue(message)
+        broker.enqueue(retry, delay=600_000)
+        context = screen(browser, width)
+        page = context.new_page()
+
+        def filtered(sought: str, p: Any = page, w: int = width) -> list[str]:
+            """Type ``sought`` into the page's filter and press it: the rows' text."""
+            p.fill("form.search input[name=find]", sought)
+            p.click("form.search button")
+            p.wait_for_load_state("load")
+            fits(p, w, f"/jobs filtered by {sought!r}")
+            return [row.inner_text() for row in p.locator("table tbody tr").all()]
+
+        try:
+            page.goto(f"{console.url}/jobs?queue=reports")
+            assert page.locator("table tbody tr").count() == 5
+            rows = filtered("SEND_INVOICE")
+            assert len(rows) == 1 and "inv-7" in rows[0], rows
+            assert page.locator("td[data-label='#']").inner_text() == "3", "its place in line"
+            assert "5 waiting on reports; 1 of them match 'SEND_INVOICE'" in (
+                page.inner_text("body"))
+            rows = filtered(reports[2].message_id)
+            assert len(rows) == 1 and reports[2].message_id in rows[0], rows
+            rows = filtered("no-such-job")
+            assert rows == [] and "Nothing waiting on reports matches 'no-such-job'" in (
+                page.inner_text("body"))
+            filtered("send_invoice")
+            page.click("text=delayed")
+            assert urllib.parse.parse_qs(urllib.parse.urlparse(page.url).query)["find"] == [
+                "send_invoice"]
+            rows = [row.inner_text() for row in page.locator("table tbody tr").all()]
+            assert len(rows) == 1 and "retry 3" in rows[0] and "inv-8" in rows[0], rows
+            page.screenshot(path=str(tmp_path / f"jobs-filtered-{width}.png"), full_page=True)
+
+            page.goto(f"{console.url}/jobs?queue=reports&find=build_report")
+            assert page.locator("table tbody tr").count() == 4
+            page.check(f"input[name=id][value='{reports[1].message_id}']")
+            assert sign_and_press(page, "cancel", TOKEN, "/jobs/act") == 200
+            body = page.inner_text("body")
+            assert "Cancelled 1 selected jobs (" in body
+            assert "4 of them match 'build_report'" in body, "the answer keeps the filter"
+            fits(page, width, "the answer to a filtered page's cancel")
+            cancelled = {m.decode() for m in client.zrange("dramatiq:__cancelled__", 0, -1)}
+            assert cancelled == {reports[1].message_id}, cancelled
+        finally:
+            context.close()
+    actions = [r for r in console.records() if r.get("event") == "console_action"]
+    assert [(r["action"], r["outcome"], r["queue"]) for r in actions] == [
+        ("cancel", "cancelled", "reports")] * 2

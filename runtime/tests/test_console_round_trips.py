@@ -1,16 +1,18 @@
 """The console's job pages cost the same few Redis calls whatever waits: a page of the
 waiting or delayed jobs of a queue holding 20,000 is as cheap as one holding 100 (counted
-by a real redis-server's ``INFO commandstats``: calls sent and commands its scripts ran)."""
+by a real redis-server's ``INFO commandstats``: calls sent and commands its scripts ran);
+a filtered page reads a bounded window of the line, however long it is."""
 
 from __future__ import annotations
 
+import html
 from typing import Any
 
 import redis
 from dramatiq import Message
 
 from worker_runtime import layout
-from worker_runtime.console.pages import PAGE_SIZE, Console
+from worker_runtime.console.pages import FILTER_WINDOW, JOB_FILTER_READS, PAGE_SIZE, Console
 
 QUEUE = "notifications"
 #: Redis's own calls in a counted window: the CONFIG RESETSTAT and our INFO.
@@ -62,3 +64,35 @@ def test_a_page_of_jobs_costs_the_same_at_100_and_at_20000(client: redis.Redis) 
     assert costs[100] == costs[20_000], costs
     # One script call a page: the page's ids and their bodies, and a few lengths.
     assert costs[100][0] <= PAGE_SIZE + 10, costs
+
+
+def test_a_filtered_page_of_jobs_reads_a_bounded_window(client: redis.Redis) -> None:
+    """``find`` keeps the jobs whose actor, job id or redis id holds it (any case), among the
+    first :data:`JOB_FILTER_READS` in line: as cheap at 30,000 waiting as at 12,000, and
+    says it did not read them all."""
+    console = Console(client, [QUEUE], None)
+    costs, bodies = {}, {}
+    params = {"queue": QUEUE, "find": "SEND_NOTIFICATION", "page": "3"}
+    for total in (12_000, 30_000):
+        client.flushall()
+        fill(client, QUEUE, 5)
+        odd: Message[Any] = Message(
+            queue_name=QUEUE, actor_name="Send_Invoice", args=(), kwargs={}, options={}
+        )
+        client.hset(f"dramatiq:{QUEUE}.msgs", "redis-odd", odd.encode())
+        client.rpush(f"dramatiq:{QUEUE}", "redis-odd")
+        fill(client, QUEUE, total - 6)
+        for sought in ("send_invoice", odd.message_id.upper(), "REDIS-ODD"):
+            body = console.jobs({"queue": QUEUE, "find": sought})
+            assert body.count(b"<tr><td") == 1 and b"Send_Invoice" in body, sought
+        costs[total] = calls_of(client, lambda: console.jobs(params))
+        bodies[total] = html.unescape(console.jobs(params).decode())
+    assert costs[12_000] == costs[30_000], costs
+    windows = -(-JOB_FILTER_READS // FILTER_WINDOW)
+    assert costs[12_000] <= JOB_FILTER_READS + windows * 10, costs  # a body each, a few more
+    for total, body in bodies.items():
+        assert (
+            f"{total} waiting on {QUEUE}; {JOB_FILTER_READS - 1} of them match "
+            f"'SEND_NOTIFICATION' (of the first {JOB_FILTER_READS} read; narrow the search)"
+        ) in body
+        assert body.count("<tr><td") == PAGE_SIZE and ">152</td>" in body  # page 4: from 151

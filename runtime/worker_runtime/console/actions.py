@@ -3,7 +3,8 @@
 * ``POST /dead/act``: replay or purge the selected dead letters, every one matching the
   page's filter (``replay-matching``, ``purge-matching``), or replay a whole group of the
   summary (``replay-group``);
-* ``POST /jobs/act``: cancel the selected jobs (``producer.cancel``'s record);
+* ``POST /jobs/act``: cancel the selected jobs, waiting or delayed (``/jobs``) or running
+  (the overview, ``kind=running``): ``producer.cancel``'s record;
 * ``POST /queues/act``: pause or resume a queue (:func:`.layout.pause`, as ``pause`` and
   ``resume`` do: decided in the fetch script, for every worker of every pool).
 
@@ -115,29 +116,49 @@ def dead(console: Console, form: dict[str, list[str]], remote: str) -> tuple[int
 
 
 def jobs(console: Console, form: dict[str, list[str]], remote: str) -> tuple[int, bytes]:
-    """Cancel the selected jobs of ``/jobs`` (``producer.cancel``: skipped when taken,
-    interrupted when running, counted ``cancelled``); (HTTP status, page)."""
-    queue = console.queue_of({"queue": one(form, "queue")})
+    """Cancel the selected jobs of ``/jobs`` (waiting or delayed, of its ``queue``) or of
+    the overview (``kind=running``: running now, on any queue): ``producer.cancel``'s
+    record, so skipped when taken, interrupted when running, counted ``cancelled``, never
+    retried; (HTTP status, page: the one the form was on)."""
     kind = one(form, "kind") or "waiting"
     ids = list(dict.fromkeys(form.get("id", [])))
     who = one(form, "who").strip()[:80]
     action = one(form, "action")
-    logged = {"action": action, "queue": queue, "ids": ids, "who": who, "remote": remote}
-    params = {"queue": queue, "kind": kind}
+    page: Callable[..., bytes]
+    if kind == "running":
+        running = {job.message_id: job.queue for p in console.status().processes for job in p.jobs}
+        queue = ", ".join(sorted({running[i] for i in ids if i in running})) or "-"
+        params: dict[str, str] = {}
+        page = console.overview
+    else:
+        queue = console.queue_of({"queue": one(form, "queue")})
+        sought = one(form, "find").strip()[:200]
+        params = {"queue": queue, "kind": kind, **({"find": sought} if sought else {})}
+        page = console.jobs
+    logged: dict[str, Any] = {
+        "action": action,
+        "queue": queue,
+        "ids": ids,
+        "who": who,
+        "remote": remote,
+    }
+    if kind == "running":
+        logged["kind"] = kind
     problem = refusal(console, form, action, ("cancel",), bool(ids), who, "at least one job")
     if problem:
-        return _refused(problem, logged, lambda notice: console.jobs(params, notice=notice))
+        return _refused(problem, logged, lambda notice: page(params, notice=notice))
     found = sum(layout.record_cancel(console.client, message_id) for message_id in ids)
     logger.info(
-        "console cancelled %d jobs of %s (%d found queued, delayed or running) for %s",
+        "console cancelled %d %sjobs of %s (%d found queued, delayed or running) for %s",
         len(ids),
+        "running " if kind == "running" else "",
         queue,
         found,
         who,
         extra=record(logged, "cancelled", count=len(ids), found=found),
     )
     said = f"Cancelled {len(ids)} selected jobs ({found} found queued, delayed or running)"
-    return 200, console.jobs(params, notice=f'<p class="ok">{e(said)}.</p>')
+    return 200, page(params, notice=f'<p class="ok">{e(said)}.</p>')
 
 
 def queues(console: Console, form: dict[str, list[str]], remote: str) -> tuple[int, bytes]:

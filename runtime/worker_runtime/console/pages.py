@@ -6,11 +6,13 @@ the schedules and the capacity chart, with the forms of the actions (:class:`Con
 from __future__ import annotations
 
 import html
+import itertools
 import json
 import math
 import time
 import urllib.parse
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
 from .. import layout
 from ..deadletters import store as dlq
@@ -30,12 +32,17 @@ if TYPE_CHECKING:
     from ..pools import PoolsFile
 
 
+T = TypeVar("T")
+
 #: The variable that enables actions; unset (or empty): the console is read-only.
 TOKEN_ENV = "CONSOLE_TOKEN"  # noqa: S105  (a variable's name, not a secret)
 #: Dead letters per page of ``/dead``.
 PAGE_SIZE = 50
 #: Dead letters a filtered page reads at most (a search across more says so).
 FILTER_READS = 100_000
+#: Waiting or delayed jobs a filtered ``/jobs`` page reads at most, the first in line (a
+#: search across more says so), and how many it reads a round trip.
+JOB_FILTER_READS, FILTER_WINDOW = 10_000, 1_000
 STYLE = b"""
 :root { color-scheme: light dark; --fg: #222; --bg: #fff; --muted: #666; --line: #ddd;
         --code: #f6f6f6; --bad: #a00; --ok: #070; --link: #1f5fa8; }
@@ -194,6 +201,31 @@ class Console:
             + "</form>"
         )
 
+    def _job_choice(self, message_id: str) -> str:
+        """With actions enabled, a box to choose a running job (to cancel it); else nothing."""
+        if not self.token or not message_id:
+            return ""
+        return (
+            f'<input type=checkbox name=id value="{e(message_id)}" '
+            f'aria-label="select running job {e(message_id)}"> '
+        )
+
+    def _running_form(self, processes: str, running: bool) -> str:
+        """The overview's process table; with actions enabled and a job ``running``, in a
+        form that cancels the running jobs chosen (``POST /jobs/act``, ``kind=running``)."""
+        if not self.token or not running:
+            return processes
+        return (
+            f'<form method=post action="{self.link("/jobs/act")}">'
+            "<input type=hidden name=kind value=running>"
+            + processes
+            + self._action_fields(
+                "the selected running jobs",
+                "<button name=action value=cancel>Cancel selected</button>",
+            )
+            + "</form>"
+        )
+
     def overview(self, params: dict[str, str] | None = None, notice: str = "") -> bytes:
         refresh_s = _refresh(params or {})
         status = self.status()
@@ -237,7 +269,7 @@ class Console:
         rows = []
         for p in status.processes:
             jobs = "<br>".join(
-                f'<span class="job">{e(job_text(job))}</span> '
+                self._job_choice(job.message_id) + f'<span class="job">{e(job_text(job))}</span> '
                 f'<span class="note">{e(job.message_id)}</span>'
                 + (
                     f' <progress max=1 value="{job.progress:.4f}">{job.progress:.0%}</progress>'
@@ -262,19 +294,22 @@ class Console:
                 ]
             )
         processes = (
-            table(
-                [
-                    "pool",
-                    "host",
-                    "pid",
-                    "running",
-                    "prefetched",
-                    "delayed",
-                    "heartbeat",
-                    "running jobs",
-                ],
-                rows,
-                numeric={3, 4, 5},
+            self._running_form(
+                table(
+                    [
+                        "pool",
+                        "host",
+                        "pid",
+                        "running",
+                        "prefetched",
+                        "delayed",
+                        "heartbeat",
+                        "running jobs",
+                    ],
+                    rows,
+                    numeric={3, 4, 5},
+                ),
+                any(p.jobs for p in status.processes),
             )
             if rows
             else '<p class="note">No worker process has a heartbeat in Redis.</p>'
@@ -303,18 +338,32 @@ class Console:
         )
 
     def jobs(self, params: dict[str, str], notice: str = "") -> bytes:
-        """``/jobs?queue=Q&kind=waiting|delayed&page=N``: the messages waiting on a queue (or
-        its delay queue: ``delay=`` and retries in their backoff), in line order,
-        :data:`PAGE_SIZE` a page, one round trip a page however many wait."""
+        """``/jobs?queue=Q&kind=waiting|delayed&page=N&find=T``: the messages waiting on a
+        queue (or its delay queue: ``delay=`` and retries in their backoff), in line order,
+        :data:`PAGE_SIZE` a page, one round trip a page however many wait; ``find``: only
+        those whose actor, job id or redis id holds ``T`` (any case), among the first
+        :data:`JOB_FILTER_READS` in line (read :data:`FILTER_WINDOW` a round trip)."""
         queue = self.queue_of(params)
         kind = "delayed" if params.get("kind") == "delayed" else "waiting"
         number = _page_number(params)
+        sought = _sought(params)
         listed = layout.delay_queue(queue) if kind == "delayed" else queue
-        total, entries = layout.waiting_page(self.client, listed, number * PAGE_SIZE, PAGE_SIZE)
+        if sought:
+            total, line = _line(self.client, listed, JOB_FILTER_READS)
+            entries, matching, read = page_of(
+                line, lambda job: _job_matches(job, sought), number, JOB_FILTER_READS
+            )
+        else:
+            total, page = layout.waiting_page(self.client, listed, number * PAGE_SIZE, PAGE_SIZE)
+            entries = [
+                _Waiting.of(position, redis_id, body)
+                for position, (redis_id, body) in enumerate(page, number * PAGE_SIZE + 1)
+            ]
+            matching, read = total, total
         now_ms = time.time() * 1000
         rows = []
-        for index, (redis_id, body) in enumerate(entries, number * PAGE_SIZE + 1):
-            fields = layout.message_fields(body) if body is not None else None
+        for job in entries:
+            fields = job.fields
             options = (fields or {}).get("options")
             options = options if isinstance(options, dict) else {}
             retries = options.get(layout.RETRIES)
@@ -324,7 +373,7 @@ class Console:
                 if isinstance(due, int | float) and not isinstance(due, bool)
                 else "-"
             )
-            message_id = str((fields or {}).get("message_id", ""))
+            message_id = job.message_id
             rows.append(
                 [
                     (
@@ -333,35 +382,37 @@ class Console:
                         if self.token and message_id
                         else ""
                     ),
-                    e(index),
-                    e(redis_id),
+                    e(job.position),
+                    e(job.redis_id),
                     e(message_id or "-"),
-                    e((fields or {}).get("actor_name", "-")),
+                    e(job.actor or "-"),
                     e(f"retry {retries}" if isinstance(retries, int) and retries else "-"),
                     e(("due " if kind == "delayed" else "sent ") + when),
                     f"<code>{e(dlq.arguments_text(fields))}</code>"
-                    if body is not None
+                    if not job.taken
                     else '<span class="note">(taken meanwhile)</span>',
                 ]
             )
-        pages = max(1, -(-total // PAGE_SIZE))
+        pages = max(1, -(-matching // PAGE_SIZE))
+        kept = {"find": sought} if sought else {}
         links = [
-            f'<a href="{self.link("/jobs", queue=queue, kind=other)}">{e(other)}</a>'
+            f'<a href="{self.link("/jobs", queue=queue, kind=other, **kept)}">{e(other)}</a>'
             for other in ("waiting", "delayed")
             if other != kind
         ]
         if number > 0:
-            links.append(
-                f'<a href="{self.link("/jobs", queue=queue, kind=kind, page=number - 1)}">'
-                "previous</a>"
-            )
+            previous = self.link("/jobs", queue=queue, kind=kind, page=number - 1, **kept)
+            links.append(f'<a href="{previous}">previous</a>')
         if number + 1 < pages:
-            links.append(
-                f'<a href="{self.link("/jobs", queue=queue, kind=kind, page=number + 1)}">next</a>'
-            )
+            following = self.link("/jobs", queue=queue, kind=kind, page=number + 1, **kept)
+            links.append(f'<a href="{following}">next</a>')
         header = ["", "#", "redis id", "message id", "actor", "retry", "when", "arguments"]
         listing = (
-            table(header, rows) if rows else f'<p class="note">Nothing {e(kind)} on {e(queue)}.</p>'
+            table(header, rows)
+            if rows
+            else f'<p class="note">Nothing {e(kind)} on {e(queue)}'
+            + (f" matches {e(repr(sought))}" if sought else "")
+            + ".</p>"
         )
         acting = (
             self._action_fields(
@@ -370,17 +421,37 @@ class Console:
             if rows
             else ""
         )
+        found = _found(sought, matching, read, total, "first")
         return self.page(
             f"{kind.capitalize()} jobs: {queue}",
             (notice or "")
-            + f"<p>{e(total)} {e(kind)} on {e(queue)}; page {e(number + 1)} of {e(pages)}, "
-            f"{'in line order' if kind == 'waiting' else 'by due time'}. {' '.join(links)}</p>"
+            + self._search(
+                "/jobs", {"queue": queue, "kind": kind}, sought, "actor, job id or redis id"
+            )
+            + f"<p>{e(total)} {e(kind)} on {e(queue)}; {e(found)}page {e(number + 1)} of "
+            f"{e(pages)}, {'in line order' if kind == 'waiting' else 'by due time'}. "
+            f"{' '.join(links)}</p>"
             + f'<form method=post action="{self.link("/jobs/act")}">'
             + f'<input type=hidden name=queue value="{e(queue)}">'
             + f'<input type=hidden name=kind value="{e(kind)}">'
+            + (f'<input type=hidden name=find value="{e(sought)}">' if sought else "")
             + listing
             + acting
             + "</form>",
+        )
+
+    def _search(self, path: str, hidden: dict[str, str], sought: str, what: str) -> str:
+        """The filter form of page ``path`` (``GET``, ``find``; ``hidden``: the page's other
+        parameters kept), showing ``sought``; ``what``: what it searches (a placeholder)."""
+        return (
+            f'<form method=get action="{self.link(path)}" class="search">'
+            + "".join(
+                f'<input type=hidden name="{e(name)}" value="{e(value)}">'
+                for name, value in hidden.items()
+            )
+            + f'<label>Find <input name=find value="{e(sought)}" maxlength=200 '
+            f'placeholder="{e(what)}"></label> '
+            "<button>Filter</button></form>"
         )
 
     def activity(self) -> bytes:
@@ -422,10 +493,15 @@ class Console:
     def dead(self, params: dict[str, str], notice: str = "") -> bytes:
         queue = self.queue_of(params)
         number = _page_number(params)
-        sought = params.get("find", "").strip()[:200]
+        sought = _sought(params)
         total = dlq.count(self.client, queue)
         if sought:
-            letters, matching, read = self._matching(queue, sought, number)
+            letters, matching, read = page_of(
+                dlq.stream(self.client, queue, self.max_bytes),
+                lambda letter: dlq.matches(letter, sought),
+                number,
+                FILTER_READS,
+            )
         else:
             letters = dlq.read_page(
                 self.client, queue, number * PAGE_SIZE, PAGE_SIZE, self.max_bytes
@@ -459,19 +535,9 @@ class Console:
             if rows
             else '<p class="note">No dead letters here.</p>'
         )
-        found = (
-            f"{matching} of them match {sought!r}"
-            + (f" (of the oldest {read} read; narrow the search)" if read < total else "")
-            + "; "
-            if sought
-            else ""
-        )
-        search = (
-            f'<form method=get action="{self.link("/dead")}" class="search">'
-            f'<input type=hidden name=queue value="{e(queue)}">'
-            f'<label>Find <input name=find value="{e(sought)}" maxlength=200 '
-            'placeholder="actor, reason, job id or redis id"></label> '
-            "<button>Filter</button></form>"
+        found = _found(sought, matching, read, total, "oldest")
+        search = self._search(
+            "/dead", {"queue": queue}, sought, "actor, reason, job id or redis id"
         )
         body = (
             (notice or "")
@@ -490,25 +556,6 @@ class Console:
             + "</form>"
         )
         return self.page(f"Dead letters: {queue}", body)
-
-    def _matching(
-        self, queue: str, sought: str, number: int
-    ) -> tuple[list[dlq.DeadLetter], int, int]:
-        """Page ``number`` of ``queue``'s dead letters whose actor, reason, job id or redis
-        id holds ``sought`` (any case), read oldest first, at most :data:`FILTER_READS`:
-        (the page, how many match, how many were read)."""
-        first = number * PAGE_SIZE
-        page: list[dlq.DeadLetter] = []
-        matching = read = 0
-        for letter in dlq.stream(self.client, queue, self.max_bytes):
-            read += 1
-            if dlq.matches(letter, sought):
-                if first <= matching < first + PAGE_SIZE:
-                    page.append(letter)
-                matching += 1
-            if read >= FILTER_READS:
-                break
-        return page, matching, read
 
     def _action_fields(self, what: str, buttons: str) -> str:
         """The fieldset of an action on ``what``: the operator's name (logged), the token,
@@ -711,6 +758,85 @@ def _dead_buttons(matching: int, exact: bool) -> str:
         f"{_DEAD_BUTTONS} <button name=action value=replay-matching>Replay {every} matching"
         f"</button> <button name=action value=purge-matching>Purge {every} matching</button>"
     )
+
+
+def page_of(
+    items: Iterable[T], keep: Callable[[T], bool], number: int, reads: int
+) -> tuple[list[T], int, int]:
+    """Page ``number`` (:data:`PAGE_SIZE` a page) of ``items`` that ``keep`` keeps, reading
+    at most ``reads`` of them: (the page, how many match, how many were read). A filtered
+    page's one reader: the dead letters' and the waiting jobs'."""
+    first = number * PAGE_SIZE
+    page: list[T] = []
+    matching = read = 0
+    for item in itertools.islice(items, reads):
+        read += 1
+        if keep(item):
+            if first <= matching < first + PAGE_SIZE:
+                page.append(item)
+            matching += 1
+    return page, matching, read
+
+
+class _Waiting(NamedTuple):
+    """A message of ``/jobs``: its place in line (from 1), its redis id, its fields (None:
+    not readable) and whether it was taken between the two reads of its page."""
+
+    position: int
+    redis_id: str
+    fields: dict[str, Any] | None
+    taken: bool
+
+    @classmethod
+    def of(cls, position: int, redis_id: str, body: bytes | None) -> _Waiting:
+        fields = layout.message_fields(body) if body is not None else None
+        return cls(position, redis_id, fields, body is None)
+
+    @property
+    def message_id(self) -> str:
+        return str((self.fields or {}).get("message_id", ""))
+
+    @property
+    def actor(self) -> str:
+        return str((self.fields or {}).get("actor_name", ""))
+
+
+def _job_matches(job: _Waiting, sought: str) -> bool:
+    """Whether a waiting job's actor, job id or redis id holds ``sought`` (any case)."""
+    return dlq.holds(sought, job.actor, job.message_id, job.redis_id)
+
+
+def _line(client: redis.Redis, listed: str, reads: int) -> tuple[int, Iterator[_Waiting]]:
+    """How many wait on ``listed`` (a queue or its delay queue), and its first ``reads``
+    messages in line, read :data:`FILTER_WINDOW` a round trip as they are consumed."""
+    total, window = layout.waiting_page(client, listed, 0, min(FILTER_WINDOW, reads))
+
+    def entries(window: list[tuple[str, bytes | None]]) -> Iterator[_Waiting]:
+        start = 0
+        while window:
+            for offset, (redis_id, body) in enumerate(window):
+                yield _Waiting.of(start + offset + 1, redis_id, body)
+            start += len(window)
+            if len(window) < FILTER_WINDOW or start >= reads:
+                return
+            size = min(FILTER_WINDOW, reads - start)
+            window = layout.waiting_page(client, listed, start, size)[1]
+
+    return total, entries(window)
+
+
+def _found(sought: str, matching: int, read: int, total: int, which: str) -> str:
+    """What a filtered page says of its filter (nothing when not filtered): how many match,
+    and when it read fewer than all (``which`` it read: ``oldest``...), that it did."""
+    if not sought:
+        return ""
+    short = f" (of the {which} {read} read; narrow the search)" if read < total else ""
+    return f"{matching} of them match {sought!r}{short}; "
+
+
+def _sought(params: dict[str, str]) -> str:
+    """What a page is filtered by (``?find=T``, trimmed, at most 200 characters)."""
+    return params.get("find", "").strip()[:200]
 
 
 def _page_number(params: dict[str, str]) -> int:

@@ -9,9 +9,10 @@ Pages (plain HTML, no script, standard library ``http.server``):
   prefetched, delayed, heartbeat, stale) with the jobs it runs (actor, running time,
   progress and note): what ``status`` prints, read by the same function, from Redis alone.
 * ``/status.json``: the same, as ``status --json`` prints it.
-* ``/jobs?queue=Q&kind=waiting|delayed&page=N``: the messages waiting on a queue, or on
-  its delay queue (``delay=``, retries in their backoff, marked), with their arguments,
-  :data:`PAGE_SIZE` a page, one round trip a page.
+* ``/jobs?queue=Q&kind=waiting|delayed&page=N&find=T``: the messages waiting on a queue,
+  or on its delay queue (``delay=``, retries in their backoff, marked), with their
+  arguments, :data:`PAGE_SIZE` a page, one round trip a page; ``find``: only those whose
+  actor, job id or redis id holds ``T``, among the first :data:`JOB_FILTER_READS` in line.
 * ``/dead?queue=Q&page=N&find=T``: the dead letters of a queue, oldest first,
   :data:`PAGE_SIZE` a page, each with a box to select it; replay or purge the selected
   ones; ``find``: only those whose actor, reason, job id or redis id holds ``T``.
@@ -31,12 +32,12 @@ with the same token, headers and escaping (off by default).
 Read-only unless ``CONSOLE_TOKEN`` is set. An action needs that token typed into its
 form, the box "I have reviewed ..." ticked, and the operator's name: ``POST /dead/act``
 replays or purges the selected dead letters, every one matching the page's filter, or a
-whole group of the summary; ``POST /jobs/act`` cancels the selected jobs; ``POST
-/queues/act`` pauses or resumes the queue chosen on the overview (as ``pause`` and
-``resume`` do). It acts on what was chosen and nothing else, and is logged (one JSON line:
-event ``console_action``, who, from where, what, how many moved). A refused action changes
-nothing and says why (403 without the token or with a wrong one, 400 without the
-confirmation or a selection).
+whole group of the summary; ``POST /jobs/act`` cancels the selected jobs (waiting or
+delayed on ``/jobs``, running on the overview); ``POST /queues/act`` pauses or resumes the
+queue chosen on the overview (as ``pause`` and ``resume`` do). It acts on what was
+chosen and nothing else, and is logged (one JSON line: event ``console_action``, who, from
+where, what, how many moved). A refused action changes nothing and says why (403 without
+the token or with a wrong one, 400 without the confirmation or a selection).
 
 It binds 127.0.0.1 by default: reach it with ``kubectl port-forward``. Every response
 carries ``Content-Security-Policy: default-src 'none'`` (no script, no frame, no form

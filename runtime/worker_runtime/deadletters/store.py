@@ -273,8 +273,13 @@ def replay_group(
 def matches(letter: DeadLetter, sought: str) -> bool:
     """Whether ``letter``'s actor, reason, job id or redis id holds ``sought`` (any case):
     the console's filter."""
-    said = " ".join((letter.actor, letter.reason, letter.message_id, letter.redis_id))
-    return sought.casefold() in said.casefold()
+    return holds(sought, letter.actor, letter.reason, letter.message_id, letter.redis_id)
+
+
+def holds(sought: str, *texts: str) -> bool:
+    """Whether one of ``texts`` holds ``sought`` (any case): the console's filters (a dead
+    letter's :func:`matches`, a waiting job's actor and ids)."""
+    return sought.casefold() in "\n".join(texts).casefold()
 
 
 def replay_where(
