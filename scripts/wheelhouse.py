@@ -10,11 +10,21 @@ This script is the one step that does (``pip download``, from the package index 
 PIP_INDEX_URL); `make wheelhouse` runs it. Wheels for this interpreter only: a bake whose
 venv runs another Python falls back to the package index.
 
+The folder is filled apart and renamed into place: DEST, when it exists, is always a
+complete fill (a bake's Makefile uses it whenever it is there), never one under way. Fills
+take turns (a lock beside DEST: two xdist workers, two makes); a fill starts from the
+files already there (hard links), so pip downloads only what is new.
+
     python scripts/wheelhouse.py [DEST]
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import fcntl
+import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -71,10 +81,9 @@ def download(dest: Path, *requirements: str) -> int:
     return subprocess.run([*command, *requirements], check=False).returncode
 
 
-def main(dest: Path = DEST) -> int:
+def fill(dest: Path) -> int:
     """The service's set and infra/venv's set apart, as each is installed (and locked: `make
     lock` resolves the service alone), so neither's versions are held back by the other's."""
-    dest.mkdir(parents=True, exist_ok=True)
     runtime = f"{TEMPLATE / 'runtime'}[postgres,sandbox]"
     with tempfile.TemporaryDirectory() as scratch:
         project = bake(Path(scratch))
@@ -83,10 +92,59 @@ def main(dest: Path = DEST) -> int:
             str(infra_requirements(project, Path(scratch))))
         for pins in locked(Path(scratch)):
             code = code or download(dest, "--no-deps", "-r", str(pins))
+    return code
+
+
+RENAME_EXCHANGE = 2  # renameat2(2)'s flag
+AT_FDCWD = -100
+
+
+def exchange(one: Path, other: Path) -> bool:
+    """Swap two folders in one step (Linux's renameat2); False where it is not supported."""
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if renameat2 is None:
+        return False
+    if renameat2(AT_FDCWD, os.fsencode(one), AT_FDCWD, os.fsencode(other),
+                 RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EPERM):
+        return False
+    raise OSError(code, os.strerror(code), str(one), None, str(other))
+
+
+def publish(filled: Path, dest: Path) -> None:
+    """``filled`` becomes ``dest`` by a rename; the old ``dest`` (a subset of ``filled``: the
+    fill started from its files) ends at ``filled``'s path, for the caller to remove."""
+    if not dest.exists():
+        filled.rename(dest)
+    elif not exchange(filled, dest):
+        old = filled.with_name(filled.name + "-old")
+        dest.rename(old)  # (no renameat2 here: dest is missing for the two renames' gap)
+        filled.rename(dest)
+        old.rename(filled)
+
+
+def main(dest: Path = DEST) -> int:
+    """Fill ``dest`` apart, then rename it into place (see the module's docstring)."""
+    dest = dest.resolve()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with (dest.parent / f".{dest.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with tempfile.TemporaryDirectory(prefix=f".{dest.name}-", dir=dest.parent) as work:
+            filling = Path(work) / dest.name
+            filling.mkdir()
+            for old in dest.iterdir() if dest.is_dir() else ():
+                try:
+                    os.link(old, filling / old.name)
+                except OSError:
+                    shutil.copy2(old, filling / old.name)
+            code = fill(filling)
+            if code == 0:
+                publish(filling, dest)
     if code == 0:
         print(f"wheelhouse: {len(list(dest.iterdir()))} files in {dest}")
     return code
-
 
 if __name__ == "__main__":
     sys.exit(main(Path(sys.argv[1]) if len(sys.argv) > 1 else DEST))

@@ -11,6 +11,7 @@ importing a component, a guard importing Secrets, the Redis names importing a co
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -33,10 +34,16 @@ def verdict(stdout: str, contract: str) -> str:
 
 
 def lint(cwd: Path, pythonpath: Path) -> subprocess.CompletedProcess[str]:
+    """lint-imports in ``cwd`` with ``pythonpath`` first, then the caller's PYTHONPATH (a
+    checkout run against another's venv: its own worker_runtime, not the venv's)."""
+    inherited = os.environ.get("PYTHONPATH", "")
     return subprocess.run(
         [*LINT, "--no-cache"],
         cwd=cwd,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(pythonpath)},
+        env={
+            "PATH": "/usr/bin:/bin",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(pythonpath), inherited])),
+        },
         capture_output=True,
         text=True,
         timeout=120,

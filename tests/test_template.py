@@ -1,8 +1,11 @@
 """Bake every supported combination of options, lint each result and run its own tests;
-refuse bad answers with a message that names the answer and the rule."""
+refuse bad answers with a message that names the answer and the rule; a bake holds what
+the team owns (#40 item 3): a small ``src/`` with none of the runtime's machinery, and a
+settings class whose own variables are validated like the runtime's."""
 
 from __future__ import annotations
 
+import ast
 import itertools
 import json
 import os
@@ -11,7 +14,17 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from bakery import PYTHON, TEMPLATE, TEST_DATABASE_URL, load_module
+import worker_runtime
+from bakery import (
+    PYTHON,
+    TEMPLATE,
+    TEST_DATABASE_URL,
+    copy_project,
+    load_module,
+    package_of,
+    project_env,
+    run_cli,
+)
 
 #: The defaults bake, tested without DATABASE_URL as a new team runs `make test` at first.
 WITHOUT_DATABASE_URL = {"python_version": "3.12"}
@@ -196,3 +209,119 @@ def test_the_readmes_links_resolve_in_a_clone() -> None:
     assert "docs/design.md" in targets
     missing = [t for t in targets if "://" not in t and not (TEMPLATE / t).exists()]
     assert missing == [] and "shared/" not in readme, missing
+
+
+# -- A bake holds what the team owns (#40 item 3) --------------------------------------------
+
+#: The most lines of Python a default bake's src/ may hold (#40: "at most 1,500").
+SRC_LINES = 1500
+#: The bake's modules that may share a name with one of worker_runtime's: the thin entry
+#: points a team keeps (its settings, its broker's middleware, its imports of the runtime's
+#: db, sandbox, producer and lifecycle helpers). Any other shared name (supervisor,
+#: consumer, settlement, layout...) is runtime code copied into the bake.
+THIN = {"__init__", "__main__", "settings", "broker", "db", "sandbox", "producer", "lifecycle"}
+#: Calls that load or run Lua on Redis: the runtime's (layout/) alone.
+LUA_CALLS = {"register_script", "eval", "evalsha", "eval_ro", "evalsha_ro", "script_load"}
+#: What every Redis Lua script holds (a string of it in the bake is a script).
+LUA_MARKERS = ("redis.call(", "redis.pcall(")
+
+
+def runtime_module_names() -> set[str]:
+    root = Path(worker_runtime.__file__).parent
+    return {path.stem for path in root.rglob("*.py")} | {
+        path.name for path in root.rglob("*") if (path / "__init__.py").is_file()}
+
+
+def machinery(path: Path, tree: ast.Module) -> list[str]:
+    """What in one module of the bake is the platform's: Lua (a script's text, a call that
+    loads or runs one), an import of dramatiq's internals (a submodule: the broker, the
+    worker, the consumer and the middleware come from worker_runtime), a class deriving
+    from a broker, consumer or worker."""
+    found = []
+    for node in ast.walk(tree):
+        where = f"{path}:{getattr(node, 'lineno', 0)}"
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and any(
+                marker in node.value for marker in LUA_MARKERS):
+            found.append(f"{where}: a Lua script")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and (
+                node.func.attr in LUA_CALLS):
+            found.append(f"{where}: .{node.func.attr}() runs Lua")
+        elif isinstance(node, ast.Import):
+            found += [f"{where}: import {alias.name}" for alias in node.names
+                      if alias.name.startswith("dramatiq.")]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dramatiq."):
+            found.append(f"{where}: from {node.module} import ...")
+        elif isinstance(node, ast.ClassDef):
+            bases = [ast.unparse(base).rsplit(".", 1)[-1] for base in node.bases]
+            found += [f"{where}: class {node.name}({base})" for base in bases
+                      if base.endswith(("Broker", "Consumer", "Worker"))]
+    return found
+
+
+def test_a_default_bake_holds_the_teams_code_and_none_of_the_runtime(
+        default_project: Path) -> None:
+    """A default bake's src/ holds at most 1,500 lines of Python, in the service's package
+    and its actors/ alone; no Lua (no .lua file in the bake, no script's text, no call that
+    loads or runs one), no import of dramatiq's internals, no broker, consumer or worker
+    class, no module named as one of worker_runtime's beyond the thin entry points."""
+    src = default_project / "src"
+    package = src / package_of(default_project)
+    modules = sorted(src.rglob("*.py"))
+    lines = sum(len(path.read_text().splitlines()) for path in modules)
+    assert 0 < lines <= SRC_LINES, f"{lines} lines of Python under src/"
+    assert {path.parent for path in modules} <= {package, package / "actors"}, modules
+    assert sorted(default_project.rglob("*.lua")) == []
+    shared = {path.stem for path in modules if path.parent == package} & runtime_module_names()
+    assert shared <= THIN, f"runtime modules in the bake: {sorted(shared - THIN)}"
+    found = [line for path in modules
+             for line in machinery(path.relative_to(src), ast.parse(path.read_text()))]
+    assert found == [], found
+
+
+def test_the_machinery_check_finds_what_it_is_for() -> None:
+    """The check above is not vacuous: each kind of runtime code it looks for is found."""
+    planted = """
+from dramatiq.brokers.redis import RedisBroker
+import dramatiq.worker
+FETCH = client.register_script("return redis.call('lpop', KEYS[1])")
+class MyConsumer(dramatiq.Consumer): ...
+"""
+    found = machinery(Path("x.py"), ast.parse(planted))
+    assert sorted(line.split(": ", 1)[1] for line in found) == [
+        ".register_script() runs Lua", "a Lua script", "class MyConsumer(Consumer)",
+        "from dramatiq.brokers.redis import ...", "import dramatiq.worker"], found
+    assert {"supervisor", "consumer", "layout", "settlement"} <= runtime_module_names() - THIN
+
+
+TEAM_SETTING = """
+    partner_timeout_s: Annotated[float, Field(gt=0)] = 5.0
+    \"\"\"How long a call to the partner may take (seconds).\"\"\"
+"""
+
+
+def test_a_bad_value_of_a_teams_own_variable_refuses_the_worker(
+        default_project: Path, tmp_path: Path) -> None:
+    """A variable the team adds to its bake's settings.Settings (the class the runtime loads
+    as the service's) is read like the runtime's (`config` shows it) and a bad value makes
+    the real `worker` command refuse to boot: exit 78, one line naming the variable."""
+    project = copy_project(default_project, tmp_path / default_project.name)
+    settings = project / "src" / package_of(project) / "settings.py"
+    imported = "from worker_runtime.settings import WorkerSettings\n"
+    assert imported in settings.read_text()
+    settings.write_text(settings.read_text().replace(
+        imported, f"from typing import Annotated\n\nfrom pydantic import Field\n{imported}"
+    ) + TEAM_SETTING)
+    env = project_env(project, WORKER_POOL="interactive", PARTNER_TIMEOUT_S="2.5",
+                      WORKER_STATE_DIR=str(tmp_path / "state"))
+    done = run_cli(project, "config", env=env)
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"^PARTNER_TIMEOUT_S +2\.5 +environment$", done.stdout, re.MULTILINE), (
+        done.stdout)
+    for value, rule in (("-1", "greater than 0"), ("soon", "a valid number")):
+        env["PARTNER_TIMEOUT_S"] = value
+        done = run_cli(project, "worker", env=env)
+        assert done.returncode == 78, done.stdout[-2000:] + done.stderr[-2000:]
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1, lines
+        assert lines[0].startswith(f"config error: PARTNER_TIMEOUT_S='{value}': "), lines
+        assert rule in lines[0], lines

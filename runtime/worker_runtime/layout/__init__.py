@@ -6,8 +6,14 @@ One module per concept:
 
 * :mod:`.keys`: every key name, Dramatiq's and ours (the namespaces, :func:`namespace_of`);
 * :mod:`.schema`: a message's fields and types, the option names the middleware share;
-* :mod:`.clock`: Redis's clock, the one clock of every worker;
-* :mod:`.delivery`: fetch, settle, requeue, dead letters, heartbeats, the backlog;
+* :mod:`.clock`: Redis's clock, the one clock of every worker (in Python, and the Lua's);
+* :mod:`.index`: the message index's Lua (message id -> the place of its latest copy);
+* :mod:`.delivery`: fetch and settle, a delivery's round trip;
+* :mod:`.held`: a held delivery: still held, requeued, dead-lettered; what a worker holds;
+* :mod:`.fleet`: heartbeats, the silent workers, the fleet read at once;
+* :mod:`.delayed`: the delay queue's step (due messages moved to their queue);
+* :mod:`.deadletters`: dead letters replayed or purged;
+* :mod:`.backlog`: the backlog of several queues in one call;
 * :mod:`.flow`: flow control at the fetch: paused queues, downstream budgets and rates;
 * :mod:`.queuelanes`: a queue's lanes (priorities) and the fetch's choice among them;
 * :mod:`.unique`: unique jobs' locks (taken by the enqueue, freed by the settlement);
@@ -24,54 +30,54 @@ This package imports neither Dramatiq nor redis-py at run time: the CLI stays fa
 
 from __future__ import annotations
 
+from .backlog import (
+    BACKLOG,
+    BACKLOG_FIELDS,
+    BACKLOG_KEYS,
+    LANE_HEADS,
+    backlog_keys,
+    read_backlog_records,
+)
 from .clock import (
+    CLOCK,
     now_ms,
     redis_now,
     redis_now_ms,
 )
-from .delivery import (
-    BACKLOG,
-    BACKLOG_FIELDS,
-    BACKLOG_KEYS,
-    CLOCK,
-    DEAD_LETTER,
-    DEFAULT_PRIORITY_BOUND,
-    FETCH,
-    FORGET_IDLE,
-    HEARTBEAT,
-    LANE_HEADS,
-    MEMBERS,
-    MOVE_DUE,
-    MOVE_IDS,
+from .deadletters import (
     PURGE,
     REPLAY,
-    REQUEUE_SCRIPT,
-    SETTLE,
+    purge_dead_letters,
+    replay_dead_letters,
+)
+from .delayed import (
+    MOVE_DUE,
+    MOVE_IDS,
     STAGE_BYTES,
     STAGE_IDS,
-    STALE_WORKERS,
-    STILL_HELD,
     DueStep,
-    FleetMember,
-    backlog_keys,
-    dead_letter_held,
     due_keys,
+    move_due,
+)
+from .delivery import (
+    DEFAULT_PRIORITY_BOUND,
+    FETCH,
+    SETTLE,
     fetch_args,
     fetch_keys,
-    forget_idle,
-    heartbeat,
-    members_of,
-    move_due,
-    purge_dead_letters,
-    read_backlog_records,
-    read_fleet,
-    replay_dead_letters,
-    requeue_held,
     settle_args,
     settle_keys,
-    stale_workers,
-    still_held,
     taken,
+)
+from .fleet import (
+    FORGET_IDLE,
+    HEARTBEAT,
+    STALE_WORKERS,
+    FleetMember,
+    forget_idle,
+    heartbeat,
+    read_fleet,
+    stale_workers,
 )
 from .flow import (
     ADMITTED,
@@ -87,6 +93,16 @@ from .flow import (
     pause,
     paused_queues,
     resume,
+)
+from .held import (
+    DEAD_LETTER,
+    MEMBERS,
+    REQUEUE_SCRIPT,
+    STILL_HELD,
+    dead_letter_held,
+    members_of,
+    requeue_held,
+    still_held,
 )
 from .jobs import (
     CANCEL,

@@ -2,17 +2,32 @@
 
 Every time our scripts write or compare (heartbeats, dead letters' times, the cutoffs of
 recovery and retention, the scheduler's ticks) is Redis's ``TIME``, read inside the Lua
-(:data:`..delivery.CLOCK`) or by :func:`redis_now_ms`, never the host's: a worker whose
+(:data:`CLOCK`) or by :func:`redis_now_ms`, never the host's: a worker whose
 clock is minutes off neither judges live workers dead nor is judged dead.
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
     import redis
+
+
+#: Lua: Redis's clock in ms (``TIME``), and a heartbeat that frees its old entry before it
+#: writes the new one (so a full Redis takes it: Redis refuses a script's growing write
+#: only when the script has written nothing yet).
+CLOCK: Final = """
+local function now_ms()
+  local t = redis.call('time')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function beat(heartbeats, id, now)
+  redis.call('zrem', heartbeats, id)
+  redis.call('zadd', heartbeats, now, id)
+end
+"""
 
 
 def now_ms() -> int:

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from .clock import redis_now_ms
-from .delivery import CLOCK, INDEX
+from .clock import CLOCK, redis_now_ms
+from .index import INDEX
 from .keys import (
     CANCEL_CHANNEL,
     DEFAULT_PRIORITY,

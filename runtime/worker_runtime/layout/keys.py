@@ -16,7 +16,7 @@ for a queue ``q`` and a worker (broker) id ``w``:
 
 Ours beside them: ``dramatiq:q.DQ.due`` (:func:`due_key`), the delay queue's messages
 ordered by when each is due (a zset id -> eta, ms): the worker moves each id off the
-delay list into it, then each due one to ``q`` (:data:`.delivery.MOVE_DUE`), so a due
+delay list into it, then each due one to ``q`` (:data:`.delayed.MOVE_DUE`), so a due
 message never waits behind a later one and no worker holds a delayed one;
 ``dramatiq:__epoch__``, the namespace's epoch token (a reset is seen
 when it is gone or replaced, :mod:`..brokerstate`), ``dramatiq:__probe__``, the
@@ -111,7 +111,7 @@ def epoch_key(namespace: str = NAMESPACE) -> str:
 def process_key(broker_id: str, namespace: str = NAMESPACE) -> str:
     """What worker ``broker_id`` of ``namespace`` says of itself (ours): a JSON record (pool,
     host, pid, the jobs it runs and since when) written with its heartbeat, living one
-    heartbeat timeout; ``status`` and the console read it (:func:`..delivery.read_fleet`)."""
+    heartbeat timeout; ``status`` and the console read it (:func:`.fleet.read_fleet`)."""
     return f"{namespace}:__process__.{broker_id}"
 
 
