@@ -12,7 +12,9 @@ import redis
 from dramatiq import Message
 
 from worker_runtime import layout
-from worker_runtime.console.pages import FILTER_WINDOW, JOB_FILTER_READS, PAGE_SIZE, Console
+from worker_runtime.console.jobs import FILTER_WINDOW, JOB_FILTER_READS
+from worker_runtime.console.pages import Console
+from worker_runtime.console.paging import PAGE_SIZE
 
 QUEUE = "notifications"
 #: Redis's own calls in a counted window: the CONFIG RESETSTAT and our INFO.

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from .. import layout
 from ..deadletters import store as dlq
-from .pages import Console, e
+from .chrome import e
+from .pages import Console
 
 if TYPE_CHECKING:
     import redis

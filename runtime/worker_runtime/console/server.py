@@ -62,7 +62,8 @@ from ..exitcodes import EX_CONFIG, EX_OK
 from ..service import current
 from ..status import pools_file, pools_queues
 from . import actions
-from .pages import STYLE, TOKEN_ENV, Console, NotFoundError, e
+from .chrome import STYLE, TOKEN_ENV, NotFoundError, e
+from .pages import Console
 
 if TYPE_CHECKING:
     from ..exporter import Mount
