@@ -85,8 +85,8 @@ def test_a_filtered_page_of_jobs_reads_a_bounded_window(client: redis.Redis) -> 
         client.rpush(f"dramatiq:{QUEUE}", "redis-odd")
         fill(client, QUEUE, total - 6)
         for sought in ("send_invoice", odd.message_id.upper(), "REDIS-ODD"):
-            body = console.jobs({"queue": QUEUE, "find": sought})
-            assert body.count(b"<tr><td") == 1 and b"Send_Invoice" in body, sought
+            found = console.jobs({"queue": QUEUE, "find": sought})
+            assert found.count(b"<tr><td") == 1 and b"Send_Invoice" in found, sought
         costs[total] = calls_of(client, lambda: console.jobs(params))
         bodies[total] = html.unescape(console.jobs(params).decode())
     assert costs[12_000] == costs[30_000], costs
