@@ -52,10 +52,10 @@ JOB_S = 2.0
 FEED_INTERVAL_S = 0.1
 BACKLOG = 40
 #: The e2e's scale-down stabilization window and period (the stack's: 900 s and 60 s+).
-SCALE_DOWN_S = 30
-#: How long Prometheus stays stopped: longer than the window plus an HPA sync (15 s), by
-#: when the first step down would have come.
-HOLD_S = 60
+SCALE_DOWN_S = 15
+#: How long Prometheus stays stopped: longer than the window plus an HPA sync (15 s) and
+#: KEDA's poll, by when the first step down would have come.
+HOLD_S = 40
 #: Slack of the period check: the watch reads every half second.
 SLACK_S = 2.0
 
