@@ -38,6 +38,11 @@ DEAD_ACTIONS = ("replay", "purge", "replay-group", "replay-matching", "purge-mat
 QUEUE_ACTIONS = ("pause", "resume")
 
 
+def _logged(action: str, queue: str, ids: list[str], who: str, remote: str) -> dict[str, Any]:
+    """What an action's ``console_action`` line records (refused or done)."""
+    return {"action": action, "queue": queue, "ids": ids, "who": who, "remote": remote}
+
+
 def dead(console: Console, form: dict[str, list[str]], remote: str) -> tuple[int, bytes]:
     """Replay or purge the selected dead letters or those matching the filter, or replay a
     whole group of the summary; (HTTP status, page)."""
@@ -53,13 +58,7 @@ def dead(console: Console, form: dict[str, list[str]], remote: str) -> tuple[int
         chosen, needs = bool(sought), "a filter"
     else:
         chosen, needs = bool(ids), "at least one dead letter"
-    logged: dict[str, Any] = {
-        "action": action,
-        "queue": queue,
-        "ids": ids,
-        "who": who,
-        "remote": remote,
-    }
+    logged = _logged(action, queue, ids, who, remote)
     if group is not None:
         logged["group"] = list(group)
     if sought and action.endswith("-matching"):
@@ -136,13 +135,7 @@ def jobs(console: Console, form: dict[str, list[str]], remote: str) -> tuple[int
         sought = one(form, "find").strip()[:200]
         params = {"queue": queue, "kind": kind, **({"find": sought} if sought else {})}
         page = console.jobs
-    logged: dict[str, Any] = {
-        "action": action,
-        "queue": queue,
-        "ids": ids,
-        "who": who,
-        "remote": remote,
-    }
+    logged = _logged(action, queue, ids, who, remote)
     if kind == "running":
         logged["kind"] = kind
     problem = refusal(console, form, action, ("cancel",), bool(ids), who, "at least one job")
@@ -169,7 +162,7 @@ def queues(console: Console, form: dict[str, list[str]], remote: str) -> tuple[i
     queue = one(form, "queue")
     action = one(form, "action")
     who = one(form, "who").strip()[:80]
-    logged = {"action": action, "queue": queue, "ids": [], "who": who, "remote": remote}
+    logged = _logged(action, queue, [], who, remote)
     chosen = queue in console.queues
     problem = refusal(console, form, action, QUEUE_ACTIONS, chosen, who, "a queue of pools.toml")
     if problem:
